@@ -1,0 +1,15 @@
+//! The CNI specification as a library: network configurations, results of every spec
+//! version with conversion between them, the well-known errors, and `skel`, the entry
+//! point that turns a plugin process's environment and stdin into a command.
+
+pub mod args;
+pub mod config;
+pub mod error;
+pub mod result;
+pub mod skel;
+pub mod version;
+
+pub use config::NetConf;
+pub use error::{Error, ErrorCode};
+pub use result::CniResult;
+pub use version::Version;
