@@ -1,1 +1,76 @@
-pub fn x(){}
+//! The host datapath: network namespaces, links, addresses, routes, sysctls and
+//! nftables rules in corvid's own table. Synchronous on purpose: CNI plugins are
+//! short-lived processes and a namespace switch must stay on the thread that asked.
+
+pub mod bridge;
+pub mod link;
+pub mod netlink;
+pub mod netns;
+pub mod nft;
+pub mod route;
+pub mod sysctl;
+
+mod addr;
+
+pub use netlink::Netlink;
+pub use netns::{Netns, NetnsGuard};
+
+use std::io;
+use std::path::PathBuf;
+
+/// A datapath failure with the operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kernel refused a netlink request.
+    #[error("{op}: {source}")]
+    Netlink {
+        /// What was asked, e.g. "create veth veth1a2b3c4d".
+        op: String,
+        /// The errno the kernel answered.
+        source: io::Error,
+    },
+    /// A network namespace could not be opened or entered.
+    #[error("network namespace {}: {source}", path.display())]
+    Netns {
+        /// The namespace path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// nftables refused or could not be run.
+    #[error("nftables: {0}")]
+    Nftables(String),
+    /// A file (sysctl, namespace mount point) could not be read or written.
+    #[error("{what}: {source}")]
+    Io {
+        /// The file or operation.
+        what: String,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// The errno behind the error, if there is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Netlink { source, .. } | Error::Netns { source, .. } | Error::Io { source, .. } => {
+                source.raw_os_error()
+            }
+            Error::Nftables(_) => None,
+        }
+    }
+}
+
+/// Results of datapath operations.
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn netlink_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+    let op = op.into();
+    move |source| Error::Netlink { op, source }
+}
+
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}

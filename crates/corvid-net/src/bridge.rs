@@ -1,0 +1,196 @@
+//! Binding: put an interface named IFNAME into a namespace, attached to a Linux bridge on
+//! this host, with its addresses and routes. Every adapter that binds (the bridge plugin
+//! now, the agent later) calls these functions.
+
+use crate::link::{Link, LinkKind};
+use crate::netlink::Netlink;
+use crate::netns::Netns;
+use crate::route::RouteSpec;
+use crate::{netlink_err, Error, Result};
+use ipnet::IpNet;
+use std::io;
+
+/// The bridge a port attaches to.
+#[derive(Debug, Clone)]
+pub struct BridgeSpec<'a> {
+    /// Bridge name.
+    pub name: &'a str,
+    /// MTU when the bridge is created.
+    pub mtu: Option<u32>,
+    /// Enable VLAN filtering (needed for tagged ports).
+    pub vlan_filtering: bool,
+    /// Put the bridge in promiscuous mode.
+    pub promisc: bool,
+}
+
+/// Returns the bridge, creating it (up) when missing; a same-named non-bridge is an error.
+pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
+    let existing = match host.link_by_name(spec.name)? {
+        Some(link) => link,
+        None => {
+            match host.add_bridge(spec.name, spec.mtu, spec.vlan_filtering) {
+                Err(e) if e.errno() == Some(libc::EEXIST) => {}
+                r => r?,
+            }
+            host.link_by_name(spec.name)?.ok_or_else(|| Error::Netlink {
+                op: format!("find bridge {} after creating it", spec.name),
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            })?
+        }
+    };
+    if existing.kind != LinkKind::Bridge {
+        return Err(Error::Netlink {
+            op: format!("use {} as a bridge: it is a {:?} device", spec.name, existing.kind),
+            source: io::Error::from_raw_os_error(libc::EEXIST),
+        });
+    }
+    if spec.vlan_filtering {
+        host.set_vlan_filtering(&existing)?;
+    }
+    if !existing.up {
+        host.set_up(&existing)?;
+    }
+    if spec.promisc && !existing.promisc {
+        host.set_promisc(&existing, true)?;
+    }
+    Ok(existing)
+}
+
+/// How a port is plugged.
+#[derive(Debug, Clone)]
+pub struct PortSpec<'a> {
+    /// The interface name inside the container.
+    pub ifname: &'a str,
+    /// MTU of both veth ends.
+    pub mtu: Option<u32>,
+    /// Hairpin mode on the bridge port.
+    pub hairpin: bool,
+    /// VLAN to tag the port with (untagged PVID).
+    pub vlan: Option<u16>,
+    /// Keep VLAN 1 on a tagged port.
+    pub keep_default_vlan: bool,
+}
+
+/// A plugged port: the host end on the bridge, the container end in the namespace.
+#[derive(Debug, Clone)]
+pub struct Port {
+    /// The host end.
+    pub host: Link,
+    /// The container end.
+    pub container: Link,
+}
+
+fn random_suffix() -> String {
+    let mut b = [0u8; 4];
+    // SAFETY: b is a valid writable buffer of the given length.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+            ^ std::process::id();
+        b = t.to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Creates a veth pair: a fresh `vethXXXXXXXX` on the bridge, up, and `spec.ifname`
+/// inside `netns`, up. The caller has checked that `spec.ifname` is free there.
+pub fn plug(
+    host: &mut Netlink,
+    container: &mut Netlink,
+    netns: &Netns,
+    bridge: &Link,
+    spec: &PortSpec,
+) -> Result<Port> {
+    let mut attempt = 0;
+    let host_name = loop {
+        let name = format!("veth{}", random_suffix());
+        match host.add_veth(&name, Some(bridge.index), spec.ifname, netns, spec.mtu) {
+            Err(e) if e.errno() == Some(libc::EEXIST) && attempt < 3 => {
+                if container.link_by_name(spec.ifname)?.is_some() {
+                    return Err(e);
+                }
+                attempt += 1;
+            }
+            r => {
+                r?;
+                break name;
+            }
+        }
+    };
+    let host_link = host.link_by_name(&host_name)?;
+    let container_link = container.link_by_name(spec.ifname)?;
+    let (Some(host_link), Some(container_link)) = (host_link, container_link) else {
+        return Err(netlink_err(format!("find veth pair {host_name}/{}", spec.ifname))(
+            io::Error::from_raw_os_error(libc::ENODEV),
+        ));
+    };
+    let port = Port {
+        host: host_link,
+        container: container_link,
+    };
+    let configured = (|| {
+        if spec.hairpin {
+            host.set_hairpin(&port.host, true)?;
+        }
+        if let Some(vid) = spec.vlan {
+            host.set_port_vlan(&port.host, vid, spec.keep_default_vlan, false)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = configured {
+        let _ = host.delete_link(&port.host);
+        return Err(e);
+    }
+    Ok(port)
+}
+
+/// Gives an interface its addresses and routes; an existing default route is kept, as
+/// the spec asks when another network installed one first.
+pub fn configure(nl: &mut Netlink, link: &Link, addrs: &[IpNet], routes: &[RouteSpec]) -> Result<()> {
+    for addr in addrs {
+        match nl.add_address(link.index, addr) {
+            Err(e) if e.errno() == Some(libc::EEXIST) => {}
+            r => r?,
+        }
+    }
+    for route in routes {
+        match nl.add_route(route) {
+            Err(e) if e.errno() == Some(libc::EEXIST) && route.dst.prefix_len() == 0 => {}
+            r => r?,
+        }
+    }
+    Ok(())
+}
+
+/// Makes sure the bridge holds `gateway` (with the subnet's prefix). Without `force`, a
+/// different address of the same family in the same subnet is an error; with it, that
+/// address is replaced.
+pub fn ensure_gateway(host: &mut Netlink, bridge: &Link, gateway: IpNet, force: bool) -> Result<()> {
+    let current = host.addresses(Some(bridge.index))?;
+    if current.iter().any(|(_, a)| *a == gateway) {
+        return Ok(());
+    }
+    for (_, other) in current {
+        let same_family = other.addr().is_ipv4() == gateway.addr().is_ipv4();
+        let same_subnet = other.trunc() == gateway.trunc();
+        if same_family && same_subnet && gateway.addr().is_ipv4() {
+            if !force {
+                return Err(Error::Netlink {
+                    op: format!(
+                        "bridge {} has address {other}, not the gateway {gateway} (set forceAddress to replace it)",
+                        bridge.name
+                    ),
+                    source: io::Error::from_raw_os_error(libc::EEXIST),
+                });
+            }
+            host.delete_address(bridge.index, &other)?;
+        }
+    }
+    match host.add_address(bridge.index, &gateway) {
+        Err(e) if e.errno() == Some(libc::EEXIST) => Ok(()),
+        r => r,
+    }
+}

@@ -1,0 +1,279 @@
+//! Links: look up, create bridges and veth pairs, set state, master, bridge-port options.
+
+use crate::netlink::Netlink;
+use crate::netns::Netns;
+use crate::{netlink_err, Result};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
+use netlink_packet_route::link::{
+    AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridge, InfoBridgePort, InfoData,
+    InfoKind, InfoPortData, InfoPortKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo,
+    LinkMessage,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+/// What kind of device a link is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A Linux bridge.
+    Bridge,
+    /// One end of a veth pair.
+    Veth,
+    /// A VLAN sub-interface.
+    Vlan,
+    /// Anything else (loopback, physical, ...), with the kernel's kind name if any.
+    Other(String),
+}
+
+/// A link as the kernel reports it.
+#[derive(Debug, Clone)]
+pub struct Link {
+    /// Interface index.
+    pub index: u32,
+    /// Interface name.
+    pub name: String,
+    /// Hardware address as aa:bb:cc:dd:ee:ff, empty when the link has none.
+    pub mac: String,
+    /// MTU.
+    pub mtu: u32,
+    /// Index of the bridge it is attached to.
+    pub master: Option<u32>,
+    /// For a veth, the peer's index (in the peer's namespace).
+    pub peer_index: Option<u32>,
+    /// Device kind.
+    pub kind: LinkKind,
+    /// True when administratively up.
+    pub up: bool,
+    /// True when in promiscuous mode.
+    pub promisc: bool,
+}
+
+/// Formats a hardware address the way `ip link` and CNI results do.
+pub fn format_mac(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+impl Link {
+    fn from_message(m: LinkMessage) -> Link {
+        let mut link = Link {
+            index: m.header.index,
+            name: String::new(),
+            mac: String::new(),
+            mtu: 0,
+            master: None,
+            peer_index: None,
+            kind: LinkKind::Other(String::new()),
+            up: m.header.flags.contains(LinkFlags::Up),
+            promisc: m.header.flags.contains(LinkFlags::Promisc),
+        };
+        for attr in m.attributes {
+            match attr {
+                LinkAttribute::IfName(n) => link.name = n,
+                LinkAttribute::Address(a) => link.mac = format_mac(&a),
+                LinkAttribute::Mtu(v) => link.mtu = v,
+                LinkAttribute::Controller(v) => link.master = Some(v),
+                LinkAttribute::Link(v) => link.peer_index = Some(v),
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        if let LinkInfo::Kind(k) = info {
+                            link.kind = match k {
+                                InfoKind::Bridge => LinkKind::Bridge,
+                                InfoKind::Veth => LinkKind::Veth,
+                                InfoKind::Vlan => LinkKind::Vlan,
+                                other => LinkKind::Other(other.to_string()),
+                            };
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        link
+    }
+}
+
+fn change(index: u32) -> LinkMessage {
+    let mut m = LinkMessage::default();
+    m.header.index = index;
+    m
+}
+
+impl Netlink {
+    fn get_link(&mut self, m: LinkMessage, what: &str) -> Result<Option<Link>> {
+        match self.request(RouteNetlinkMessage::GetLink(m), 0) {
+            Ok(mut replies) => Ok(replies.pop().and_then(|r| match r {
+                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(netlink_err(format!("look up link {what}"))(e)),
+        }
+    }
+
+    /// The link with this name, if there is one.
+    pub fn link_by_name(&mut self, name: &str) -> Result<Option<Link>> {
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.get_link(m, name)
+    }
+
+    /// The link with this index, if there is one.
+    pub fn link_by_index(&mut self, index: u32) -> Result<Option<Link>> {
+        self.get_link(change(index), &format!("#{index}"))
+    }
+
+    /// Every link in the namespace.
+    pub fn links(&mut self) -> Result<Vec<Link>> {
+        let replies = self
+            .request(RouteNetlinkMessage::GetLink(LinkMessage::default()), NLM_F_DUMP)
+            .map_err(netlink_err("list links"))?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn change_link(&mut self, m: LinkMessage, op: String) -> Result<()> {
+        self.request(RouteNetlinkMessage::NewLink(m), NLM_F_ACK)
+            .map(drop)
+            .map_err(netlink_err(op))
+    }
+
+    /// Creates a bridge, up; fails with EEXIST when the name is taken.
+    pub fn add_bridge(&mut self, name: &str, mtu: Option<u32>, vlan_filtering: bool) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.flags = LinkFlags::Up;
+        m.header.change_mask = LinkFlags::Up;
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        if let Some(mtu) = mtu {
+            m.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        let mut info = vec![LinkInfo::Kind(InfoKind::Bridge)];
+        if vlan_filtering {
+            info.push(LinkInfo::Data(InfoData::Bridge(vec![InfoBridge::VlanFiltering(true)])));
+        }
+        m.attributes.push(LinkAttribute::LinkInfo(info));
+        self.request(RouteNetlinkMessage::NewLink(m), NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK)
+            .map(drop)
+            .map_err(netlink_err(format!("create bridge {name}")))
+    }
+
+    /// Turns VLAN filtering on for an existing bridge.
+    pub fn set_vlan_filtering(&mut self, bridge: &Link) -> Result<()> {
+        let mut m = change(bridge.index);
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Bridge),
+            LinkInfo::Data(InfoData::Bridge(vec![InfoBridge::VlanFiltering(true)])),
+        ]));
+        self.change_link(m, format!("enable vlan filtering on {}", bridge.name))
+    }
+
+    /// Creates a veth pair in one request: `name` here, up and attached to `master`;
+    /// `peer_name` directly inside `peer_ns`, up. Either both ends exist or neither.
+    pub fn add_veth(
+        &mut self,
+        name: &str,
+        master: Option<u32>,
+        peer_name: &str,
+        peer_ns: &Netns,
+        mtu: Option<u32>,
+    ) -> Result<()> {
+        let mut peer = LinkMessage::default();
+        peer.header.flags = LinkFlags::Up;
+        peer.header.change_mask = LinkFlags::Up;
+        peer.attributes.push(LinkAttribute::IfName(peer_name.to_string()));
+        peer.attributes.push(LinkAttribute::NetNsFd(peer_ns.fd()));
+        let mut m = LinkMessage::default();
+        m.header.flags = LinkFlags::Up;
+        m.header.change_mask = LinkFlags::Up;
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        if let Some(mtu) = mtu {
+            m.attributes.push(LinkAttribute::Mtu(mtu));
+            peer.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        if let Some(master) = master {
+            m.attributes.push(LinkAttribute::Controller(master));
+        }
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
+        ]));
+        self.request(RouteNetlinkMessage::NewLink(m), NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK)
+            .map(drop)
+            .map_err(netlink_err(format!("create veth {name} with peer {peer_name}")))
+    }
+
+    /// Sets a link administratively up.
+    pub fn set_up(&mut self, link: &Link) -> Result<()> {
+        let mut m = change(link.index);
+        m.header.flags = LinkFlags::Up;
+        m.header.change_mask = LinkFlags::Up;
+        self.change_link(m, format!("set {} up", link.name))
+    }
+
+    /// Turns promiscuous mode on or off.
+    pub fn set_promisc(&mut self, link: &Link, on: bool) -> Result<()> {
+        let mut m = change(link.index);
+        if on {
+            m.header.flags = LinkFlags::Promisc;
+        }
+        m.header.change_mask = LinkFlags::Promisc;
+        self.change_link(m, format!("set promiscuous mode on {}", link.name))
+    }
+
+    /// Lets frames leave a bridge port on the port they came in (hairpin).
+    pub fn set_hairpin(&mut self, port: &Link, on: bool) -> Result<()> {
+        let mut m = change(port.index);
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::PortKind(InfoPortKind::Bridge),
+            LinkInfo::PortData(InfoPortData::BridgePort(vec![InfoBridgePort::HairpinMode(on)])),
+        ]));
+        self.change_link(m, format!("set hairpin mode on {}", port.name))
+    }
+
+    /// Makes `vid` the port's untagged PVID and, unless `keep_default`, drops VLAN 1.
+    /// With `on_bridge` the VLAN is added to the bridge device itself.
+    pub fn set_port_vlan(&mut self, port: &Link, vid: u16, keep_default: bool, on_bridge: bool) -> Result<()> {
+        if !keep_default && !on_bridge {
+            self.bridge_vlan(port, 1, BridgeVlanInfoFlags::empty(), false)?;
+        }
+        let mut flags = BridgeVlanInfoFlags::Pvid | BridgeVlanInfoFlags::Untagged;
+        if on_bridge {
+            flags = BridgeVlanInfoFlags::empty();
+        }
+        self.bridge_vlan(port, vid, flags, true)
+    }
+
+    fn bridge_vlan(&mut self, link: &Link, vid: u16, flags: BridgeVlanInfoFlags, add: bool) -> Result<()> {
+        let mut m = change(link.index);
+        m.header.interface_family = AddressFamily::Bridge;
+        let mut spec = Vec::new();
+        if link.kind == LinkKind::Bridge {
+            spec.push(AfSpecBridge::Flags(netlink_packet_route::link::BridgeFlag::LowerDev));
+        }
+        spec.push(AfSpecBridge::VlanInfo(BridgeVlanInfo { flags, vid }));
+        m.attributes.push(LinkAttribute::AfSpecBridge(spec));
+        let (msg, verb) = if add {
+            (RouteNetlinkMessage::SetLink(m), "add")
+        } else {
+            (RouteNetlinkMessage::DelLink(m), "remove")
+        };
+        self.request(msg, NLM_F_ACK)
+            .map(drop)
+            .map_err(netlink_err(format!("{verb} vlan {vid} on {}", link.name)))
+    }
+
+    /// Deletes a link; one that is already gone is fine.
+    pub fn delete_link(&mut self, link: &Link) -> Result<()> {
+        match self.request(RouteNetlinkMessage::DelLink(change(link.index)), NLM_F_ACK) {
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+            r => r.map(drop).map_err(netlink_err(format!("delete link {}", link.name))),
+        }
+    }
+}

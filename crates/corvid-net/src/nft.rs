@@ -1,0 +1,170 @@
+//! Masquerade rules in corvid's own nftables table (`inet corvid`), one rule per
+//! attachment, each marked with a comment naming its network and attachment so that DEL
+//! and GC remove exactly their own. Only typed values (addresses, networks, hex tags)
+//! ever reach the nft command.
+
+use crate::{Error, Result};
+use ipnet::IpNet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// The nftables table corvid owns; nothing outside it is touched.
+pub const TABLE: &str = "corvid";
+const CHAIN: &str = "postrouting";
+
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.bytes().chain(std::iter::once(0)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Names the rules of one attachment: `corvid:<network hash>:<attachment hash>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MasqueradeTag(String);
+
+impl MasqueradeTag {
+    /// The tag of (network, container ID, interface).
+    pub fn new(network: &str, container_id: &str, ifname: &str) -> MasqueradeTag {
+        MasqueradeTag(format!(
+            "{}{:016x}",
+            network_prefix(network),
+            fnv1a(&[container_id, ifname])
+        ))
+    }
+
+    /// The comment text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn network_prefix(network: &str) -> String {
+    format!("corvid:{:016x}:", fnv1a(&[network]))
+}
+
+fn nft_binary() -> &'static str {
+    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("nft")
+}
+
+fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
+    let mut child = Command::new(nft_binary())
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Nftables(format!("cannot run nft: {e}")))?;
+    if let (Some(script), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(script.as_bytes())
+            .map_err(|e| Error::Nftables(format!("cannot write to nft: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::Nftables(format!("nft did not finish: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::Nftables(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Masquerades traffic from `sources` leaving their own subnet (and not multicast).
+pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
+    let mut script = format!(
+        "add table inet {TABLE}\n\
+         add chain inet {TABLE} {CHAIN} {{ type nat hook postrouting priority srcnat; policy accept; }}\n"
+    );
+    for src in sources {
+        let (proto, multicast) = match src {
+            IpNet::V4(_) => ("ip", "224.0.0.0/4"),
+            IpNet::V6(_) => ("ip6", "ff00::/8"),
+        };
+        script.push_str(&format!(
+            "add rule inet {TABLE} {CHAIN} {proto} saddr {} {proto} daddr != {} {proto} daddr != {multicast} masquerade comment \"{}\"\n",
+            src.addr(),
+            src.trunc(),
+            tag.as_str()
+        ));
+    }
+    run_nft(&["-f", "-"], Some(&script)).map(drop)
+}
+
+/// The (handle, comment) of every corvid rule.
+fn rules() -> Result<Vec<(u64, String)>> {
+    let listing = match run_nft(&["-j", "list", "chain", "inet", TABLE, CHAIN], None) {
+        Ok(s) => s,
+        Err(Error::Nftables(msg)) if msg.contains("No such file or directory") => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let v: serde_json::Value = serde_json::from_str(&listing)
+        .map_err(|e| Error::Nftables(format!("unreadable nft listing: {e}")))?;
+    Ok(v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| {
+            let rule = item.get("rule")?;
+            Some((rule["handle"].as_u64()?, rule["comment"].as_str()?.to_string()))
+        })
+        .collect())
+}
+
+fn delete_handles(handles: &[u64]) -> Result<()> {
+    if handles.is_empty() {
+        return Ok(());
+    }
+    let script: String = handles
+        .iter()
+        .map(|h| format!("delete rule inet {TABLE} {CHAIN} handle {h}\n"))
+        .collect();
+    run_nft(&["-f", "-"], Some(&script)).map(drop)
+}
+
+/// Removes the rules of one attachment; none left is fine.
+pub fn delete_masquerade(tag: &MasqueradeTag) -> Result<()> {
+    let handles: Vec<u64> = rules()?
+        .into_iter()
+        .filter(|(_, c)| c == tag.as_str())
+        .map(|(h, _)| h)
+        .collect();
+    delete_handles(&handles)
+}
+
+/// Removes the rules of `network` whose attachment is not in `keep`.
+pub fn gc_masquerade(network: &str, keep: &[MasqueradeTag]) -> Result<()> {
+    let prefix = network_prefix(network);
+    let handles: Vec<u64> = rules()?
+        .into_iter()
+        .filter(|(_, c)| c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c))
+        .map(|(h, _)| h)
+        .collect();
+    delete_handles(&handles)
+}
+
+/// The comments of every corvid masquerade rule (for tests and diagnostics).
+pub fn masquerade_tags() -> Result<Vec<String>> {
+    Ok(rules()?.into_iter().map(|(_, c)| c).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_separate_networks_and_attachments() {
+        let a = MasqueradeTag::new("net1", "c1", "eth0");
+        assert_eq!(a, MasqueradeTag::new("net1", "c1", "eth0"));
+        assert_ne!(a, MasqueradeTag::new("net1", "c1", "eth1"));
+        assert_ne!(a, MasqueradeTag::new("net2", "c1", "eth0"));
+        assert_ne!(MasqueradeTag::new("n", "ab", "c"), MasqueradeTag::new("n", "a", "bc"));
+        assert!(a.as_str().starts_with(&network_prefix("net1")));
+        assert!(a.as_str().len() < 128);
+    }
+}

@@ -1,0 +1,159 @@
+//! Routes in the main table (or another one).
+
+use crate::netlink::Netlink;
+use crate::{netlink_err, Result};
+use ipnet::IpNet;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
+    RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use std::net::IpAddr;
+
+/// A route to install or one found in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// Destination network.
+    pub dst: IpNet,
+    /// Next hop; none for an on-link route.
+    pub gw: Option<IpAddr>,
+    /// Outgoing interface index.
+    pub oif: u32,
+    /// Metric.
+    pub priority: Option<u32>,
+    /// Table; the main table when none.
+    pub table: Option<u32>,
+    /// Route MTU.
+    pub mtu: Option<u32>,
+    /// Advertised MSS.
+    pub advmss: Option<u32>,
+    /// Scope; universe with a gateway, link without, when none.
+    pub scope: Option<u8>,
+}
+
+impl RouteSpec {
+    /// A route to `dst` via `gw` out of `oif`, everything else default.
+    pub fn new(dst: IpNet, gw: Option<IpAddr>, oif: u32) -> RouteSpec {
+        RouteSpec {
+            dst: dst.trunc(),
+            gw,
+            oif,
+            priority: None,
+            table: None,
+            mtu: None,
+            advmss: None,
+            scope: None,
+        }
+    }
+}
+
+fn route_address(ip: IpAddr) -> RouteAddress {
+    match ip {
+        IpAddr::V4(v) => RouteAddress::Inet(v),
+        IpAddr::V6(v) => RouteAddress::Inet6(v),
+    }
+}
+
+fn from_route_address(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v) => Some(IpAddr::V4(*v)),
+        RouteAddress::Inet6(v) => Some(IpAddr::V6(*v)),
+        _ => None,
+    }
+}
+
+impl Netlink {
+    /// Installs a route; fails with EEXIST when an equal one is there.
+    pub fn add_route(&mut self, r: &RouteSpec) -> Result<()> {
+        let mut m = RouteMessage::default();
+        m.header.address_family = if r.dst.addr().is_ipv4() {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
+        m.header.destination_prefix_length = r.dst.prefix_len();
+        m.header.protocol = RouteProtocol::Boot;
+        m.header.kind = RouteType::Unicast;
+        m.header.scope = match r.scope {
+            Some(s) => RouteScope::from(s),
+            None if r.gw.is_some() => RouteScope::Universe,
+            None => RouteScope::Link,
+        };
+        let table = r.table.unwrap_or(RouteHeader::RT_TABLE_MAIN as u32);
+        if table < 256 {
+            m.header.table = table as u8;
+        } else {
+            m.header.table = 0;
+            m.attributes.push(RouteAttribute::Table(table));
+        }
+        if r.dst.prefix_len() > 0 {
+            m.attributes.push(RouteAttribute::Destination(route_address(r.dst.addr())));
+        }
+        if let Some(gw) = r.gw {
+            m.attributes.push(RouteAttribute::Gateway(route_address(gw)));
+        }
+        m.attributes.push(RouteAttribute::Oif(r.oif));
+        if let Some(p) = r.priority {
+            m.attributes.push(RouteAttribute::Priority(p));
+        }
+        let mut metrics = Vec::new();
+        if let Some(mtu) = r.mtu {
+            metrics.push(RouteMetric::Mtu(mtu));
+        }
+        if let Some(mss) = r.advmss {
+            metrics.push(RouteMetric::Advmss(mss));
+        }
+        if !metrics.is_empty() {
+            m.attributes.push(RouteAttribute::Metrics(metrics));
+        }
+        self.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK)
+            .map(drop)
+            .map_err(netlink_err(format!(
+                "add route to {}{}",
+                r.dst,
+                r.gw.map(|g| format!(" via {g}")).unwrap_or_default()
+            )))
+    }
+
+    /// The unicast routes of every table, as (destination, gateway, outgoing interface).
+    pub fn routes(&mut self) -> Result<Vec<RouteSpec>> {
+        let mut out = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut q = RouteMessage::default();
+            q.header.address_family = family;
+            let replies = self
+                .request(RouteNetlinkMessage::GetRoute(q), NLM_F_DUMP)
+                .map_err(netlink_err("list routes"))?;
+            for r in replies {
+                let RouteNetlinkMessage::NewRoute(m) = r else { continue };
+                if m.header.kind != RouteType::Unicast {
+                    continue;
+                }
+                let mut dst = None;
+                let mut spec = RouteSpec::new(IpNet::default(), None, 0);
+                spec.table = Some(m.header.table as u32);
+                for a in &m.attributes {
+                    match a {
+                        RouteAttribute::Destination(d) => dst = from_route_address(d),
+                        RouteAttribute::Gateway(g) => spec.gw = from_route_address(g),
+                        RouteAttribute::Oif(o) => spec.oif = *o,
+                        RouteAttribute::Priority(p) => spec.priority = Some(*p),
+                        RouteAttribute::Table(t) => spec.table = Some(*t),
+                        _ => {}
+                    }
+                }
+                let dst = dst.unwrap_or(if family == AddressFamily::Inet {
+                    IpAddr::from([0u8; 4])
+                } else {
+                    IpAddr::from([0u16; 8])
+                });
+                if let Ok(net) = IpNet::new(dst, m.header.destination_prefix_length) {
+                    spec.dst = net;
+                    out.push(spec);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
