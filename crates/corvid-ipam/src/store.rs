@@ -1,0 +1,289 @@
+//! The host-local store: `<dataDir>/<network>/<ip>` files holding `<containerID>\r\n<ifname>`,
+//! `last_reserved_ip.<n>` per range set, and a `lock` file taken with flock, exactly as
+//! the reference plugin lays them out. Unlike the reference, every file is written to a
+//! temporary name, synced and then linked or renamed into place, so a kill at any moment
+//! leaves either the old file or the whole new one.
+
+use crate::Error;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+const TEMP_PREFIX: &str = ".corvid-tmp.";
+const LINE_BREAK: &str = "\r\n";
+
+/// The reference plugin's default data directory.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
+
+/// One network's lease directory.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    lock: File,
+}
+
+/// A lease found in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The leased address.
+    pub ip: IpAddr,
+    /// The owner's container ID; empty when the file is unreadable or empty.
+    pub container_id: String,
+    /// The owner's interface; empty for leases written by old reference versions.
+    pub ifname: String,
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+impl Store {
+    /// Opens (creating if needed) the directory of `network` under `data_dir`.
+    pub fn open(data_dir: &Path, network: &str) -> Result<Store, Error> {
+        let dir = data_dir.join(network);
+        fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        let lock_path = dir.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io_err(format!("open {}", lock_path.display())))?;
+        Ok(Store { dir, lock })
+    }
+
+    /// The directory holding the leases.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Takes the exclusive lock the reference plugin also takes; released on drop.
+    pub fn lock(&self) -> Result<StoreLock<'_>, Error> {
+        loop {
+            // SAFETY: the lock file is open for the store's lifetime.
+            if unsafe { libc::flock(self.lock.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err("lock the lease directory")(e));
+            }
+        }
+        let locked = StoreLock { store: self };
+        locked.remove_stale_temp_files();
+        Ok(locked)
+    }
+}
+
+/// The store while its lock is held: the only way to read or change leases.
+#[derive(Debug)]
+pub struct StoreLock<'a> {
+    store: &'a Store,
+}
+
+impl Drop for StoreLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the lock file is open; unlocking an fd we locked cannot harm anything.
+        unsafe { libc::flock(self.store.lock.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+fn parse_owner(content: &str) -> (String, String) {
+    let trimmed = content.trim();
+    match trimmed.split_once(LINE_BREAK).or_else(|| trimmed.split_once('\n')) {
+        Some((id, ifname)) => (id.trim().to_string(), ifname.trim().to_string()),
+        None => (trimmed.to_string(), String::new()),
+    }
+}
+
+impl StoreLock<'_> {
+    fn path(&self, name: &str) -> PathBuf {
+        self.store.dir.join(name)
+    }
+
+    /// A crashed writer can leave only temporary files behind; under the lock nobody
+    /// else is writing, so any that exist are garbage.
+    fn remove_stale_temp_files(&self) {
+        let Ok(entries) = fs::read_dir(&self.store.dir) else { return };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+
+    fn write_temp(&self, content: &str) -> Result<PathBuf, Error> {
+        let mut n = 0u32;
+        loop {
+            let tmp = self.path(&format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
+            match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+                Ok(mut f) => {
+                    let written = f.write_all(content.as_bytes()).and_then(|_| f.sync_all());
+                    if let Err(e) = written {
+                        let _ = fs::remove_file(&tmp);
+                        return Err(io_err(format!("write {}", tmp.display()))(e));
+                    }
+                    return Ok(tmp);
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 16 => n += 1,
+                Err(e) => return Err(io_err(format!("create {}", tmp.display()))(e)),
+            }
+        }
+    }
+
+    fn sync_dir(&self) -> Result<(), Error> {
+        File::open(&self.store.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(format!("sync {}", self.store.dir.display())))
+    }
+
+    /// True when a file for `ip` exists, whoever wrote it and whatever it holds.
+    pub fn is_reserved(&self, ip: IpAddr) -> bool {
+        fs::symlink_metadata(self.path(&ip.to_string())).is_ok()
+    }
+
+    /// Reserves `ip` for (id, ifname) and records it as the last reservation of range
+    /// set `range_set`; false when the address is already taken.
+    pub fn reserve(&self, id: &str, ifname: &str, ip: IpAddr, range_set: usize) -> Result<bool, Error> {
+        let final_path = self.path(&ip.to_string());
+        let tmp = self.write_temp(&format!("{}{LINE_BREAK}{ifname}", id.trim()))?;
+        // link() never replaces: it is the atomic form of the reference's O_EXCL create.
+        let linked = fs::hard_link(&tmp, &final_path);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            r => r.map_err(io_err(format!("create {}", final_path.display())))?,
+        }
+        let last = self.path(&format!("{LAST_RESERVED_PREFIX}{range_set}"));
+        let tmp = self.write_temp(&ip.to_string())?;
+        fs::rename(&tmp, &last).map_err(io_err(format!("replace {}", last.display())))?;
+        self.sync_dir()?;
+        Ok(true)
+    }
+
+    /// The last address reserved in range set `range_set`; a missing or unreadable
+    /// record means none.
+    pub fn last_reserved(&self, range_set: usize) -> Option<IpAddr> {
+        fs::read_to_string(self.path(&format!("{LAST_RESERVED_PREFIX}{range_set}")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Every lease in the directory.
+    pub fn leases(&self) -> Result<Vec<Lease>, Error> {
+        let entries = fs::read_dir(&self.store.dir).map_err(io_err(format!("read {}", self.store.dir.display())))?;
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let Ok(ip) = e.file_name().to_string_lossy().parse::<IpAddr>() else { continue };
+            let (container_id, ifname) = fs::read_to_string(e.path())
+                .map(|c| parse_owner(&c))
+                .unwrap_or_default();
+            out.push(Lease {
+                ip,
+                container_id,
+                ifname,
+            });
+        }
+        out.sort_by_key(|l| crate::range::to_u128(l.ip));
+        Ok(out)
+    }
+
+    /// The addresses held by (id, ifname); leases written without an interface name by old
+    /// reference versions match on the ID alone.
+    pub fn get_by_id(&self, id: &str, ifname: &str) -> Result<Vec<IpAddr>, Error> {
+        Ok(self
+            .leases()?
+            .into_iter()
+            .filter(|l| l.container_id == id.trim() && (l.ifname == ifname || l.ifname.is_empty()))
+            .map(|l| l.ip)
+            .collect())
+    }
+
+    /// Releases one address.
+    pub fn release(&self, ip: IpAddr) -> Result<(), Error> {
+        let p = self.path(&ip.to_string());
+        match fs::remove_file(&p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(format!("remove {}", p.display()))(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Releases everything (id, ifname) holds and returns what was released.
+    pub fn release_by_id(&self, id: &str, ifname: &str) -> Result<Vec<IpAddr>, Error> {
+        let ips = self.get_by_id(id, ifname)?;
+        for ip in &ips {
+            self.release(*ip)?;
+        }
+        if !ips.is_empty() {
+            self.sync_dir()?;
+        }
+        Ok(ips)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn writes_the_reference_layout() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), "net1").unwrap();
+        let l = store.lock().unwrap();
+        assert!(l.reserve("c1", "eth0", ip("10.1.0.2"), 0).unwrap());
+        assert!(!l.reserve("c2", "eth0", ip("10.1.0.2"), 0).unwrap());
+        let dir = tmp.path().join("net1");
+        assert_eq!(fs::read_to_string(dir.join("10.1.0.2")).unwrap(), "c1\r\neth0");
+        assert_eq!(fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(), "10.1.0.2");
+        assert!(dir.join("lock").exists());
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.starts_with(TEMP_PREFIX)), "{names:?}");
+    }
+
+    #[test]
+    fn releases_by_id_and_interface() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), "n").unwrap();
+        let l = store.lock().unwrap();
+        l.reserve("c1", "eth0", ip("10.1.0.2"), 0).unwrap();
+        l.reserve("c1", "eth1", ip("10.1.0.3"), 0).unwrap();
+        l.reserve("c1", "eth0", ip("fd00::2"), 1).unwrap();
+        let mut got = l.release_by_id("c1", "eth0").unwrap();
+        got.sort();
+        assert_eq!(got, vec![ip("10.1.0.2"), ip("fd00::2")]);
+        assert!(l.is_reserved(ip("10.1.0.3")));
+        assert!(l.release_by_id("c1", "eth0").unwrap().is_empty());
+    }
+
+    #[test]
+    fn survives_what_a_crash_leaves_behind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), "n").unwrap();
+        let dir = tmp.path().join("n");
+        fs::write(dir.join("last_reserved_ip.0"), "").unwrap();
+        fs::write(dir.join("10.1.0.7"), "").unwrap();
+        fs::write(dir.join(format!("{TEMP_PREFIX}999.0")), "c9\r\neth0").unwrap();
+        fs::write(dir.join("10.1.0.8"), "legacy-id").unwrap();
+        let l = store.lock().unwrap();
+        assert_eq!(l.last_reserved(0), None);
+        assert!(!dir.join(format!("{TEMP_PREFIX}999.0")).exists());
+        let leases = l.leases().unwrap();
+        assert_eq!(leases.len(), 2);
+        assert_eq!(leases[0].container_id, "");
+        assert_eq!(l.get_by_id("legacy-id", "eth3").unwrap(), vec![ip("10.1.0.8")]);
+    }
+}
