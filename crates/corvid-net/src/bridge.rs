@@ -132,6 +132,7 @@ pub fn plug(
         container: container_link,
     };
     let configured = (|| {
+        container.set_up(&port.container)?;
         if spec.hairpin {
             host.set_hairpin(&port.host, true)?;
         }

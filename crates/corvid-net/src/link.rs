@@ -175,7 +175,7 @@ impl Netlink {
     }
 
     /// Creates a veth pair in one request: `name` here, up and attached to `master`;
-    /// `peer_name` directly inside `peer_ns`, up. Either both ends exist or neither.
+    /// `peer_name` directly inside `peer_ns`, down. Either both ends exist or neither.
     pub fn add_veth(
         &mut self,
         name: &str,
@@ -184,9 +184,9 @@ impl Netlink {
         peer_ns: &Netns,
         mtu: Option<u32>,
     ) -> Result<()> {
+        // The peer cannot be set up in this request: the kernel opens it before the two
+        // ends are joined and refuses (ENOTCONN). The caller brings it up afterwards.
         let mut peer = LinkMessage::default();
-        peer.header.flags = LinkFlags::Up;
-        peer.header.change_mask = LinkFlags::Up;
         peer.attributes.push(LinkAttribute::IfName(peer_name.to_string()));
         peer.attributes.push(LinkAttribute::NetNsFd(peer_ns.fd()));
         let mut m = LinkMessage::default();

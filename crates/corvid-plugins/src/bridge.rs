@@ -1,0 +1,363 @@
+//! bridge: a veth pair from the container to a Linux bridge on the host, addresses from
+//! the IPAM plugin, optional gateway, default route and masquerade.
+
+use crate::{delegate, errors};
+use corvid_cni::result::{Interface, Route};
+use corvid_cni::skel::{validate_ifname, CmdArgs, Command, Plugin};
+use corvid_cni::{CniResult, Error, ErrorCode};
+use corvid_net::bridge::{configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, PortSpec};
+use corvid_net::link::LinkKind;
+use corvid_net::nft::{self, MasqueradeTag};
+use corvid_net::route::RouteSpec;
+use corvid_net::{sysctl, Netlink, Netns};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+/// The bridge plugin.
+pub struct Bridge;
+
+fn default_bridge() -> String {
+    "cni0".into()
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BridgeConf {
+    #[serde(default = "default_bridge")]
+    bridge: String,
+    #[serde(default)]
+    is_gateway: bool,
+    #[serde(default)]
+    is_default_gateway: bool,
+    #[serde(default)]
+    force_address: bool,
+    #[serde(default)]
+    ip_masq: bool,
+    #[serde(default)]
+    mtu: Option<u32>,
+    #[serde(default)]
+    hairpin_mode: bool,
+    #[serde(default)]
+    promisc_mode: bool,
+    #[serde(default)]
+    vlan: u16,
+    #[serde(default)]
+    preserve_default_vlan: Option<bool>,
+}
+
+fn load(args: &CmdArgs) -> Result<BridgeConf, Error> {
+    let mut c: BridgeConf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
+    validate_ifname(&c.bridge).map_err(|e| Error {
+        code: ErrorCode::InvalidNetworkConfig as u32,
+        msg: format!("invalid \"bridge\": {}", e.msg),
+        ..e
+    })?;
+    if c.vlan > 4094 {
+        return Err(Error::new(
+            ErrorCode::InvalidNetworkConfig,
+            format!("invalid VLAN ID {} (must be between 0 and 4094)", c.vlan),
+        ));
+    }
+    if let Some(mtu) = c.mtu {
+        if !(68..=65535).contains(&mtu) {
+            return Err(Error::new(ErrorCode::InvalidNetworkConfig, format!("invalid mtu {mtu}")));
+        }
+    }
+    c.is_gateway |= c.is_default_gateway;
+    Ok(c)
+}
+
+fn ipam_type(args: &CmdArgs) -> Option<&str> {
+    args.conf.ipam.as_ref().map(|i| i.ipam_type.as_str())
+}
+
+fn netns_path(args: &CmdArgs) -> Result<&std::path::Path, Error> {
+    args.netns
+        .as_deref()
+        .ok_or_else(|| Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))
+}
+
+/// What ADD has made so far, undone in reverse when a later step fails.
+struct Undo<'a> {
+    args: &'a CmdArgs,
+    ipam: bool,
+    masq: Option<MasqueradeTag>,
+}
+
+impl Undo<'_> {
+    fn run(self, host: &mut Netlink, port: &corvid_net::bridge::Port) {
+        if let Some(tag) = &self.masq {
+            let _ = nft::delete_masquerade(tag);
+        }
+        let _ = host.delete_link(&port.host);
+        if self.ipam {
+            if let Some(t) = ipam_type(self.args) {
+                let _ = delegate::run(t, Command::Del, self.args);
+            }
+        }
+    }
+}
+
+fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
+    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
+    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    if container.link_by_name(&args.ifname).map_err(errors::net)?.is_some() {
+        return Err(Error::new(
+            ErrorCode::InterfaceExists,
+            format!("interface \"{}\" already exists in {}", args.ifname, ns.path().display()),
+        ));
+    }
+    let mut host = Netlink::open().map_err(errors::net)?;
+    let bridge = ensure_bridge(
+        &mut host,
+        &BridgeSpec {
+            name: &conf.bridge,
+            mtu: conf.mtu,
+            vlan_filtering: conf.vlan != 0,
+            promisc: conf.promisc_mode,
+        },
+    )
+    .map_err(errors::net)?;
+    let port = plug(
+        &mut host,
+        &mut container,
+        &ns,
+        &bridge,
+        &PortSpec {
+            ifname: &args.ifname,
+            mtu: conf.mtu,
+            hairpin: conf.hairpin_mode,
+            vlan: (conf.vlan != 0).then_some(conf.vlan),
+            keep_default_vlan: conf.preserve_default_vlan.unwrap_or(true),
+        },
+    )
+    .map_err(errors::net)?;
+    let mut undo = Undo {
+        args,
+        ipam: false,
+        masq: None,
+    };
+    let finished = (|| {
+        let mut result = match ipam_type(args) {
+            Some(t) => {
+                undo.ipam = true;
+                delegate::run(t, Command::Add, args)?.unwrap_or_default()
+            }
+            None => CniResult::default(),
+        };
+        finish(args, conf, &ns, &mut host, &mut container, &bridge, &port, &mut result, &mut undo)?;
+        Ok(result)
+    })();
+    match finished {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            undo.run(&mut host, &port);
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    args: &CmdArgs,
+    conf: &BridgeConf,
+    ns: &Netns,
+    host: &mut Netlink,
+    container: &mut Netlink,
+    bridge: &corvid_net::link::Link,
+    port: &corvid_net::bridge::Port,
+    result: &mut CniResult,
+    undo: &mut Undo,
+) -> Result<(), Error> {
+    // Interfaces go after those of a previous plugin, and our addresses point at ours.
+    let mut prev = args.prev_result.clone().unwrap_or_default();
+    let base = prev.interfaces.len();
+    let container_index = base + 2;
+    for ip in &mut result.ips {
+        ip.interface = Some(container_index);
+    }
+    if conf.is_default_gateway {
+        for ip in &result.ips {
+            let Some(gw) = ip.gateway else { continue };
+            let default: IpNet = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" }.parse().expect("literal");
+            if !result.routes.iter().any(|r| r.dst == default) {
+                result.routes.push(Route {
+                    dst: default,
+                    gw: Some(gw),
+                    ..Route::default()
+                });
+            }
+        }
+    }
+    let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
+    let routes: Vec<RouteSpec> = result
+        .routes
+        .iter()
+        .map(|r| {
+            let gw = r.gw.or_else(|| {
+                result
+                    .ips
+                    .iter()
+                    .find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4())
+                    .and_then(|ip| ip.gateway)
+            });
+            let mut spec = RouteSpec::new(r.dst, gw, port.container.index);
+            spec.mtu = r.mtu;
+            spec.advmss = r.advmss;
+            spec.priority = r.priority;
+            spec.table = r.table;
+            spec.scope = r.scope;
+            spec
+        })
+        .collect();
+    configure(container, &port.container, &addrs, &routes).map_err(errors::net)?;
+    if conf.is_gateway {
+        for ip in &result.ips {
+            let Some(gw) = ip.gateway else { continue };
+            let gw_net = IpNet::new(gw, ip.address.prefix_len()).expect("prefix from a valid address");
+            ensure_gateway(host, bridge, gw_net, conf.force_address).map_err(errors::net)?;
+            let key = if gw.is_ipv4() { "net/ipv4/ip_forward" } else { "net/ipv6/conf/all/forwarding" };
+            sysctl::set(key, "1").map_err(errors::net)?;
+        }
+    }
+    if conf.ip_masq && !addrs.is_empty() {
+        let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
+        undo.masq = Some(tag.clone());
+        nft::add_masquerade(&tag, &addrs).map_err(errors::net)?;
+    }
+    let bridge_now = host.link_by_index(bridge.index).map_err(errors::net)?.unwrap_or_else(|| bridge.clone());
+    prev.interfaces.extend([
+        Interface {
+            name: bridge_now.name.clone(),
+            mac: bridge_now.mac.clone(),
+            ..Interface::default()
+        },
+        Interface {
+            name: port.host.name.clone(),
+            mac: port.host.mac.clone(),
+            ..Interface::default()
+        },
+        Interface {
+            name: port.container.name.clone(),
+            mac: port.container.mac.clone(),
+            sandbox: ns.path().display().to_string(),
+            ..Interface::default()
+        },
+    ]);
+    prev.ips.append(&mut result.ips);
+    prev.routes.append(&mut result.routes);
+    if !args.conf.dns.as_ref().is_none_or(|d| d.is_empty()) {
+        prev.dns = args.conf.dns.clone().unwrap_or_default();
+    } else if !result.dns.is_empty() {
+        prev.dns = result.dns.clone();
+    }
+    *result = prev;
+    Ok(())
+}
+
+fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
+    let fail = |msg: String| Err(Error::new(ErrorCode::CheckFailed, msg));
+    let prev = args.prev_result.as_ref().expect("skel requires prevResult for CHECK");
+    if let Some(t) = ipam_type(args) {
+        delegate::run(t, Command::Check, args)?;
+    }
+    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
+    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    let mut host = Netlink::open().map_err(errors::net)?;
+    let Some(bridge) = host.link_by_name(&conf.bridge).map_err(errors::net)? else {
+        return fail(format!("bridge {} does not exist", conf.bridge));
+    };
+    let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? else {
+        return fail(format!("interface {} does not exist in {}", args.ifname, ns.path().display()));
+    };
+    if link.kind != LinkKind::Veth {
+        return fail(format!("interface {} is not a veth", args.ifname));
+    }
+    let own = prev
+        .interfaces
+        .iter()
+        .position(|i| i.name == args.ifname && !i.sandbox.is_empty());
+    if let Some(i) = own {
+        let want = &prev.interfaces[i].mac;
+        if !want.is_empty() && !want.eq_ignore_ascii_case(&link.mac) {
+            return fail(format!("interface {} has MAC {}, the result says {want}", args.ifname, link.mac));
+        }
+    }
+    let peer = link.peer_index.and_then(|i| host.link_by_index(i).ok().flatten());
+    if peer.as_ref().and_then(|p| p.master) != Some(bridge.index) {
+        return fail(format!("the host end of {} is not attached to {}", args.ifname, conf.bridge));
+    }
+    let have = container.addresses(Some(link.index)).map_err(errors::net)?;
+    for ip in prev.ips.iter().filter(|ip| ip.interface.is_none() || ip.interface == own) {
+        if !have.iter().any(|(_, a)| *a == ip.address) {
+            return fail(format!("address {} is missing from {}", ip.address, args.ifname));
+        }
+    }
+    let routes = container.routes().map_err(errors::net)?;
+    for r in &prev.routes {
+        let found = routes
+            .iter()
+            .any(|k| k.dst == r.dst.trunc() && r.gw.is_none_or(|gw| k.gw == Some(gw)));
+        if !found {
+            return fail(format!("route to {} is missing in {}", r.dst, ns.path().display()));
+        }
+    }
+    Ok(())
+}
+
+impl Plugin for Bridge {
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, Error> {
+        add(args, &load(args)?)
+    }
+
+    fn del(&self, args: &CmdArgs) -> Result<(), Error> {
+        let conf = load(args)?;
+        if let Some(t) = ipam_type(args) {
+            delegate::run(t, Command::Del, args)?;
+        }
+        if let Some(path) = &args.netns {
+            // The namespace may be gone already, and the veth with it.
+            if let Ok(ns) = Netns::open(path) {
+                let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+                if let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? {
+                    container.delete_link(&link).map_err(errors::net)?;
+                }
+            }
+        }
+        if conf.ip_masq {
+            let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
+            nft::delete_masquerade(&tag).map_err(errors::net)?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), Error> {
+        check(args, &load(args)?)
+    }
+
+    fn gc(&self, args: &CmdArgs) -> Result<(), Error> {
+        let conf = load(args)?;
+        if let Some(t) = ipam_type(args) {
+            delegate::run(t, Command::Gc, args)?;
+        }
+        if conf.ip_masq {
+            let keep: Vec<MasqueradeTag> = args
+                .conf
+                .valid_attachments
+                .iter()
+                .flatten()
+                .map(|a| MasqueradeTag::new(&args.conf.name, &a.container_id, &a.ifname))
+                .collect();
+            nft::gc_masquerade(&args.conf.name, &keep).map_err(errors::net)?;
+        }
+        Ok(())
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), Error> {
+        load(args)?;
+        match ipam_type(args) {
+            Some(t) => delegate::run(t, Command::Status, args).map(drop),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Running a delegated plugin (the IPAM plugin of `ipam.type`) exactly as the spec says:
+//! found on CNI_PATH, same environment and stdin, CNI_COMMAND set for the call.
+
+use corvid_cni::skel::{CmdArgs, Command};
+use corvid_cni::{CniResult, Error, ErrorCode};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+fn command_name(c: Command) -> &'static str {
+    match c {
+        Command::Add => "ADD",
+        Command::Del => "DEL",
+        Command::Check => "CHECK",
+        Command::Version => "VERSION",
+        Command::Gc => "GC",
+        Command::Status => "STATUS",
+    }
+}
+
+/// Finds a plugin on CNI_PATH.
+pub fn find(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, Error> {
+    path.iter()
+        .map(|d| d.join(plugin))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::new(ErrorCode::Delegate, format!("failed to find plugin \"{plugin}\" in CNI_PATH"))
+                .with_details(format!(
+                    "searched {}",
+                    path.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":")
+                ))
+        })
+}
+
+/// Runs `plugin` for `command` with the invocation's stdin; ADD returns its result.
+pub fn run(plugin: &str, command: Command, args: &CmdArgs) -> Result<Option<CniResult>, Error> {
+    let exe = find(plugin, &args.path)?;
+    let failed = |what: String| Error::new(ErrorCode::Delegate, format!("delegated plugin \"{plugin}\" {what}"));
+    let mut child = std::process::Command::new(&exe)
+        .env("CNI_COMMAND", command_name(command))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| failed(format!("could not be started: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&args.stdin)
+            .map_err(|e| failed(format!("did not take its configuration: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed(format!("did not finish: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::from_plugin_output(&out.stdout).unwrap_or_else(|| {
+            failed(format!("failed ({}) without an error message", out.status))
+                .with_details(String::from_utf8_lossy(&out.stdout).into_owned())
+        }));
+    }
+    if command != Command::Add {
+        return Ok(None);
+    }
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| failed(format!("printed an unreadable result: {e}")))?;
+    CniResult::parse(&value, args.version).map(|(r, _)| Some(r))
+}

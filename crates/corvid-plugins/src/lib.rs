@@ -1,0 +1,23 @@
+//! corvid's CNI plugins. Each is short: the spec lives in corvid-cni, addresses in
+//! corvid-ipam, kernel work in corvid-net.
+
+pub mod bridge;
+pub mod delegate;
+pub mod errors;
+pub mod host_local;
+pub mod loopback;
+
+use corvid_cni::skel::Plugin;
+
+/// The plugin names this binary answers to.
+pub const PLUGIN_NAMES: [&str; 3] = ["bridge", "host-local", "loopback"];
+
+/// The plugin behind a name, if this binary has one.
+pub fn plugin_for(name: &str) -> Option<&'static dyn Plugin> {
+    match name {
+        "bridge" => Some(&bridge::Bridge),
+        "host-local" => Some(&host_local::HostLocal),
+        "loopback" => Some(&loopback::Loopback),
+        _ => None,
+    }
+}
