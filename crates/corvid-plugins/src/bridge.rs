@@ -117,7 +117,17 @@ fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
             promisc: conf.promisc_mode,
         },
     )
-    .map_err(errors::net)?;
+    .map_err(|e| {
+        if conf.vlan != 0 && e.errno() == Some(libc::EOPNOTSUPP) {
+            Error::new(
+                ErrorCode::Kernel,
+                format!("vlan {} needs bridge VLAN filtering, which this kernel lacks (CONFIG_BRIDGE_VLAN_FILTERING)", conf.vlan),
+            )
+            .with_details(e.to_string())
+        } else {
+            errors::net(e)
+        }
+    })?;
     let port = plug(
         &mut host,
         &mut container,
@@ -255,6 +265,20 @@ fn finish(
     Ok(())
 }
 
+fn delete_host_end(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
+    let Some(prev) = &args.prev_result else { return Ok(()) };
+    let mut host = Netlink::open().map_err(errors::net)?;
+    let Some(bridge) = host.link_by_name(&conf.bridge).map_err(errors::net)? else { return Ok(()) };
+    for iface in prev.interfaces.iter().filter(|i| i.sandbox.is_empty() && i.name != conf.bridge) {
+        if let Some(link) = host.link_by_name(&iface.name).map_err(errors::net)? {
+            if link.kind == LinkKind::Veth && link.master == Some(bridge.index) {
+                host.delete_link(&link).map_err(errors::net)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
     let fail = |msg: String| Err(Error::new(ErrorCode::CheckFailed, msg));
     let prev = args.prev_result.as_ref().expect("skel requires prevResult for CHECK");
@@ -315,14 +339,17 @@ impl Plugin for Bridge {
         if let Some(t) = ipam_type(args) {
             delegate::run(t, Command::Del, args)?;
         }
-        if let Some(path) = &args.netns {
-            // The namespace may be gone already, and the veth with it.
-            if let Ok(ns) = Netns::open(path) {
+        let ns = args.netns.as_ref().and_then(|p| Netns::open(p).ok());
+        match ns {
+            Some(ns) => {
                 let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
                 if let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? {
                     container.delete_link(&link).map_err(errors::net)?;
                 }
             }
+            // The namespace is gone; the kernel destroys the pair with it, but not at once:
+            // remove the host end now when prevResult names it.
+            None => delete_host_end(args, &conf)?,
         }
         if conf.ip_masq {
             let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);

@@ -1,0 +1,241 @@
+//! Test support: namespaces that remove themselves, a plugin directory, and running a
+//! plugin inside a private "host" namespace.
+#![allow(dead_code)]
+
+use corvid_net::{Netlink, Netns};
+use serde_json::Value;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A named namespace `cvt<pid>-<n>` under /run/netns, deleted on drop.
+pub struct TestNs {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+impl TestNs {
+    pub fn new() -> TestNs {
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "these tests create network namespaces and must run as root"
+        );
+        let name = format!("cvt{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let path = Netns::create_named(&name).expect("create test namespace");
+        TestNs { name, path }
+    }
+
+    pub fn path_str(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    pub fn open(&self) -> Netns {
+        Netns::open(&self.path).unwrap()
+    }
+
+    /// Runs `f` inside this namespace on the calling thread.
+    pub fn run<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.open().run(f).unwrap()
+    }
+
+    pub fn netlink(&self) -> Netlink {
+        Netlink::open_in(&self.open()).unwrap()
+    }
+
+    /// Names of the veth links in this namespace.
+    pub fn veths(&self) -> Vec<String> {
+        self.netlink()
+            .links()
+            .unwrap()
+            .into_iter()
+            .filter(|l| l.kind == corvid_net::link::LinkKind::Veth)
+            .map(|l| l.name)
+            .collect()
+    }
+
+    /// corvid masquerade rule comments in this namespace.
+    pub fn masquerade_rules(&self) -> Vec<String> {
+        self.run(corvid_net::nft::masquerade_tags).unwrap()
+    }
+
+    /// Runs a command with this namespace as its network namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let ns = self.open();
+        let mut cmd = Command::new(program);
+        // SAFETY: setns is async-signal-safe; the fd stays open in the parent's `ns`,
+        // which the closure owns until the child has been spawned.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(ns.fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// True when one ping to `addr` from this namespace is answered.
+    pub fn ping(&self, addr: &str) -> bool {
+        self.command("ping")
+            .args(["-c", "1", "-W", "2", addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let _ = Netns::delete_path(&self.path);
+    }
+}
+
+/// A directory holding the plugins under their names (links to the built binary).
+pub struct PluginDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl PluginDir {
+    pub fn new() -> PluginDir {
+        let dir = tempfile::tempdir().unwrap();
+        for name in corvid_plugins::PLUGIN_NAMES {
+            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_corvid-plugins"), dir.path().join(name)).unwrap();
+        }
+        PluginDir { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn plugin(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// The reference plugins' directory, from Debian's containernetworking-plugins.
+pub const REFERENCE_DIR: &str = "/usr/lib/cni";
+
+/// One plugin invocation.
+pub struct Call<'a> {
+    pub host: &'a TestNs,
+    pub plugin: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub stdin: String,
+}
+
+/// What a plugin answered.
+#[derive(Debug)]
+pub struct Outcome {
+    pub success: bool,
+    pub stdout: String,
+    pub json: Value,
+}
+
+impl Outcome {
+    pub fn code(&self) -> u64 {
+        self.json["code"].as_u64().unwrap_or(0)
+    }
+}
+
+impl<'a> Call<'a> {
+    /// A call with CNI_COMMAND, container ID, netns, ifname and CNI_PATH set.
+    pub fn new(host: &'a TestNs, plugin: PathBuf, command: &str, id: &str, netns: &str, cni_path: &str, stdin: &str) -> Call<'a> {
+        Call {
+            host,
+            plugin,
+            env: vec![
+                ("CNI_COMMAND".into(), command.into()),
+                ("CNI_CONTAINERID".into(), id.into()),
+                ("CNI_NETNS".into(), netns.into()),
+                ("CNI_IFNAME".into(), "eth0".into()),
+                ("CNI_PATH".into(), cni_path.into()),
+            ],
+            stdin: stdin.into(),
+        }
+    }
+
+    pub fn set(mut self, key: &str, value: &str) -> Self {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn unset(mut self, key: &str) -> Self {
+        self.env.retain(|(k, _)| k != key);
+        self
+    }
+
+    pub fn spawn(&self) -> Child {
+        use std::io::Write;
+        let mut cmd = self.host.command(&self.plugin);
+        cmd.env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn plugin");
+        child.stdin.take().unwrap().write_all(self.stdin.as_bytes()).unwrap();
+        child
+    }
+
+    pub fn run(&self) -> Outcome {
+        let out = self.spawn().wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "plugin panicked: {stderr}");
+        assert!(!stderr.contains("RUST_BACKTRACE"), "plugin printed a backtrace: {stderr}");
+        Outcome {
+            success: out.status.success(),
+            json: serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
+            stdout,
+        }
+    }
+
+    pub fn ok(&self) -> Value {
+        let o = self.run();
+        assert!(o.success, "{} {:?} failed: {}", self.plugin.display(), self.env, o.stdout);
+        o.json
+    }
+}
+
+/// The lease files (addresses) in a host-local data directory.
+pub fn leases(data_dir: &Path, network: &str) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(data_dir.join(network))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// The address part of the first IP of family `v4` in a result.
+pub fn result_ip(result: &Value, v4: bool) -> String {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| ip["address"].as_str().unwrap().split('/').next().unwrap().to_string())
+        .find(|a| a.contains('.') == v4)
+        .unwrap()
+}
+
+/// A bridge + host-local configuration.
+pub fn bridge_conf(version: &str, network: &str, bridge: &str, subnet: &str, data_dir: &Path, extra: &str) -> String {
+    format!(
+        r#"{{"cniVersion":"{version}","name":"{network}","type":"bridge","bridge":"{bridge}",
+            "isGateway":true,"ipMasq":true{extra},
+            "ipam":{{"type":"host-local","subnet":"{subnet}","dataDir":"{}"}}}}"#,
+        data_dir.display()
+    )
+}
