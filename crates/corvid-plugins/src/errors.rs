@@ -2,11 +2,13 @@
 
 use corvid_cni::{Error, ErrorCode};
 
-/// A corvid-net failure as a CNI error: a missing namespace is "container unknown",
-/// a file problem is I/O, the rest is the kernel refusing.
+/// A corvid-net failure as a CNI error: a missing namespace is "container unknown", a
+/// CNI_NETNS that is no namespace an invalid environment, a file problem I/O, the rest
+/// the kernel refusing.
 pub fn net(e: corvid_net::Error) -> Error {
     let code = match &e {
         corvid_net::Error::Netns { .. } if e.errno() == Some(libc::ENOENT) => ErrorCode::UnknownContainer,
+        corvid_net::Error::Netns { .. } => ErrorCode::InvalidEnvironment,
         corvid_net::Error::Io { .. } => ErrorCode::Io,
         _ => ErrorCode::Kernel,
     };
