@@ -5,6 +5,7 @@ pub mod bridge;
 pub mod delegate;
 pub mod errors;
 pub mod host_local;
+pub mod install;
 pub mod loopback;
 
 use corvid_cni::skel::Plugin;
