@@ -117,13 +117,15 @@ impl StoreLock<'_> {
         }
     }
 
-    fn write_temp(&self, content: &str) -> Result<PathBuf, Error> {
+    fn write_temp(&self, content: &str, durable: bool) -> Result<PathBuf, Error> {
         let mut n = 0u32;
         loop {
             let tmp = self.path(&format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
             match OpenOptions::new().write(true).create_new(true).open(&tmp) {
                 Ok(mut f) => {
-                    let written = f.write_all(content.as_bytes()).and_then(|_| f.sync_all());
+                    let written = f
+                        .write_all(content.as_bytes())
+                        .and_then(|_| if durable { f.sync_all() } else { Ok(()) });
                     if let Err(e) = written {
                         let _ = fs::remove_file(&tmp);
                         return Err(io_err(format!("write {}", tmp.display()))(e));
@@ -151,7 +153,7 @@ impl StoreLock<'_> {
     /// set `range_set`; false when the address is already taken.
     pub fn reserve(&self, id: &str, ifname: &str, ip: IpAddr, range_set: usize) -> Result<bool, Error> {
         let final_path = self.path(&ip.to_string());
-        let tmp = self.write_temp(&format!("{}{LINE_BREAK}{ifname}", id.trim()))?;
+        let tmp = self.write_temp(&format!("{}{LINE_BREAK}{ifname}", id.trim()), true)?;
         // link() never replaces: it is the atomic form of the reference's O_EXCL create.
         let linked = fs::hard_link(&tmp, &final_path);
         let _ = fs::remove_file(&tmp);
@@ -159,8 +161,9 @@ impl StoreLock<'_> {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
             r => r.map_err(io_err(format!("create {}", final_path.display())))?,
         }
+        // Only a rotation hint: the rename keeps it whole, losing it to a power cut is harmless.
         let last = self.path(&format!("{LAST_RESERVED_PREFIX}{range_set}"));
-        let tmp = self.write_temp(&ip.to_string())?;
+        let tmp = self.write_temp(&ip.to_string(), false)?;
         fs::rename(&tmp, &last).map_err(io_err(format!("replace {}", last.display())))?;
         self.sync_dir()?;
         Ok(true)

@@ -32,9 +32,36 @@ pub fn find(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, Error> {
         })
 }
 
+/// True when `exe` is this very binary (same device and inode as /proc/self/exe).
+fn is_this_binary(exe: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(exe), std::fs::metadata("/proc/self/exe")) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Runs `plugin` for `command` with the invocation's stdin; ADD returns its result.
+///
+/// When CNI_PATH resolves `plugin` to this same binary, the plugin runs in-process: the
+/// code, environment and configuration are exactly what an exec would give it, without
+/// the cost of a second process. Anything else (the reference host-local, say) is exec'd.
 pub fn run(plugin: &str, command: Command, args: &CmdArgs) -> Result<Option<CniResult>, Error> {
     let exe = find(plugin, &args.path)?;
+    if let Some(own) = crate::plugin_for(plugin).filter(|_| is_this_binary(&exe)) {
+        let delegated = CmdArgs {
+            command,
+            ..args.clone()
+        };
+        return match command {
+            Command::Add => own.add(&delegated).map(Some),
+            Command::Del => own.del(&delegated).map(|_| None),
+            Command::Check => own.check(&delegated).map(|_| None),
+            Command::Gc => own.gc(&delegated).map(|_| None),
+            Command::Status => own.status(&delegated).map(|_| None),
+            Command::Version => Ok(None),
+        };
+    }
     let failed = |what: String| Error::new(ErrorCode::Delegate, format!("delegated plugin \"{plugin}\" {what}"));
     let mut child = std::process::Command::new(&exe)
         .env("CNI_COMMAND", command_name(command))
