@@ -16,8 +16,10 @@ impl CniArgs {
                     .with_details(format!("pair \"{part}\" has no '='"))
             })?;
             if k.is_empty() {
-                return Err(Error::new(ErrorCode::InvalidEnvironment, "invalid CNI_ARGS")
-                    .with_details(format!("pair \"{part}\" has an empty key")));
+                return Err(
+                    Error::new(ErrorCode::InvalidEnvironment, "invalid CNI_ARGS")
+                        .with_details(format!("pair \"{part}\" has an empty key")),
+                );
             }
             pairs.push((k.to_string(), v.to_string()));
         }

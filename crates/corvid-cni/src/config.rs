@@ -82,11 +82,17 @@ impl NetConf {
     /// well-known field code 7, an unsupported version code 1.
     pub fn parse(stdin: &[u8]) -> Result<(NetConf, Version), Error> {
         let value: Value = serde_json::from_slice(stdin).map_err(|e| {
-            Error::new(ErrorCode::Decoding, "failed to decode network configuration")
-                .with_details(e.to_string())
+            Error::new(
+                ErrorCode::Decoding,
+                "failed to decode network configuration",
+            )
+            .with_details(e.to_string())
         })?;
         let obj = value.as_object().ok_or_else(|| {
-            Error::new(ErrorCode::Decoding, "network configuration must be a JSON object")
+            Error::new(
+                ErrorCode::Decoding,
+                "network configuration must be a JSON object",
+            )
         })?;
         for field in ["cniVersion", "name", "type"] {
             match obj.get(field) {
@@ -102,7 +108,10 @@ impl NetConf {
         let version = Version::parse(&conf.cni_version)?;
         validate_name("network name", &conf.name)?;
         if conf.plugin_type.contains('/') {
-            return Err(invalid(format!("invalid plugin type \"{}\"", conf.plugin_type)));
+            return Err(invalid(format!(
+                "invalid plugin type \"{}\"",
+                conf.plugin_type
+            )));
         }
         if let Some(ipam) = &conf.ipam {
             if ipam.ipam_type.is_empty() || ipam.ipam_type.contains('/') {
@@ -161,10 +170,22 @@ mod tests {
         assert_eq!(code(r#"{"name":"n","type":"bridge"}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","type":"bridge"}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","name":"n"}"#), 7);
-        assert_eq!(code(r#"{"cniVersion":"1.0.0","name":"","type":"bridge"}"#), 7);
-        assert_eq!(code(r#"{"cniVersion":"7.0.0","name":"n","type":"bridge"}"#), 1);
-        assert_eq!(code(r#"{"cniVersion":"1.0.0","name":"../etc","type":"bridge"}"#), 7);
-        assert_eq!(code(r#"{"cniVersion":"1.0.0","name":"n","type":"bridge","ipam":3}"#), 7);
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"","type":"bridge"}"#),
+            7
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"7.0.0","name":"n","type":"bridge"}"#),
+            1
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"../etc","type":"bridge"}"#),
+            7
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"n","type":"bridge","ipam":3}"#),
+            7
+        );
         assert_eq!(
             code(r#"{"cniVersion":"1.0.0","name":"n","type":"b","ipam":{"type":"../x"}}"#),
             7

@@ -180,7 +180,12 @@ impl CniResult {
         let version = match obj.get("cniVersion") {
             None => default_version,
             Some(Value::String(s)) => Version::parse(s)?,
-            Some(other) => return Err(decode_error(what, format!("cniVersion {other} is not a string"))),
+            Some(other) => {
+                return Err(decode_error(
+                    what,
+                    format!("cniVersion {other} is not a string"),
+                ))
+            }
         };
         let result = if version.is_legacy_result() {
             let wire: WireLegacyResult =
@@ -217,7 +222,10 @@ impl CniResult {
                 if v != family_tag(&ip.address) {
                     return Err(decode_error(
                         "result",
-                        format!("ips[{i}]: version \"{v}\" does not match address {}", ip.address),
+                        format!(
+                            "ips[{i}]: version \"{v}\" does not match address {}",
+                            ip.address
+                        ),
                     ));
                 }
             }
@@ -250,7 +258,9 @@ impl CniResult {
         } else {
             serde_json::to_value(self.to_wire(version))
         };
-        value.map_err(|e| Error::new(ErrorCode::Io, "failed to encode result").with_details(e.to_string()))
+        value.map_err(|e| {
+            Error::new(ErrorCode::Io, "failed to encode result").with_details(e.to_string())
+        })
     }
 
     fn to_wire(&self, version: Version) -> WireResult {
@@ -304,7 +314,11 @@ impl CniResult {
         let mut ip4: Option<WireLegacyIp> = None;
         let mut ip6: Option<WireLegacyIp> = None;
         for ip in &self.ips {
-            let slot = if ip.address.addr().is_ipv4() { &mut ip4 } else { &mut ip6 };
+            let slot = if ip.address.addr().is_ipv4() {
+                &mut ip4
+            } else {
+                &mut ip6
+            };
             if slot.is_some() {
                 return Err(Error::new(
                     ErrorCode::IncompatibleVersion,
@@ -322,13 +336,20 @@ impl CniResult {
             });
         }
         for route in &self.routes {
-            let slot = if route.dst.addr().is_ipv4() { &mut ip4 } else { &mut ip6 };
+            let slot = if route.dst.addr().is_ipv4() {
+                &mut ip4
+            } else {
+                &mut ip6
+            };
             let Some(slot) = slot else {
                 return Err(Error::new(
                     ErrorCode::IncompatibleVersion,
                     format!("cannot convert result to CNI {version}"),
                 )
-                .with_details(format!("route to {} has no address of its family to hang on", route.dst)));
+                .with_details(format!(
+                    "route to {} has no address of its family to hang on",
+                    route.dst
+                )));
             };
             slot.routes.push(Route {
                 dst: route.dst,
@@ -508,9 +529,13 @@ mod tests {
         };
         assert_eq!(orphan.to_value(Version::V0_1_0).unwrap_err().code, 1);
         assert_eq!(
-            CniResult::convert(&json!({"cniVersion":"9.9.9"}), Version::V1_0_0, Version::V1_0_0)
-                .unwrap_err()
-                .code,
+            CniResult::convert(
+                &json!({"cniVersion":"9.9.9"}),
+                Version::V1_0_0,
+                Version::V1_0_0
+            )
+            .unwrap_err()
+            .code,
             1
         );
     }

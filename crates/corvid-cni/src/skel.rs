@@ -132,7 +132,10 @@ pub fn validate_container_id(id: &str) -> Result<(), Error> {
     })
 }
 
-fn build_args(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<CmdArgs>, Error> {
+fn build_args(
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &[u8],
+) -> Result<Option<CmdArgs>, Error> {
     let command = Command::parse(&env("CNI_COMMAND").unwrap_or_default())?;
     let missing: Vec<&str> = command
         .required_env()
@@ -143,7 +146,10 @@ fn build_args(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Opti
     if !missing.is_empty() {
         return Err(Error::new(
             ErrorCode::InvalidEnvironment,
-            format!("required environment variables missing: {}", missing.join(", ")),
+            format!(
+                "required environment variables missing: {}",
+                missing.join(", ")
+            ),
         ));
     }
     if command == Command::Version {
@@ -173,18 +179,28 @@ fn build_args(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Opti
         _ => {}
     }
     let prev_result = match &conf.prev_result {
-        Some(v) if !v.is_null() => Some(CniResult::parse(v, version).map_err(|e| {
-            Error::new(ErrorCode::Decoding, "failed to decode prevResult").with_details(e.to_string())
-        })?.0),
+        Some(v) if !v.is_null() => Some(
+            CniResult::parse(v, version)
+                .map_err(|e| {
+                    Error::new(ErrorCode::Decoding, "failed to decode prevResult")
+                        .with_details(e.to_string())
+                })?
+                .0,
+        ),
         _ => None,
     };
     if command == Command::Check && prev_result.is_none() {
-        return Err(Error::new(ErrorCode::InvalidNetworkConfig, "CHECK requires prevResult"));
+        return Err(Error::new(
+            ErrorCode::InvalidNetworkConfig,
+            "CHECK requires prevResult",
+        ));
     }
     Ok(Some(CmdArgs {
         command,
         container_id,
-        netns: env("CNI_NETNS").filter(|s| !s.is_empty()).map(PathBuf::from),
+        netns: env("CNI_NETNS")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
         ifname,
         args,
         path: env("CNI_PATH")
@@ -219,13 +235,11 @@ pub fn run_with(
     stdout: &mut dyn Write,
 ) -> i32 {
     let mut version = Version::CURRENT.as_str().to_string();
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        match build_args(env, stdin)? {
-            None => Ok(Some(version_info())),
-            Some(args) => {
-                version = args.version.as_str().to_string();
-                dispatch(plugin, &args)
-            }
+    let outcome = catch_unwind(AssertUnwindSafe(|| match build_args(env, stdin)? {
+        None => Ok(Some(version_info())),
+        Some(args) => {
+            version = args.version.as_str().to_string();
+            dispatch(plugin, &args)
         }
     }))
     .unwrap_or_else(|panic| {
@@ -328,7 +342,11 @@ mod tests {
     }
 
     fn with(over: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-        let mut env: Vec<_> = ADD.iter().copied().filter(|(k, _)| !over.iter().any(|(o, _)| o == k)).collect();
+        let mut env: Vec<_> = ADD
+            .iter()
+            .copied()
+            .filter(|(k, _)| !over.iter().any(|(o, _)| o == k))
+            .collect();
         env.extend(over.iter().copied().filter(|(_, v)| !v.is_empty()));
         env
     }
@@ -346,7 +364,10 @@ mod tests {
     fn version_answers_without_a_config() {
         let (code, out) = invoke(&[("CNI_COMMAND", "VERSION")], "");
         assert_eq!(code, 0);
-        assert_eq!(out["supportedVersions"].as_array().unwrap().len(), ALL.len());
+        assert_eq!(
+            out["supportedVersions"].as_array().unwrap().len(),
+            ALL.len()
+        );
     }
 
     #[test]
@@ -388,7 +409,10 @@ mod tests {
         assert_eq!(out["code"], 7, "CHECK without prevResult");
         let (_, out) = invoke(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/x")], &conf("1.0.0"));
         assert_eq!(out["code"], 1);
-        let (code, _) = invoke(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/x")], &conf("1.1.0"));
+        let (code, _) = invoke(
+            &[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/x")],
+            &conf("1.1.0"),
+        );
         assert_eq!(code, 0);
     }
 

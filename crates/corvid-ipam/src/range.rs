@@ -59,12 +59,13 @@ fn parse_ip(field: &str, s: &str) -> Result<IpAddr, Error> {
 impl Range {
     /// Checks and completes a configured range.
     pub fn from_conf(c: &RangeConf) -> Result<Range, Error> {
-        let subnet: IpNet = c
-            .subnet
-            .parse()
-            .map_err(|_| Error::InvalidRange(format!("subnet \"{}\" is not in CIDR form", c.subnet)))?;
+        let subnet: IpNet = c.subnet.parse().map_err(|_| {
+            Error::InvalidRange(format!("subnet \"{}\" is not in CIDR form", c.subnet))
+        })?;
         if subnet.prefix_len() > subnet.max_prefix_len() - 2 {
-            return Err(Error::InvalidRange(format!("network {subnet} is too small to allocate from")));
+            return Err(Error::InvalidRange(format!(
+                "network {subnet} is too small to allocate from"
+            )));
         }
         if subnet.addr() != subnet.network() {
             return Err(Error::InvalidRange(format!(
@@ -79,14 +80,18 @@ impl Range {
             if family_ok(ip) && subnet.contains(&ip) {
                 Ok(ip)
             } else {
-                Err(Error::InvalidRange(format!("{field} {ip} is not in network {subnet}")))
+                Err(Error::InvalidRange(format!(
+                    "{field} {ip} is not in network {subnet}"
+                )))
             }
         };
         let gateway = match &c.gateway {
             Some(g) => {
                 let g = parse_ip("gateway", g)?;
                 if !family_ok(g) {
-                    return Err(Error::InvalidRange(format!("gateway {g} is not of the family of {subnet}")));
+                    return Err(Error::InvalidRange(format!(
+                        "gateway {g} is not of the family of {subnet}"
+                    )));
                 }
                 g
             }
@@ -100,11 +105,20 @@ impl Range {
             Some(s) => in_subnet("rangeEnd", parse_ip("rangeEnd", s)?)?,
             None => {
                 let last = to_u128(subnet.broadcast());
-                from_u128(if subnet.addr().is_ipv4() { last - 1 } else { last }, subnet.addr())
+                from_u128(
+                    if subnet.addr().is_ipv4() {
+                        last - 1
+                    } else {
+                        last
+                    },
+                    subnet.addr(),
+                )
             }
         };
         if to_u128(start) > to_u128(end) {
-            return Err(Error::InvalidRange(format!("rangeStart {start} is after rangeEnd {end}")));
+            return Err(Error::InvalidRange(format!(
+                "rangeStart {start} is after rangeEnd {end}"
+            )));
         }
         Ok(Range {
             subnet,
@@ -155,10 +169,15 @@ impl RangeSet {
             .ok_or_else(|| Error::InvalidRange("empty range set".into()))?;
         for (i, r) in ranges.iter().enumerate() {
             if r.start.is_ipv4() != first.start.is_ipv4() {
-                return Err(Error::InvalidRange("a range set mixes IPv4 and IPv6".into()));
+                return Err(Error::InvalidRange(
+                    "a range set mixes IPv4 and IPv6".into(),
+                ));
             }
             if let Some(o) = ranges[..i].iter().find(|o| o.overlaps(r)) {
-                return Err(Error::InvalidRange(format!("range {} overlaps {}", r.subnet, o.subnet)));
+                return Err(Error::InvalidRange(format!(
+                    "range {} overlaps {}",
+                    r.subnet, o.subnet
+                )));
             }
         }
         Ok(RangeSet(ranges))
@@ -180,14 +199,19 @@ impl RangeSet {
 
     /// The next free address after `last` (or from the start), in round-robin order over
     /// the set's ranges, skipping gateways and whatever `taken` reports.
-    pub fn next_free(&self, last: Option<IpAddr>, mut taken: impl FnMut(IpAddr) -> bool) -> Option<(IpAddr, &Range)> {
+    pub fn next_free(
+        &self,
+        last: Option<IpAddr>,
+        mut taken: impl FnMut(IpAddr) -> bool,
+    ) -> Option<(IpAddr, &Range)> {
         let ranges = &self.0;
         let n = ranges.len();
-        let (mut ri, mut cur) = match last.and_then(|l| ranges.iter().position(|r| r.contains(l)).map(|i| (i, l))) {
-            Some((i, l)) if to_u128(l) < to_u128(ranges[i].end) => (i, to_u128(l) + 1),
-            Some((i, _)) => ((i + 1) % n, to_u128(ranges[(i + 1) % n].start)),
-            None => (0, to_u128(ranges[0].start)),
-        };
+        let (mut ri, mut cur) =
+            match last.and_then(|l| ranges.iter().position(|r| r.contains(l)).map(|i| (i, l))) {
+                Some((i, l)) if to_u128(l) < to_u128(ranges[i].end) => (i, to_u128(l) + 1),
+                Some((i, _)) => ((i + 1) % n, to_u128(ranges[(i + 1) % n].start)),
+                None => (0, to_u128(ranges[0].start)),
+            };
         let total: u128 = ranges
             .iter()
             .map(|r| to_u128(r.end) - to_u128(r.start) + 1)
@@ -228,7 +252,10 @@ mod tests {
     #[test]
     fn defaults_follow_the_reference() {
         let r = Range::from_conf(&conf("10.1.0.0/24")).unwrap();
-        assert_eq!((r.start, r.end, r.gateway), (ip("10.1.0.1"), ip("10.1.0.254"), ip("10.1.0.1")));
+        assert_eq!(
+            (r.start, r.end, r.gateway),
+            (ip("10.1.0.1"), ip("10.1.0.254"), ip("10.1.0.1"))
+        );
         let r6 = Range::from_conf(&conf("fd00::/120")).unwrap();
         assert_eq!((r6.start, r6.end), (ip("fd00::1"), ip("fd00::ff")));
     }
@@ -242,11 +269,17 @@ mod tests {
             (conf("10.1.0.5/24"), "host bits"),
             (conf("nonsense"), "CIDR"),
             (
-                RangeConf { range_start: Some("10.2.0.5".into()), ..conf("10.1.0.0/24") },
+                RangeConf {
+                    range_start: Some("10.2.0.5".into()),
+                    ..conf("10.1.0.0/24")
+                },
                 "not in network",
             ),
             (
-                RangeConf { range_end: Some("10.1.1.5".into()), ..conf("10.1.0.0/24") },
+                RangeConf {
+                    range_end: Some("10.1.1.5".into()),
+                    ..conf("10.1.0.0/24")
+                },
                 "not in network",
             ),
             (
@@ -257,7 +290,13 @@ mod tests {
                 },
                 "after",
             ),
-            (RangeConf { gateway: Some("fd00::1".into()), ..conf("10.1.0.0/24") }, "family"),
+            (
+                RangeConf {
+                    gateway: Some("fd00::1".into()),
+                    ..conf("10.1.0.0/24")
+                },
+                "family",
+            ),
         ] {
             let e = Range::from_conf(&c).unwrap_err().to_string();
             assert!(e.contains(why), "{c:?}: {e}");
@@ -285,11 +324,23 @@ mod tests {
         .unwrap()])
         .unwrap();
         assert_eq!(set.next_free(None, |_| false).unwrap().0, ip("10.1.0.10"));
-        assert_eq!(set.next_free(Some(ip("10.1.0.10")), |_| false).unwrap().0, ip("10.1.0.11"));
-        assert_eq!(set.next_free(Some(ip("10.1.0.12")), |_| false).unwrap().0, ip("10.1.0.10"));
-        assert_eq!(set.next_free(Some(ip("10.9.9.9")), |_| false).unwrap().0, ip("10.1.0.10"));
+        assert_eq!(
+            set.next_free(Some(ip("10.1.0.10")), |_| false).unwrap().0,
+            ip("10.1.0.11")
+        );
+        assert_eq!(
+            set.next_free(Some(ip("10.1.0.12")), |_| false).unwrap().0,
+            ip("10.1.0.10")
+        );
+        assert_eq!(
+            set.next_free(Some(ip("10.9.9.9")), |_| false).unwrap().0,
+            ip("10.1.0.10")
+        );
         let taken = |i: IpAddr| i != ip("10.1.0.11");
-        assert_eq!(set.next_free(Some(ip("10.1.0.11")), taken).unwrap().0, ip("10.1.0.11"));
+        assert_eq!(
+            set.next_free(Some(ip("10.1.0.11")), taken).unwrap().0,
+            ip("10.1.0.11")
+        );
         assert!(set.next_free(None, |_| true).is_none());
     }
 

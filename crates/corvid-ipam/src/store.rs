@@ -95,7 +95,10 @@ impl Drop for StoreLock<'_> {
 
 fn parse_owner(content: &str) -> (String, String) {
     let trimmed = content.trim();
-    match trimmed.split_once(LINE_BREAK).or_else(|| trimmed.split_once('\n')) {
+    match trimmed
+        .split_once(LINE_BREAK)
+        .or_else(|| trimmed.split_once('\n'))
+    {
         Some((id, ifname)) => (id.trim().to_string(), ifname.trim().to_string()),
         None => (trimmed.to_string(), String::new()),
     }
@@ -109,7 +112,9 @@ impl StoreLock<'_> {
     /// A crashed writer can leave only temporary files behind; under the lock nobody
     /// else is writing, so any that exist are garbage.
     fn remove_stale_temp_files(&self) {
-        let Ok(entries) = fs::read_dir(&self.store.dir) else { return };
+        let Ok(entries) = fs::read_dir(&self.store.dir) else {
+            return;
+        };
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
                 let _ = fs::remove_file(e.path());
@@ -123,9 +128,13 @@ impl StoreLock<'_> {
             let tmp = self.path(&format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
             match OpenOptions::new().write(true).create_new(true).open(&tmp) {
                 Ok(mut f) => {
-                    let written = f
-                        .write_all(content.as_bytes())
-                        .and_then(|_| if durable { f.sync_all() } else { Ok(()) });
+                    let written = f.write_all(content.as_bytes()).and_then(|_| {
+                        if durable {
+                            f.sync_all()
+                        } else {
+                            Ok(())
+                        }
+                    });
                     if let Err(e) = written {
                         let _ = fs::remove_file(&tmp);
                         return Err(io_err(format!("write {}", tmp.display()))(e));
@@ -151,7 +160,13 @@ impl StoreLock<'_> {
 
     /// Reserves `ip` for (id, ifname) and records it as the last reservation of range
     /// set `range_set`; false when the address is already taken.
-    pub fn reserve(&self, id: &str, ifname: &str, ip: IpAddr, range_set: usize) -> Result<bool, Error> {
+    pub fn reserve(
+        &self,
+        id: &str,
+        ifname: &str,
+        ip: IpAddr,
+        range_set: usize,
+    ) -> Result<bool, Error> {
         let final_path = self.path(&ip.to_string());
         let tmp = self.write_temp(&format!("{}{LINE_BREAK}{ifname}", id.trim()), true)?;
         // link() never replaces: it is the atomic form of the reference's O_EXCL create.
@@ -181,10 +196,13 @@ impl StoreLock<'_> {
 
     /// Every lease in the directory.
     pub fn leases(&self) -> Result<Vec<Lease>, Error> {
-        let entries = fs::read_dir(&self.store.dir).map_err(io_err(format!("read {}", self.store.dir.display())))?;
+        let entries = fs::read_dir(&self.store.dir)
+            .map_err(io_err(format!("read {}", self.store.dir.display())))?;
         let mut out = Vec::new();
         for e in entries.flatten() {
-            let Ok(ip) = e.file_name().to_string_lossy().parse::<IpAddr>() else { continue };
+            let Ok(ip) = e.file_name().to_string_lossy().parse::<IpAddr>() else {
+                continue;
+            };
             let (container_id, ifname) = fs::read_to_string(e.path())
                 .map(|c| parse_owner(&c))
                 .unwrap_or_default();
@@ -213,7 +231,9 @@ impl StoreLock<'_> {
     pub fn release(&self, ip: IpAddr) -> Result<(), Error> {
         let p = self.path(&ip.to_string());
         match fs::remove_file(&p) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(format!("remove {}", p.display()))(e)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(io_err(format!("remove {}", p.display()))(e))
+            }
             _ => Ok(()),
         }
     }
@@ -247,14 +267,23 @@ mod tests {
         assert!(l.reserve("c1", "eth0", ip("10.1.0.2"), 0).unwrap());
         assert!(!l.reserve("c2", "eth0", ip("10.1.0.2"), 0).unwrap());
         let dir = tmp.path().join("net1");
-        assert_eq!(fs::read_to_string(dir.join("10.1.0.2")).unwrap(), "c1\r\neth0");
-        assert_eq!(fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(), "10.1.0.2");
+        assert_eq!(
+            fs::read_to_string(dir.join("10.1.0.2")).unwrap(),
+            "c1\r\neth0"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
+            "10.1.0.2"
+        );
         assert!(dir.join("lock").exists());
         let names: Vec<String> = fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert!(!names.iter().any(|n| n.starts_with(TEMP_PREFIX)), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with(TEMP_PREFIX)),
+            "{names:?}"
+        );
     }
 
     #[test]
@@ -287,6 +316,9 @@ mod tests {
         let leases = l.leases().unwrap();
         assert_eq!(leases.len(), 2);
         assert_eq!(leases[0].container_id, "");
-        assert_eq!(l.get_by_id("legacy-id", "eth3").unwrap(), vec![ip("10.1.0.8")]);
+        assert_eq!(
+            l.get_by_id("legacy-id", "eth3").unwrap(),
+            vec![ip("10.1.0.8")]
+        );
     }
 }

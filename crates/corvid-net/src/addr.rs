@@ -4,7 +4,9 @@ use crate::netlink::Netlink;
 use crate::{netlink_err, Result};
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use std::net::IpAddr;
 
@@ -15,15 +17,19 @@ fn message(index: u32, addr: &IpNet) -> AddressMessage {
     match addr {
         IpNet::V4(v4) => {
             m.header.family = AddressFamily::Inet;
-            m.attributes.push(AddressAttribute::Local(IpAddr::V4(v4.addr())));
-            m.attributes.push(AddressAttribute::Address(IpAddr::V4(v4.addr())));
+            m.attributes
+                .push(AddressAttribute::Local(IpAddr::V4(v4.addr())));
+            m.attributes
+                .push(AddressAttribute::Address(IpAddr::V4(v4.addr())));
             if v4.prefix_len() < 31 {
-                m.attributes.push(AddressAttribute::Broadcast(v4.broadcast()));
+                m.attributes
+                    .push(AddressAttribute::Broadcast(v4.broadcast()));
             }
         }
         IpNet::V6(v6) => {
             m.header.family = AddressFamily::Inet6;
-            m.attributes.push(AddressAttribute::Address(IpAddr::V6(v6.addr())));
+            m.attributes
+                .push(AddressAttribute::Address(IpAddr::V6(v6.addr())));
         }
     }
     m
@@ -36,31 +42,43 @@ impl Netlink {
         let mut m = message(index, addr);
         if addr.addr().is_ipv6() {
             m.header.flags = AddressHeaderFlags::Nodad;
-            m.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+            m.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
         }
-        self.request(RouteNetlinkMessage::NewAddress(m), NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK)
-            .map(drop)
-            .map_err(netlink_err(format!("add address {addr} to link #{index}")))
+        self.request(
+            RouteNetlinkMessage::NewAddress(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!("add address {addr} to link #{index}")))
     }
 
     /// Removes an address; one that is already gone is fine.
     pub fn delete_address(&mut self, index: u32, addr: &IpNet) -> Result<()> {
-        match self.request(RouteNetlinkMessage::DelAddress(message(index, addr)), NLM_F_ACK) {
+        match self.request(
+            RouteNetlinkMessage::DelAddress(message(index, addr)),
+            NLM_F_ACK,
+        ) {
             Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Ok(()),
-            r => r
-                .map(drop)
-                .map_err(netlink_err(format!("delete address {addr} from link #{index}"))),
+            r => r.map(drop).map_err(netlink_err(format!(
+                "delete address {addr} from link #{index}"
+            ))),
         }
     }
 
     /// The addresses of one link (or of every link with `None`), as (index, address).
     pub fn addresses(&mut self, index: Option<u32>) -> Result<Vec<(u32, IpNet)>> {
         let replies = self
-            .request(RouteNetlinkMessage::GetAddress(AddressMessage::default()), NLM_F_DUMP)
+            .request(
+                RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+                NLM_F_DUMP,
+            )
             .map_err(netlink_err("list addresses"))?;
         let mut out = Vec::new();
         for r in replies {
-            let RouteNetlinkMessage::NewAddress(m) = r else { continue };
+            let RouteNetlinkMessage::NewAddress(m) = r else {
+                continue;
+            };
             if index.is_some_and(|i| i != m.header.index) {
                 continue;
             }

@@ -32,15 +32,19 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
                 Err(e) if e.errno() == Some(libc::EEXIST) => {}
                 r => r?,
             }
-            host.link_by_name(spec.name)?.ok_or_else(|| Error::Netlink {
-                op: format!("find bridge {} after creating it", spec.name),
-                source: io::Error::from_raw_os_error(libc::ENODEV),
-            })?
+            host.link_by_name(spec.name)?
+                .ok_or_else(|| Error::Netlink {
+                    op: format!("find bridge {} after creating it", spec.name),
+                    source: io::Error::from_raw_os_error(libc::ENODEV),
+                })?
         }
     };
     if existing.kind != LinkKind::Bridge {
         return Err(Error::Netlink {
-            op: format!("use {} as a bridge: it is a {:?} device", spec.name, existing.kind),
+            op: format!(
+                "use {} as a bridge: it is a {:?} device",
+                spec.name, existing.kind
+            ),
             source: io::Error::from_raw_os_error(libc::EEXIST),
         });
     }
@@ -123,9 +127,10 @@ pub fn plug(
     let host_link = host.link_by_name(&host_name)?;
     let container_link = container.link_by_name(spec.ifname)?;
     let (Some(host_link), Some(container_link)) = (host_link, container_link) else {
-        return Err(netlink_err(format!("find veth pair {host_name}/{}", spec.ifname))(
-            io::Error::from_raw_os_error(libc::ENODEV),
-        ));
+        return Err(netlink_err(format!(
+            "find veth pair {host_name}/{}",
+            spec.ifname
+        ))(io::Error::from_raw_os_error(libc::ENODEV)));
     };
     let port = Port {
         host: host_link,
@@ -150,7 +155,12 @@ pub fn plug(
 
 /// Gives an interface its addresses and routes; an existing default route is kept, as
 /// the spec asks when another network installed one first.
-pub fn configure(nl: &mut Netlink, link: &Link, addrs: &[IpNet], routes: &[RouteSpec]) -> Result<()> {
+pub fn configure(
+    nl: &mut Netlink,
+    link: &Link,
+    addrs: &[IpNet],
+    routes: &[RouteSpec],
+) -> Result<()> {
     for addr in addrs {
         match nl.add_address(link.index, addr) {
             Err(e) if e.errno() == Some(libc::EEXIST) => {}
@@ -169,7 +179,12 @@ pub fn configure(nl: &mut Netlink, link: &Link, addrs: &[IpNet], routes: &[Route
 /// Makes sure the bridge holds `gateway` (with the subnet's prefix). Without `force`, a
 /// different address of the same family in the same subnet is an error; with it, that
 /// address is replaced.
-pub fn ensure_gateway(host: &mut Netlink, bridge: &Link, gateway: IpNet, force: bool) -> Result<()> {
+pub fn ensure_gateway(
+    host: &mut Netlink,
+    bridge: &Link,
+    gateway: IpNet,
+    force: bool,
+) -> Result<()> {
     let current = host.addresses(Some(bridge.index))?;
     if current.iter().any(|(_, a)| *a == gateway) {
         return Ok(());

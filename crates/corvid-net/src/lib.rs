@@ -54,9 +54,9 @@ impl Error {
     /// The errno behind the error, if there is one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Netlink { source, .. } | Error::Netns { source, .. } | Error::Io { source, .. } => {
-                source.raw_os_error()
-            }
+            Error::Netlink { source, .. }
+            | Error::Netns { source, .. }
+            | Error::Io { source, .. } => source.raw_os_error(),
             Error::Nftables(_) => None,
         }
     }

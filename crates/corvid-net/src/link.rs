@@ -128,7 +128,10 @@ impl Netlink {
     /// Every link in the namespace.
     pub fn links(&mut self) -> Result<Vec<Link>> {
         let replies = self
-            .request(RouteNetlinkMessage::GetLink(LinkMessage::default()), NLM_F_DUMP)
+            .request(
+                RouteNetlinkMessage::GetLink(LinkMessage::default()),
+                NLM_F_DUMP,
+            )
             .map_err(netlink_err("list links"))?;
         Ok(replies
             .into_iter()
@@ -156,12 +159,17 @@ impl Netlink {
         }
         let mut info = vec![LinkInfo::Kind(InfoKind::Bridge)];
         if vlan_filtering {
-            info.push(LinkInfo::Data(InfoData::Bridge(vec![InfoBridge::VlanFiltering(true)])));
+            info.push(LinkInfo::Data(InfoData::Bridge(vec![
+                InfoBridge::VlanFiltering(true),
+            ])));
         }
         m.attributes.push(LinkAttribute::LinkInfo(info));
-        self.request(RouteNetlinkMessage::NewLink(m), NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK)
-            .map(drop)
-            .map_err(netlink_err(format!("create bridge {name}")))
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!("create bridge {name}")))
     }
 
     /// Turns VLAN filtering on for an existing bridge.
@@ -187,7 +195,8 @@ impl Netlink {
         // The peer cannot be set up in this request: the kernel opens it before the two
         // ends are joined and refuses (ENOTCONN). The caller brings it up afterwards.
         let mut peer = LinkMessage::default();
-        peer.attributes.push(LinkAttribute::IfName(peer_name.to_string()));
+        peer.attributes
+            .push(LinkAttribute::IfName(peer_name.to_string()));
         peer.attributes.push(LinkAttribute::NetNsFd(peer_ns.fd()));
         let mut m = LinkMessage::default();
         m.header.flags = LinkFlags::Up;
@@ -204,9 +213,14 @@ impl Netlink {
             LinkInfo::Kind(InfoKind::Veth),
             LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
         ]));
-        self.request(RouteNetlinkMessage::NewLink(m), NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK)
-            .map(drop)
-            .map_err(netlink_err(format!("create veth {name} with peer {peer_name}")))
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!(
+            "create veth {name} with peer {peer_name}"
+        )))
     }
 
     /// Sets a link administratively up.
@@ -232,14 +246,22 @@ impl Netlink {
         let mut m = change(port.index);
         m.attributes.push(LinkAttribute::LinkInfo(vec![
             LinkInfo::PortKind(InfoPortKind::Bridge),
-            LinkInfo::PortData(InfoPortData::BridgePort(vec![InfoBridgePort::HairpinMode(on)])),
+            LinkInfo::PortData(InfoPortData::BridgePort(vec![InfoBridgePort::HairpinMode(
+                on,
+            )])),
         ]));
         self.change_link(m, format!("set hairpin mode on {}", port.name))
     }
 
     /// Makes `vid` the port's untagged PVID and, unless `keep_default`, drops VLAN 1.
     /// With `on_bridge` the VLAN is added to the bridge device itself.
-    pub fn set_port_vlan(&mut self, port: &Link, vid: u16, keep_default: bool, on_bridge: bool) -> Result<()> {
+    pub fn set_port_vlan(
+        &mut self,
+        port: &Link,
+        vid: u16,
+        keep_default: bool,
+        on_bridge: bool,
+    ) -> Result<()> {
         if !keep_default && !on_bridge {
             self.bridge_vlan(port, 1, BridgeVlanInfoFlags::empty(), false)?;
         }
@@ -250,12 +272,20 @@ impl Netlink {
         self.bridge_vlan(port, vid, flags, true)
     }
 
-    fn bridge_vlan(&mut self, link: &Link, vid: u16, flags: BridgeVlanInfoFlags, add: bool) -> Result<()> {
+    fn bridge_vlan(
+        &mut self,
+        link: &Link,
+        vid: u16,
+        flags: BridgeVlanInfoFlags,
+        add: bool,
+    ) -> Result<()> {
         let mut m = change(link.index);
         m.header.interface_family = AddressFamily::Bridge;
         let mut spec = Vec::new();
         if link.kind == LinkKind::Bridge {
-            spec.push(AfSpecBridge::Flags(netlink_packet_route::link::BridgeFlag::LowerDev));
+            spec.push(AfSpecBridge::Flags(
+                netlink_packet_route::link::BridgeFlag::LowerDev,
+            ));
         }
         spec.push(AfSpecBridge::VlanInfo(BridgeVlanInfo { flags, vid }));
         m.attributes.push(LinkAttribute::AfSpecBridge(spec));
@@ -273,7 +303,9 @@ impl Netlink {
     pub fn delete_link(&mut self, link: &Link) -> Result<()> {
         match self.request(RouteNetlinkMessage::DelLink(change(link.index)), NLM_F_ACK) {
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
-            r => r.map(drop).map_err(netlink_err(format!("delete link {}", link.name))),
+            r => r
+                .map(drop)
+                .map_err(netlink_err(format!("delete link {}", link.name))),
         }
     }
 }

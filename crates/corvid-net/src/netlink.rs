@@ -62,7 +62,10 @@ impl Netlink {
             self.buf.clear();
             let n = self.socket.recv(&mut self.buf, 0)?;
             if n > self.buf.len() {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "netlink reply truncated"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "netlink reply truncated",
+                ));
             }
             let mut offset = 0;
             while offset + 16 <= self.buf.len() {

@@ -87,10 +87,9 @@ impl Netns {
     /// Creates a namespace bind-mounted at DIR/NAME.
     pub fn create_in(dir: &Path, name: &str) -> Result<PathBuf> {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-            return Err(io_err(format!("namespace name \"{name}\""))(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "invalid name",
-            )));
+            return Err(io_err(format!("namespace name \"{name}\""))(
+                io::Error::new(io::ErrorKind::InvalidInput, "invalid name"),
+            ));
         }
         std::fs::create_dir_all(dir).map_err(io_err(dir.display().to_string()))?;
         let path = dir.join(name);
@@ -162,8 +161,9 @@ fn setns(fd: RawFd) -> io::Result<()> {
 
 fn cstr(path: &Path) -> Result<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| io_err(path.display().to_string())(io::Error::new(io::ErrorKind::InvalidInput, e)))
+    std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| {
+        io_err(path.display().to_string())(io::Error::new(io::ErrorKind::InvalidInput, e))
+    })
 }
 
 fn mount_bind(src: &Path, dst: &Path) -> io::Result<()> {
@@ -172,7 +172,16 @@ fn mount_bind(src: &Path, dst: &Path) -> io::Result<()> {
         cstr(dst).map_err(io::Error::other)?,
     );
     // SAFETY: both are valid NUL-terminated paths; no fs type or data for a bind mount.
-    if unsafe { libc::mount(s.as_ptr(), d.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) } != 0 {
+    if unsafe {
+        libc::mount(
+            s.as_ptr(),
+            d.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -57,7 +57,11 @@ fn nft_binary() -> &'static str {
 fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
     let mut child = Command::new(nft_binary())
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -70,7 +74,9 @@ fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
         .wait_with_output()
         .map_err(|e| Error::Nftables(format!("nft did not finish: {e}")))?;
     if !out.status.success() {
-        return Err(Error::Nftables(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+        return Err(Error::Nftables(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -100,7 +106,9 @@ pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
 fn rules() -> Result<Vec<(u64, String)>> {
     let listing = match run_nft(&["-j", "list", "chain", "inet", TABLE, CHAIN], None) {
         Ok(s) => s,
-        Err(Error::Nftables(msg)) if msg.contains("No such file or directory") => return Ok(Vec::new()),
+        Err(Error::Nftables(msg)) if msg.contains("No such file or directory") => {
+            return Ok(Vec::new())
+        }
         Err(e) => return Err(e),
     };
     let v: serde_json::Value = serde_json::from_str(&listing)
@@ -111,7 +119,10 @@ fn rules() -> Result<Vec<(u64, String)>> {
         .flatten()
         .filter_map(|item| {
             let rule = item.get("rule")?;
-            Some((rule["handle"].as_u64()?, rule["comment"].as_str()?.to_string()))
+            Some((
+                rule["handle"].as_u64()?,
+                rule["comment"].as_str()?.to_string(),
+            ))
         })
         .collect())
 }
@@ -163,7 +174,10 @@ mod tests {
         assert_eq!(a, MasqueradeTag::new("net1", "c1", "eth0"));
         assert_ne!(a, MasqueradeTag::new("net1", "c1", "eth1"));
         assert_ne!(a, MasqueradeTag::new("net2", "c1", "eth0"));
-        assert_ne!(MasqueradeTag::new("n", "ab", "c"), MasqueradeTag::new("n", "a", "bc"));
+        assert_ne!(
+            MasqueradeTag::new("n", "ab", "c"),
+            MasqueradeTag::new("n", "a", "bc")
+        );
         assert!(a.as_str().starts_with(&network_prefix("net1")));
         assert!(a.as_str().len() < 128);
     }

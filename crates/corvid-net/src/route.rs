@@ -5,8 +5,8 @@ use crate::{netlink_err, Result};
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
-    RouteType,
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
+    RouteScope, RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use std::net::IpAddr;
@@ -88,10 +88,12 @@ impl Netlink {
             m.attributes.push(RouteAttribute::Table(table));
         }
         if r.dst.prefix_len() > 0 {
-            m.attributes.push(RouteAttribute::Destination(route_address(r.dst.addr())));
+            m.attributes
+                .push(RouteAttribute::Destination(route_address(r.dst.addr())));
         }
         if let Some(gw) = r.gw {
-            m.attributes.push(RouteAttribute::Gateway(route_address(gw)));
+            m.attributes
+                .push(RouteAttribute::Gateway(route_address(gw)));
         }
         m.attributes.push(RouteAttribute::Oif(r.oif));
         if let Some(p) = r.priority {
@@ -107,13 +109,16 @@ impl Netlink {
         if !metrics.is_empty() {
             m.attributes.push(RouteAttribute::Metrics(metrics));
         }
-        self.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK)
-            .map(drop)
-            .map_err(netlink_err(format!(
-                "add route to {}{}",
-                r.dst,
-                r.gw.map(|g| format!(" via {g}")).unwrap_or_default()
-            )))
+        self.request(
+            RouteNetlinkMessage::NewRoute(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!(
+            "add route to {}{}",
+            r.dst,
+            r.gw.map(|g| format!(" via {g}")).unwrap_or_default()
+        )))
     }
 
     /// The unicast routes of every table, as (destination, gateway, outgoing interface).
@@ -126,7 +131,9 @@ impl Netlink {
                 .request(RouteNetlinkMessage::GetRoute(q), NLM_F_DUMP)
                 .map_err(netlink_err("list routes"))?;
             for r in replies {
-                let RouteNetlinkMessage::NewRoute(m) = r else { continue };
+                let RouteNetlinkMessage::NewRoute(m) = r else {
+                    continue;
+                };
                 if m.header.kind != RouteType::Unicast {
                     continue;
                 }

@@ -34,7 +34,14 @@ struct Impl {
 }
 
 /// One plugin run: wall time, and the peak RSS of the plugin and its IPAM child in KiB.
-fn invoke(host: &Netns, imp: &Impl, cmd: &str, id: &str, netns: &Path, conf: &str) -> (Duration, i64) {
+fn invoke(
+    host: &Netns,
+    imp: &Impl,
+    cmd: &str,
+    id: &str,
+    netns: &Path,
+    conf: &str,
+) -> (Duration, i64) {
     let fd = host.fd();
     let mut command = Command::new(&imp.bridge);
     command
@@ -57,10 +64,22 @@ fn invoke(host: &Netns, imp: &Impl, cmd: &str, id: &str, netns: &Path, conf: &st
         });
     }
     let start = Instant::now();
+    // Reaped by wait4 below: std's wait cannot report the child's rusage.
+    #[allow(clippy::zombie_processes)]
     let mut child = command.spawn().expect("spawn plugin");
-    child.stdin.take().unwrap().write_all(conf.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.as_bytes())
+        .unwrap();
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     let mut status = 0;
     // SAFETY: rusage is plain data; wait4 reaps exactly our child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -94,10 +113,24 @@ impl Phase {
 }
 
 /// Runs `cmd` for every container, `parallel` at a time.
-fn phase(host: &Netns, imp: &Impl, cmd: &str, containers: &[Ns], conf: &str, parallel: usize) -> Phase {
+fn phase(
+    host: &Netns,
+    imp: &Impl,
+    cmd: &str,
+    containers: &[Ns],
+    conf: &str,
+    parallel: usize,
+) -> Phase {
     let start = Instant::now();
     let chunks: Vec<Vec<(usize, &Ns)>> = (0..parallel)
-        .map(|w| containers.iter().enumerate().skip(w).step_by(parallel).collect())
+        .map(|w| {
+            containers
+                .iter()
+                .enumerate()
+                .skip(w)
+                .step_by(parallel)
+                .collect()
+        })
         .collect();
     let results: Vec<(Duration, i64)> = std::thread::scope(|s| {
         let handles: Vec<_> = chunks
@@ -111,7 +144,10 @@ fn phase(host: &Netns, imp: &Impl, cmd: &str, containers: &[Ns], conf: &str, par
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     Phase {
         wall: start.elapsed(),
@@ -124,20 +160,38 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let n: usize = std::env::var("CORVID_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let n: usize = std::env::var("CORVID_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
     let masq = std::env::var("CORVID_BENCH_MASQ").is_ok_and(|v| v == "1");
     let reference = Path::new("/usr/lib/cni");
-    assert!(reference.join("bridge").exists(), "install Debian's containernetworking-plugins");
+    assert!(
+        reference.join("bridge").exists(),
+        "install Debian's containernetworking-plugins"
+    );
     let ours = tempfile::tempdir().unwrap();
     for name in corvid_plugins::PLUGIN_NAMES {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_corvid-plugins"), ours.path().join(name)).unwrap();
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_corvid-plugins"), ours.path().join(name))
+            .unwrap();
     }
     let impls = [
-        Impl { label: "corvid", bridge: ours.path().join("bridge"), cni_path: ours.path().to_path_buf() },
-        Impl { label: "reference", bridge: reference.join("bridge"), cni_path: reference.to_path_buf() },
+        Impl {
+            label: "corvid",
+            bridge: ours.path().join("bridge"),
+            cni_path: ours.path().to_path_buf(),
+        },
+        Impl {
+            label: "reference",
+            bridge: reference.join("bridge"),
+            cni_path: reference.to_path_buf(),
+        },
     ];
     println!("bridge + host-local, {n} containers, ipMasq {masq}; times in ms\n");
-    println!("{:<10} {:<4} {:>3} {:>8} {:>8} {:>10} {:>9}", "impl", "op", "par", "p50", "p99", "ctr/s", "maxRSS");
+    println!(
+        "{:<10} {:<4} {:>3} {:>8} {:>8} {:>10} {:>9}",
+        "impl", "op", "par", "p50", "p99", "ctr/s", "maxRSS"
+    );
     let mut p50 = std::collections::HashMap::new();
     for parallel in [1, 8] {
         for imp in &impls {
@@ -150,7 +204,9 @@ fn main() {
                     "ipam":{{"type":"host-local","subnet":"10.200.0.0/16","dataDir":"{}"}}}}"#,
                 data.path().display()
             );
-            let containers: Vec<Ns> = (0..n).map(|i| Ns::new(format!("{tag}-{}-{parallel}-{i}", imp.label))).collect();
+            let containers: Vec<Ns> = (0..n)
+                .map(|i| Ns::new(format!("{tag}-{}-{parallel}-{i}", imp.label)))
+                .collect();
             // Warm up: the first ADD creates the bridge; it is not what is measured.
             let warm = Ns::new(format!("{tag}-{}-{parallel}-w", imp.label));
             invoke(&host, imp, "ADD", "warm", &warm.0, &conf);
@@ -158,7 +214,13 @@ fn main() {
                 let ph = phase(&host, imp, op, &containers, &conf, parallel);
                 println!(
                     "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>10.1} {:>6} KiB",
-                    imp.label, op, parallel, ph.pct(0.5), ph.pct(0.99), ph.rate(), ph.max_rss_kib
+                    imp.label,
+                    op,
+                    parallel,
+                    ph.pct(0.5),
+                    ph.pct(0.99),
+                    ph.rate(),
+                    ph.max_rss_kib
                 );
                 p50.insert((imp.label, op, parallel), ph.pct(0.5));
             }

@@ -60,7 +60,10 @@ fn load(args: &CmdArgs) -> Result<BridgeConf, Error> {
     }
     if let Some(mtu) = c.mtu {
         if !(68..=65535).contains(&mtu) {
-            return Err(Error::new(ErrorCode::InvalidNetworkConfig, format!("invalid mtu {mtu}")));
+            return Err(Error::new(
+                ErrorCode::InvalidNetworkConfig,
+                format!("invalid mtu {mtu}"),
+            ));
         }
     }
     c.is_gateway |= c.is_default_gateway;
@@ -101,10 +104,18 @@ impl Undo<'_> {
 fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
     let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
     let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-    if container.link_by_name(&args.ifname).map_err(errors::net)?.is_some() {
+    if container
+        .link_by_name(&args.ifname)
+        .map_err(errors::net)?
+        .is_some()
+    {
         return Err(Error::new(
             ErrorCode::InterfaceExists,
-            format!("interface \"{}\" already exists in {}", args.ifname, ns.path().display()),
+            format!(
+                "interface \"{}\" already exists in {}",
+                args.ifname,
+                ns.path().display()
+            ),
         ));
     }
     let mut host = Netlink::open().map_err(errors::net)?;
@@ -155,7 +166,17 @@ fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
             }
             None => CniResult::default(),
         };
-        finish(args, conf, &ns, &mut host, &mut container, &bridge, &port, &mut result, &mut undo)?;
+        finish(
+            args,
+            conf,
+            &ns,
+            &mut host,
+            &mut container,
+            &bridge,
+            &port,
+            &mut result,
+            &mut undo,
+        )?;
         Ok(result)
     })();
     match finished {
@@ -189,7 +210,9 @@ fn finish(
     if conf.is_default_gateway {
         for ip in &result.ips {
             let Some(gw) = ip.gateway else { continue };
-            let default: IpNet = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" }.parse().expect("literal");
+            let default: IpNet = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" }
+                .parse()
+                .expect("literal");
             if !result.routes.iter().any(|r| r.dst == default) {
                 result.routes.push(Route {
                     dst: default,
@@ -224,9 +247,14 @@ fn finish(
     if conf.is_gateway {
         for ip in &result.ips {
             let Some(gw) = ip.gateway else { continue };
-            let gw_net = IpNet::new(gw, ip.address.prefix_len()).expect("prefix from a valid address");
+            let gw_net =
+                IpNet::new(gw, ip.address.prefix_len()).expect("prefix from a valid address");
             ensure_gateway(host, bridge, gw_net, conf.force_address).map_err(errors::net)?;
-            let key = if gw.is_ipv4() { "net/ipv4/ip_forward" } else { "net/ipv6/conf/all/forwarding" };
+            let key = if gw.is_ipv4() {
+                "net/ipv4/ip_forward"
+            } else {
+                "net/ipv6/conf/all/forwarding"
+            };
             sysctl::set(key, "1").map_err(errors::net)?;
         }
     }
@@ -235,7 +263,10 @@ fn finish(
         undo.masq = Some(tag.clone());
         nft::add_masquerade(&tag, &addrs).map_err(errors::net)?;
     }
-    let bridge_now = host.link_by_index(bridge.index).map_err(errors::net)?.unwrap_or_else(|| bridge.clone());
+    let bridge_now = host
+        .link_by_index(bridge.index)
+        .map_err(errors::net)?
+        .unwrap_or_else(|| bridge.clone());
     prev.interfaces.extend([
         Interface {
             name: bridge_now.name.clone(),
@@ -266,10 +297,18 @@ fn finish(
 }
 
 fn delete_host_end(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
-    let Some(prev) = &args.prev_result else { return Ok(()) };
+    let Some(prev) = &args.prev_result else {
+        return Ok(());
+    };
     let mut host = Netlink::open().map_err(errors::net)?;
-    let Some(bridge) = host.link_by_name(&conf.bridge).map_err(errors::net)? else { return Ok(()) };
-    for iface in prev.interfaces.iter().filter(|i| i.sandbox.is_empty() && i.name != conf.bridge) {
+    let Some(bridge) = host.link_by_name(&conf.bridge).map_err(errors::net)? else {
+        return Ok(());
+    };
+    for iface in prev
+        .interfaces
+        .iter()
+        .filter(|i| i.sandbox.is_empty() && i.name != conf.bridge)
+    {
         if let Some(link) = host.link_by_name(&iface.name).map_err(errors::net)? {
             if link.kind == LinkKind::Veth && link.master == Some(bridge.index) {
                 host.delete_link(&link).map_err(errors::net)?;
@@ -281,7 +320,10 @@ fn delete_host_end(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
 
 fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
     let fail = |msg: String| Err(Error::new(ErrorCode::CheckFailed, msg));
-    let prev = args.prev_result.as_ref().expect("skel requires prevResult for CHECK");
+    let prev = args
+        .prev_result
+        .as_ref()
+        .expect("skel requires prevResult for CHECK");
     if let Some(t) = ipam_type(args) {
         delegate::run(t, Command::Check, args)?;
     }
@@ -292,7 +334,11 @@ fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
         return fail(format!("bridge {} does not exist", conf.bridge));
     };
     let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? else {
-        return fail(format!("interface {} does not exist in {}", args.ifname, ns.path().display()));
+        return fail(format!(
+            "interface {} does not exist in {}",
+            args.ifname,
+            ns.path().display()
+        ));
     };
     if link.kind != LinkKind::Veth {
         return fail(format!("interface {} is not a veth", args.ifname));
@@ -304,17 +350,32 @@ fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
     if let Some(i) = own {
         let want = &prev.interfaces[i].mac;
         if !want.is_empty() && !want.eq_ignore_ascii_case(&link.mac) {
-            return fail(format!("interface {} has MAC {}, the result says {want}", args.ifname, link.mac));
+            return fail(format!(
+                "interface {} has MAC {}, the result says {want}",
+                args.ifname, link.mac
+            ));
         }
     }
-    let peer = link.peer_index.and_then(|i| host.link_by_index(i).ok().flatten());
+    let peer = link
+        .peer_index
+        .and_then(|i| host.link_by_index(i).ok().flatten());
     if peer.as_ref().and_then(|p| p.master) != Some(bridge.index) {
-        return fail(format!("the host end of {} is not attached to {}", args.ifname, conf.bridge));
+        return fail(format!(
+            "the host end of {} is not attached to {}",
+            args.ifname, conf.bridge
+        ));
     }
     let have = container.addresses(Some(link.index)).map_err(errors::net)?;
-    for ip in prev.ips.iter().filter(|ip| ip.interface.is_none() || ip.interface == own) {
+    for ip in prev
+        .ips
+        .iter()
+        .filter(|ip| ip.interface.is_none() || ip.interface == own)
+    {
         if !have.iter().any(|(_, a)| *a == ip.address) {
-            return fail(format!("address {} is missing from {}", ip.address, args.ifname));
+            return fail(format!(
+                "address {} is missing from {}",
+                ip.address, args.ifname
+            ));
         }
     }
     let routes = container.routes().map_err(errors::net)?;
@@ -323,7 +384,11 @@ fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
             .iter()
             .any(|k| k.dst == r.dst.trunc() && r.gw.is_none_or(|gw| k.gw == Some(gw)));
         if !found {
-            return fail(format!("route to {} is missing in {}", r.dst, ns.path().display()));
+            return fail(format!(
+                "route to {} is missing in {}",
+                r.dst,
+                ns.path().display()
+            ));
         }
     }
     Ok(())

@@ -24,11 +24,17 @@ pub fn find(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, Error> {
         .map(|d| d.join(plugin))
         .find(|p| p.is_file())
         .ok_or_else(|| {
-            Error::new(ErrorCode::Delegate, format!("failed to find plugin \"{plugin}\" in CNI_PATH"))
-                .with_details(format!(
-                    "searched {}",
-                    path.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":")
-                ))
+            Error::new(
+                ErrorCode::Delegate,
+                format!("failed to find plugin \"{plugin}\" in CNI_PATH"),
+            )
+            .with_details(format!(
+                "searched {}",
+                path.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":")
+            ))
         })
 }
 
@@ -62,7 +68,12 @@ pub fn run(plugin: &str, command: Command, args: &CmdArgs) -> Result<Option<CniR
             Command::Version => Ok(None),
         };
     }
-    let failed = |what: String| Error::new(ErrorCode::Delegate, format!("delegated plugin \"{plugin}\" {what}"));
+    let failed = |what: String| {
+        Error::new(
+            ErrorCode::Delegate,
+            format!("delegated plugin \"{plugin}\" {what}"),
+        )
+    };
     let mut child = std::process::Command::new(&exe)
         .env("CNI_COMMAND", command_name(command))
         .stdin(Stdio::piped())

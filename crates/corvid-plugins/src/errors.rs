@@ -7,7 +7,9 @@ use corvid_cni::{Error, ErrorCode};
 /// the kernel refusing.
 pub fn net(e: corvid_net::Error) -> Error {
     let code = match &e {
-        corvid_net::Error::Netns { .. } if e.errno() == Some(libc::ENOENT) => ErrorCode::UnknownContainer,
+        corvid_net::Error::Netns { .. } if e.errno() == Some(libc::ENOENT) => {
+            ErrorCode::UnknownContainer
+        }
         corvid_net::Error::Netns { .. } => ErrorCode::InvalidEnvironment,
         corvid_net::Error::Io { .. } => ErrorCode::Io,
         _ => ErrorCode::Kernel,
@@ -28,5 +30,9 @@ pub fn ipam(e: corvid_ipam::Error) -> Error {
 
 /// A plugin configuration that does not deserialize.
 pub fn config(e: serde_json::Error) -> Error {
-    Error::new(ErrorCode::InvalidNetworkConfig, "invalid network configuration").with_details(e.to_string())
+    Error::new(
+        ErrorCode::InvalidNetworkConfig,
+        "invalid network configuration",
+    )
+    .with_details(e.to_string())
 }

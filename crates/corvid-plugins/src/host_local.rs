@@ -66,7 +66,9 @@ fn load(args: &CmdArgs) -> Result<Setup, Error> {
         );
     }
     if confs.is_empty() {
-        return Err(invalid("host-local: no IP ranges specified (set \"subnet\" or \"ranges\")"));
+        return Err(invalid(
+            "host-local: no IP ranges specified (set \"subnet\" or \"ranges\")",
+        ));
     }
     let mut sets: Vec<RangeSet> = Vec::with_capacity(confs.len());
     for set in &confs {
@@ -77,7 +79,9 @@ fn load(args: &CmdArgs) -> Result<Setup, Error> {
             .map_err(errors::ipam)?;
         let set = RangeSet::new(ranges).map_err(errors::ipam)?;
         if let Some(other) = sets.iter().find(|s| s.overlaps(&set)) {
-            return Err(invalid(format!("host-local: range set {set} overlaps range set {other}")));
+            return Err(invalid(format!(
+                "host-local: range set {set} overlaps range set {other}"
+            )));
         }
         sets.push(set);
     }
@@ -91,7 +95,10 @@ fn data_dir(conf: &IpamConf) -> &Path {
 fn parse_requested(s: &str) -> Result<IpAddr, Error> {
     let bare = s.split('/').next().unwrap_or(s);
     bare.trim().parse().map_err(|_| {
-        Error::new(ErrorCode::InvalidNetworkConfig, format!("requested IP \"{s}\" is not an IP address"))
+        Error::new(
+            ErrorCode::InvalidNetworkConfig,
+            format!("requested IP \"{s}\" is not an IP address"),
+        )
     })
 }
 
@@ -103,9 +110,12 @@ fn requested_ips(args: &CmdArgs) -> Result<Vec<IpAddr>, Error> {
             out.push(parse_requested(s)?);
         }
     }
-    for v in [args.conf.args_cni_value("ips"), args.conf.runtime_config_value("ips")]
-        .into_iter()
-        .flatten()
+    for v in [
+        args.conf.args_cni_value("ips"),
+        args.conf.runtime_config_value("ips"),
+    ]
+    .into_iter()
+    .flatten()
     {
         let list = v
             .as_array()
@@ -123,7 +133,11 @@ fn requested_ips(args: &CmdArgs) -> Result<Vec<IpAddr>, Error> {
 
 fn read_resolv_conf(path: &str) -> Result<Dns, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::new(ErrorCode::Io, format!("host-local: cannot read resolvConf {path}")).with_details(e.to_string())
+        Error::new(
+            ErrorCode::Io,
+            format!("host-local: cannot read resolvConf {path}"),
+        )
+        .with_details(e.to_string())
     })?;
     let mut dns = Dns::default();
     for line in text.lines() {
@@ -157,7 +171,9 @@ impl Plugin for HostLocal {
         };
         let store = Store::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
-        let held = lock.get_by_id(&args.container_id, &args.ifname).map_err(errors::ipam)?;
+        let held = lock
+            .get_by_id(&args.container_id, &args.ifname)
+            .map_err(errors::ipam)?;
         let mut reserved_now: Vec<IpAddr> = Vec::new();
         let mut ips = Vec::with_capacity(setup.sets.len());
         let allocated = (|| {
@@ -167,9 +183,14 @@ impl Plugin for HostLocal {
                     ips.push((ip, set.range_for(ip).cloned()));
                     continue;
                 }
-                let ip = if let Some(pos) = requested.iter().position(|ip| set.range_for(*ip).is_some()) {
+                let ip = if let Some(pos) =
+                    requested.iter().position(|ip| set.range_for(*ip).is_some())
+                {
                     let ip = requested.remove(pos);
-                    if !lock.reserve(&args.container_id, &args.ifname, ip, i).map_err(errors::ipam)? {
+                    if !lock
+                        .reserve(&args.container_id, &args.ifname, ip, i)
+                        .map_err(errors::ipam)?
+                    {
                         return Err(Error::new(
                             ErrorCode::AddressUnavailable,
                             format!("host-local: requested IP {ip} is already allocated"),
@@ -178,10 +199,17 @@ impl Plugin for HostLocal {
                     ip
                 } else {
                     loop {
-                        let Some((ip, _)) = set.next_free(lock.last_reserved(i), |ip| lock.is_reserved(ip)) else {
-                            return Err(errors::ipam(corvid_ipam::Error::Exhausted(set.to_string())));
+                        let Some((ip, _)) =
+                            set.next_free(lock.last_reserved(i), |ip| lock.is_reserved(ip))
+                        else {
+                            return Err(errors::ipam(corvid_ipam::Error::Exhausted(
+                                set.to_string(),
+                            )));
                         };
-                        if lock.reserve(&args.container_id, &args.ifname, ip, i).map_err(errors::ipam)? {
+                        if lock
+                            .reserve(&args.container_id, &args.ifname, ip, i)
+                            .map_err(errors::ipam)?
+                        {
                             break ip;
                         }
                     }
@@ -234,20 +262,32 @@ impl Plugin for HostLocal {
         let setup = load(args)?;
         let store = Store::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
-        let held = lock.get_by_id(&args.container_id, &args.ifname).map_err(errors::ipam)?;
+        let held = lock
+            .get_by_id(&args.container_id, &args.ifname)
+            .map_err(errors::ipam)?;
         if held.is_empty() {
             return Err(Error::new(
                 ErrorCode::CheckFailed,
-                format!("host-local: {} holds no address on {}", args.container_id, args.ifname),
+                format!(
+                    "host-local: {} holds no address on {}",
+                    args.container_id, args.ifname
+                ),
             ));
         }
-        let prev = args.prev_result.as_ref().map(|r| r.ips.as_slice()).unwrap_or_default();
+        let prev = args
+            .prev_result
+            .as_ref()
+            .map(|r| r.ips.as_slice())
+            .unwrap_or_default();
         for ip in prev {
             let addr = ip.address.addr();
             if setup.sets.iter().any(|s| s.range_for(addr).is_some()) && !held.contains(&addr) {
                 return Err(Error::new(
                     ErrorCode::CheckFailed,
-                    format!("host-local: {addr} is not leased to {} on {}", args.container_id, args.ifname),
+                    format!(
+                        "host-local: {addr} is not leased to {} on {}",
+                        args.container_id, args.ifname
+                    ),
                 ));
             }
         }
@@ -267,7 +307,8 @@ impl Plugin for HostLocal {
         let lock = store.lock().map_err(errors::ipam)?;
         for lease in lock.leases().map_err(errors::ipam)? {
             let kept = valid.contains(&(lease.container_id.as_str(), lease.ifname.as_str()))
-                || (lease.ifname.is_empty() && valid.iter().any(|(id, _)| *id == lease.container_id));
+                || (lease.ifname.is_empty()
+                    && valid.iter().any(|(id, _)| *id == lease.container_id));
             if !kept {
                 lock.release(lease.ip).map_err(errors::ipam)?;
             }

@@ -20,14 +20,19 @@ pub fn install(binary: &Path, dir: &Path) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(ctx(format!("create {}", dir.display())))?;
     let target = dir.join(BINARY_NAME);
     let tmp = dir.join(format!(".{BINARY_NAME}.tmp.{}", std::process::id()));
-    std::fs::copy(binary, &tmp).map_err(ctx(format!("copy {} to {}", binary.display(), tmp.display())))?;
+    std::fs::copy(binary, &tmp).map_err(ctx(format!(
+        "copy {} to {}",
+        binary.display(),
+        tmp.display()
+    )))?;
     std::fs::rename(&tmp, &target).map_err(ctx(format!("install {}", target.display())))?;
     let mut made = vec![target];
     for name in crate::PLUGIN_NAMES {
         let link = dir.join(name);
         let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(BINARY_NAME, &tmp).map_err(ctx(format!("link {}", tmp.display())))?;
+        std::os::unix::fs::symlink(BINARY_NAME, &tmp)
+            .map_err(ctx(format!("link {}", tmp.display())))?;
         std::fs::rename(&tmp, &link).map_err(ctx(format!("install {}", link.display())))?;
         made.push(link);
     }

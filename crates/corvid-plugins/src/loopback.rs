@@ -10,9 +10,10 @@ use corvid_net::{Netlink, Netns};
 pub struct Loopback;
 
 fn open(args: &CmdArgs) -> Result<(Netns, Netlink), Error> {
-    let path = args.netns.as_ref().ok_or_else(|| {
-        Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required")
-    })?;
+    let path = args
+        .netns
+        .as_ref()
+        .ok_or_else(|| Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))?;
     let ns = Netns::open(path).map_err(errors::net)?;
     let nl = Netlink::open_in(&ns).map_err(errors::net)?;
     Ok((ns, nl))

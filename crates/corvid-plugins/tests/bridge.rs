@@ -18,8 +18,20 @@ impl Net {
         let host = TestNs::new();
         let plugins = PluginDir::new();
         let data = tempfile::tempdir().unwrap();
-        let conf = bridge_conf(version, "cvtnet", "cvtbr0", "10.77.0.0/24", data.path(), extra);
-        Net { host, plugins, data, conf }
+        let conf = bridge_conf(
+            version,
+            "cvtnet",
+            "cvtbr0",
+            "10.77.0.0/24",
+            data.path(),
+            extra,
+        );
+        Net {
+            host,
+            plugins,
+            data,
+            conf,
+        }
     }
 
     fn call(&self, command: &str, id: &str, ns: &TestNs) -> Call<'_> {
@@ -50,9 +62,17 @@ impl Net {
 
     /// Nothing of any container is left: no veth, no lease, no masquerade rule.
     fn assert_clean(&self) {
-        assert_eq!(self.host.veths(), Vec::<String>::new(), "veths left on the host");
+        assert_eq!(
+            self.host.veths(),
+            Vec::<String>::new(),
+            "veths left on the host"
+        );
         assert_eq!(self.leases(), Vec::<String>::new(), "leases left");
-        assert_eq!(self.host.masquerade_rules(), Vec::<String>::new(), "masquerade rules left");
+        assert_eq!(
+            self.host.masquerade_rules(),
+            Vec::<String>::new(),
+            "masquerade rules left"
+        );
     }
 }
 
@@ -66,7 +86,15 @@ fn two_containers_talk_check_and_del_for_every_version() {
         let r2 = net.call("ADD", "c2", &c2).ok();
         assert_eq!(r1["cniVersion"], v);
         let (a1, a2) = if version.is_legacy_result() {
-            let ip = |r: &Value| r["ip4"]["ip"].as_str().unwrap().split('/').next().unwrap().to_string();
+            let ip = |r: &Value| {
+                r["ip4"]["ip"]
+                    .as_str()
+                    .unwrap()
+                    .split('/')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            };
             (ip(&r1), ip(&r2))
         } else {
             assert_eq!(r1["interfaces"][2]["sandbox"], c1.path_str());
@@ -82,11 +110,15 @@ fn two_containers_talk_check_and_del_for_every_version() {
 
         if version.allows_check() {
             let check = net.call_with("CHECK", "c1", &c1.path_str(), &net.with_prev(&r1));
-            assert!(check.run().success, "{v}: CHECK of a healthy container failed");
+            assert!(
+                check.run().success,
+                "{v}: CHECK of a healthy container failed"
+            );
             // CHECK notices an address taken away.
             let mut nl = c1.netlink();
             let eth0 = nl.link_by_name("eth0").unwrap().unwrap();
-            nl.delete_address(eth0.index, &format!("{a1}/24").parse().unwrap()).unwrap();
+            nl.delete_address(eth0.index, &format!("{a1}/24").parse().unwrap())
+                .unwrap();
             let broken = check.run();
             assert!(!broken.success, "{v}: CHECK missed a missing address");
             assert_eq!(broken.code(), 104);
@@ -114,12 +146,25 @@ fn dual_stack_in_one_call() {
     );
     let (c1, c2) = (TestNs::new(), TestNs::new());
     let call = |id: &str, ns: &TestNs| {
-        Call::new(&host, plugins.plugin("bridge"), "ADD", id, &ns.path_str(), &plugins.path().display().to_string(), &conf)
+        Call::new(
+            &host,
+            plugins.plugin("bridge"),
+            "ADD",
+            id,
+            &ns.path_str(),
+            &plugins.path().display().to_string(),
+            &conf,
+        )
     };
     let r1 = call("c1", &c1).ok();
     let r2 = call("c2", &c2).ok();
     assert_eq!(r1["ips"].as_array().unwrap().len(), 2);
-    let routes: Vec<&str> = r1["routes"].as_array().unwrap().iter().map(|r| r["dst"].as_str().unwrap()).collect();
+    let routes: Vec<&str> = r1["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["dst"].as_str().unwrap())
+        .collect();
     assert_eq!(routes, ["0.0.0.0/0", "::/0"]);
     assert!(c1.ping(&result_ip(&r2, false)), "IPv6 between containers");
     assert!(c1.ping(&result_ip(&r2, true)), "IPv4 between containers");
@@ -135,7 +180,8 @@ fn del_succeeds_when_the_namespace_is_gone() {
     let path = c1.path_str();
     drop(c1);
     // As a 1.0 runtime sends it: the namespace path of a deleted namespace, prevResult.
-    net.call_with("DEL", "gone", &path, &net.with_prev(&added)).ok();
+    net.call_with("DEL", "gone", &path, &net.with_prev(&added))
+        .ok();
     // As containerd sends the second one: no namespace, no prevResult.
     net.call_with("DEL", "gone", "", &net.conf).ok();
     net.assert_clean();
@@ -152,7 +198,10 @@ fn an_add_killed_at_any_moment_is_cleaned_by_del() {
         let _ = child.kill();
         let _ = child.wait();
         net.call("DEL", &id, &c).ok();
-        assert!(c.veths().is_empty(), "step {step}: veth left in the container");
+        assert!(
+            c.veths().is_empty(),
+            "step {step}: veth left in the container"
+        );
         net.assert_clean();
     }
     // A fresh ADD still works after all of that.
@@ -173,7 +222,11 @@ fn sixty_four_parallel_adds_get_distinct_reachable_addresses() {
     let mut addrs = Vec::new();
     for child in children {
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         addrs.push(result_ip(&v, true));
     }
@@ -207,26 +260,128 @@ fn bad_input_is_refused_with_the_right_code_and_changes_nothing() {
         v.to_string()
     };
     let cases: Vec<(&str, Call, u64)> = vec![
-        ("malformed JSON", net.call_with("ADD", "b", &c.path_str(), "{\"cniVersion\":"), 6),
-        ("no name", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| { v.as_object_mut().unwrap().remove("name"); })), 7),
-        ("no type", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| { v.as_object_mut().unwrap().remove("type"); })), 7),
-        ("no cniVersion", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| { v.as_object_mut().unwrap().remove("cniVersion"); })), 7),
-        ("unsupported version", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| v["cniVersion"] = json!("0.9.9"))), 1),
+        (
+            "malformed JSON",
+            net.call_with("ADD", "b", &c.path_str(), "{\"cniVersion\":"),
+            6,
+        ),
+        (
+            "no name",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| {
+                    v.as_object_mut().unwrap().remove("name");
+                }),
+            ),
+            7,
+        ),
+        (
+            "no type",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| {
+                    v.as_object_mut().unwrap().remove("type");
+                }),
+            ),
+            7,
+        ),
+        (
+            "no cniVersion",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| {
+                    v.as_object_mut().unwrap().remove("cniVersion");
+                }),
+            ),
+            7,
+        ),
+        (
+            "unsupported version",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["cniVersion"] = json!("0.9.9")),
+            ),
+            1,
+        ),
         ("unknown command", net.call("FROB", "b", &c), 4),
-        ("ADD without CNI_NETNS", net.call("ADD", "b", &c).unset("CNI_NETNS"), 4),
-        ("namespace that does not exist", net.call_with("ADD", "b", "/run/netns/cvt-no-such-ns", &net.conf), 3),
-        ("interface name with a slash", net.call("ADD", "b", &c).set("CNI_IFNAME", "et/h0"), 4),
-        ("interface name too long", net.call("ADD", "b", &c).set("CNI_IFNAME", "abcdefghijklmnop"), 4),
-        ("rangeStart outside the subnet", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| v["ipam"]["rangeStart"] = json!("10.1.2.3"))), 7),
-        ("prevResult of the wrong shape", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| v["prevResult"] = json!({"ips": [{"address": 5}]}))), 6),
-        ("bridge name too long", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| v["bridge"] = json!("a-very-long-bridge-name"))), 7),
-        ("IPAM plugin missing", net.call_with("ADD", "b", &c.path_str(), &edit(&|v| v["ipam"]["type"] = json!("no-such-ipam"))), 105),
+        (
+            "ADD without CNI_NETNS",
+            net.call("ADD", "b", &c).unset("CNI_NETNS"),
+            4,
+        ),
+        (
+            "namespace that does not exist",
+            net.call_with("ADD", "b", "/run/netns/cvt-no-such-ns", &net.conf),
+            3,
+        ),
+        (
+            "interface name with a slash",
+            net.call("ADD", "b", &c).set("CNI_IFNAME", "et/h0"),
+            4,
+        ),
+        (
+            "interface name too long",
+            net.call("ADD", "b", &c)
+                .set("CNI_IFNAME", "abcdefghijklmnop"),
+            4,
+        ),
+        (
+            "rangeStart outside the subnet",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["ipam"]["rangeStart"] = json!("10.1.2.3")),
+            ),
+            7,
+        ),
+        (
+            "prevResult of the wrong shape",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["prevResult"] = json!({"ips": [{"address": 5}]})),
+            ),
+            6,
+        ),
+        (
+            "bridge name too long",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["bridge"] = json!("a-very-long-bridge-name")),
+            ),
+            7,
+        ),
+        (
+            "IPAM plugin missing",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["ipam"]["type"] = json!("no-such-ipam")),
+            ),
+            105,
+        ),
     ];
     for (what, call, code) in cases {
         let out = call.run();
         assert!(!out.success, "{what}: succeeded");
         assert_eq!(out.code(), code, "{what}: {}", out.stdout);
-        assert!(out.json["msg"].as_str().is_some_and(|m| !m.is_empty()), "{what}: no message");
+        assert!(
+            out.json["msg"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}: no message"
+        );
         assert!(c.veths().is_empty(), "{what}: veth left in the container");
         net.assert_clean();
     }
@@ -261,20 +416,33 @@ fn options_hairpin_promisc_mtu_vlan_and_prev_result() {
     let c = TestNs::new();
     let prev = json!({"cniVersion":"1.0.0","interfaces":[{"name":"dummy"}],
         "ips":[{"address":"192.0.2.9/24","interface":0}]});
-    let r = net.call_with("ADD", "opt", &c.path_str(), &net.with_prev(&prev)).ok();
+    let r = net
+        .call_with("ADD", "opt", &c.path_str(), &net.with_prev(&prev))
+        .ok();
     assert_eq!(r["interfaces"][0]["name"], "dummy", "prevResult kept");
     assert_eq!(r["interfaces"].as_array().unwrap().len(), 4);
-    assert_eq!(r["ips"][1]["interface"], 3, "our address points at our interface");
+    assert_eq!(
+        r["ips"][1]["interface"], 3,
+        "our address points at our interface"
+    );
     let mut nl = net.host.netlink();
     let br = nl.link_by_name("cvtbr0").unwrap().unwrap();
     assert!(br.promisc);
-    let host_veth = nl.link_by_name(r["interfaces"][2]["name"].as_str().unwrap()).unwrap().unwrap();
+    let host_veth = nl
+        .link_by_name(r["interfaces"][2]["name"].as_str().unwrap())
+        .unwrap()
+        .unwrap();
     assert_eq!(host_veth.mtu, 1400);
     assert_eq!(host_veth.master, Some(br.index));
     let eth0 = c.netlink().link_by_name("eth0").unwrap().unwrap();
     assert_eq!(eth0.mtu, 1400);
     let detail = String::from_utf8(
-        net.host.command("ip").args(["-d", "link", "show", &host_veth.name]).output().unwrap().stdout,
+        net.host
+            .command("ip")
+            .args(["-d", "link", "show", &host_veth.name])
+            .output()
+            .unwrap()
+            .stdout,
     )
     .unwrap();
     assert!(detail.contains("hairpin on"), "{detail}");
@@ -288,11 +456,20 @@ fn vlan_tags_the_port() {
     let mut nl = probe.netlink();
     if let Err(e) = nl.add_bridge("cvtprobe", None, true) {
         assert_eq!(e.errno(), Some(libc::EOPNOTSUPP), "{e}");
-        eprintln!("skipped: this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)");
+        eprintln!(
+            "skipped: this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)"
+        );
         let net = Net::new("1.0.0", r#","vlan":42"#);
         let c = TestNs::new();
         let out = net.call("ADD", "v", &c).run();
-        assert!(out.json["msg"].as_str().unwrap().contains("CONFIG_BRIDGE_VLAN_FILTERING"), "{}", out.stdout);
+        assert!(
+            out.json["msg"]
+                .as_str()
+                .unwrap()
+                .contains("CONFIG_BRIDGE_VLAN_FILTERING"),
+            "{}",
+            out.stdout
+        );
         assert!(c.veths().is_empty());
         net.assert_clean();
         return;
@@ -302,10 +479,18 @@ fn vlan_tags_the_port() {
     let r = net.call("ADD", "v", &c).ok();
     let port = r["interfaces"][1]["name"].as_str().unwrap().to_string();
     let vlans = String::from_utf8(
-        net.host.command("bridge").args(["-j", "vlan", "show", "dev", &port]).output().unwrap().stdout,
+        net.host
+            .command("bridge")
+            .args(["-j", "vlan", "show", "dev", &port])
+            .output()
+            .unwrap()
+            .stdout,
     )
     .unwrap();
-    assert!(vlans.contains("\"vlan\":42"), "vlan 42 on the port: {vlans}");
+    assert!(
+        vlans.contains("\"vlan\":42"),
+        "vlan 42 on the port: {vlans}"
+    );
     net.call("DEL", "v", &c).ok();
     net.assert_clean();
 }
@@ -318,9 +503,15 @@ fn gc_releases_what_is_not_valid() {
     net.call("ADD", "drop", &c2).ok();
     let mut conf: Value = serde_json::from_str(&net.conf).unwrap();
     conf["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    net.call_with("GC", "", "", &conf.to_string()).unset("CNI_CONTAINERID").unset("CNI_IFNAME").ok();
+    net.call_with("GC", "", "", &conf.to_string())
+        .unset("CNI_CONTAINERID")
+        .unset("CNI_IFNAME")
+        .ok();
     assert_eq!(net.leases().len(), 1);
     assert_eq!(net.host.masquerade_rules().len(), 1);
-    let status = net.call_with("STATUS", "", "", &net.conf).unset("CNI_NETNS").run();
+    let status = net
+        .call_with("STATUS", "", "", &net.conf)
+        .unset("CNI_NETNS")
+        .run();
     assert!(status.success, "{}", status.stdout);
 }

@@ -25,7 +25,8 @@ impl Ipam {
         let mut ipam = ipam;
         ipam["type"] = json!("host-local");
         ipam["dataDir"] = json!(self.data.path());
-        json!({"cniVersion": version, "name": "cvtipam", "type": "bridge", "ipam": ipam}).to_string()
+        json!({"cniVersion": version, "name": "cvtipam", "type": "bridge", "ipam": ipam})
+            .to_string()
     }
 
     fn call(&self, command: &str, id: &str, conf: &str) -> Call<'_> {
@@ -60,7 +61,10 @@ fn allocates_in_every_version_and_rotates() {
             assert_eq!(r["ip4"]["gateway"], "10.80.0.1");
             r["ip4"]["ip"].as_str().unwrap().to_string()
         } else {
-            assert!(r.get("interfaces").is_none(), "IPAM results carry no interfaces");
+            assert!(
+                r.get("interfaces").is_none(),
+                "IPAM results carry no interfaces"
+            );
             assert_eq!(r["routes"][0]["dst"], "0.0.0.0/0");
             r["ips"][0]["address"].as_str().unwrap().to_string()
         };
@@ -71,9 +75,16 @@ fn allocates_in_every_version_and_rotates() {
         ipam.call("DEL", "a", &conf).ok();
         // Rotation: after .11 comes .12, not the freed .10.
         let c = ipam.call("ADD", "c", &conf).ok();
-        assert_eq!(ipam.leases(), ["10.80.0.11", "10.80.0.12"], "{version}: {c}");
+        assert_eq!(
+            ipam.leases(),
+            ["10.80.0.11", "10.80.0.12"],
+            "{version}: {c}"
+        );
         let d = ipam.call("ADD", "d", &conf).ok();
-        assert!(d.to_string().contains("10.80.0.10/24"), "{version}: wrapped around: {d}");
+        assert!(
+            d.to_string().contains("10.80.0.10/24"),
+            "{version}: wrapped around: {d}"
+        );
         let full = ipam.call("ADD", "e", &conf).run();
         assert_eq!(full.code(), 100, "{}", full.stdout);
         for id in ["b", "c", "d", "e", "never-added"] {
@@ -88,7 +99,10 @@ fn requested_addresses_by_args_config_and_runtime_config() {
     let ipam = Ipam::new();
     let base = json!({"subnet": "10.81.0.0/24"});
     let conf = ipam.conf("1.0.0", base.clone());
-    let by_env = ipam.call("ADD", "env", &conf).set("CNI_ARGS", "IgnoreUnknown=1;IP=10.81.0.50").ok();
+    let by_env = ipam
+        .call("ADD", "env", &conf)
+        .set("CNI_ARGS", "IgnoreUnknown=1;IP=10.81.0.50")
+        .ok();
     assert_eq!(by_env["ips"][0]["address"], "10.81.0.50/24");
 
     let mut c: Value = serde_json::from_str(&conf).unwrap();
@@ -99,13 +113,25 @@ fn requested_addresses_by_args_config_and_runtime_config() {
     let mut c: Value = serde_json::from_str(&conf).unwrap();
     c["runtimeConfig"] = json!({"IPs": ["10.81.0.52/24"]});
     let by_rc = ipam.call("ADD", "rc", &c.to_string()).ok();
-    assert_eq!(by_rc["ips"][0]["address"], "10.81.0.52/24", "PascalCase runtimeConfig key");
+    assert_eq!(
+        by_rc["ips"][0]["address"], "10.81.0.52/24",
+        "PascalCase runtimeConfig key"
+    );
 
-    let taken = ipam.call("ADD", "other", &conf).set("CNI_ARGS", "IP=10.81.0.50").run();
+    let taken = ipam
+        .call("ADD", "other", &conf)
+        .set("CNI_ARGS", "IP=10.81.0.50")
+        .run();
     assert_eq!(taken.code(), 101, "{}", taken.stdout);
-    let outside = ipam.call("ADD", "other", &conf).set("CNI_ARGS", "IP=10.99.0.5").run();
+    let outside = ipam
+        .call("ADD", "other", &conf)
+        .set("CNI_ARGS", "IP=10.99.0.5")
+        .run();
     assert_eq!(outside.code(), 101, "{}", outside.stdout);
-    let garbage = ipam.call("ADD", "other", &conf).set("CNI_ARGS", "IP=banana").run();
+    let garbage = ipam
+        .call("ADD", "other", &conf)
+        .set("CNI_ARGS", "IP=banana")
+        .run();
     assert_eq!(garbage.code(), 7, "{}", garbage.stdout);
     assert_eq!(ipam.leases(), ["10.81.0.50", "10.81.0.51", "10.81.0.52"]);
 }
@@ -114,19 +140,31 @@ fn requested_addresses_by_args_config_and_runtime_config() {
 fn dual_stack_range_sets_and_resolv_conf() {
     let ipam = Ipam::new();
     let resolv = ipam.data.path().join("resolv.conf");
-    std::fs::write(&resolv, "nameserver 10.0.0.53\nsearch a.example b.example\noptions ndots:2\n").unwrap();
+    std::fs::write(
+        &resolv,
+        "nameserver 10.0.0.53\nsearch a.example b.example\noptions ndots:2\n",
+    )
+    .unwrap();
     let conf = ipam.conf(
         "1.1.0",
         json!({"ranges": [[{"subnet": "10.82.0.0/24"}, {"subnet": "10.82.1.0/24"}], [{"subnet": "fd82::/64"}]],
                "resolvConf": resolv}),
     );
     let r = ipam.call("ADD", "ds", &conf).ok();
-    let ips: Vec<&str> = r["ips"].as_array().unwrap().iter().map(|i| i["address"].as_str().unwrap()).collect();
+    let ips: Vec<&str> = r["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["address"].as_str().unwrap())
+        .collect();
     assert_eq!(ips, ["10.82.0.2/24", "fd82::2/64"]);
     assert_eq!(r["dns"]["nameservers"], json!(["10.0.0.53"]));
     assert_eq!(r["dns"]["search"], json!(["a.example", "b.example"]));
     assert_eq!(r["dns"]["options"], json!(["ndots:2"]));
-    let legacy = ipam.conf("0.2.0", json!({"ranges": [[{"subnet": "10.83.0.0/24"}], [{"subnet": "fd83::/64"}]]}));
+    let legacy = ipam.conf(
+        "0.2.0",
+        json!({"ranges": [[{"subnet": "10.83.0.0/24"}], [{"subnet": "fd83::/64"}]]}),
+    );
     let l = ipam.call("ADD", "legacy", &legacy).ok();
     assert_eq!(l["ip4"]["ip"], "10.83.0.2/24");
     assert_eq!(l["ip6"]["ip"], "fd83::2/64");
@@ -140,7 +178,11 @@ fn check_and_gc() {
     ipam.call("ADD", "stale", &conf).ok();
     let mut with_prev: Value = serde_json::from_str(&conf).unwrap();
     with_prev["prevResult"] = r.clone();
-    assert!(ipam.call("CHECK", "keep", &with_prev.to_string()).run().success);
+    assert!(
+        ipam.call("CHECK", "keep", &with_prev.to_string())
+            .run()
+            .success
+    );
     let wrong = ipam.call("CHECK", "nobody", &with_prev.to_string()).run();
     assert_eq!(wrong.code(), 104);
 
@@ -175,10 +217,22 @@ fn bad_ipam_configs() {
         ("no ranges", json!({}), 7),
         ("subnet too small", json!({"subnet": "10.86.0.0/31"}), 7),
         ("host bits", json!({"subnet": "10.86.0.1/24"}), 7),
-        ("rangeEnd outside", json!({"subnet": "10.86.0.0/24", "rangeEnd": "10.87.0.9"}), 7),
-        ("overlapping sets", json!({"ranges": [[{"subnet": "10.86.0.0/24"}], [{"subnet": "10.86.0.0/25"}]]}), 7),
+        (
+            "rangeEnd outside",
+            json!({"subnet": "10.86.0.0/24", "rangeEnd": "10.87.0.9"}),
+            7,
+        ),
+        (
+            "overlapping sets",
+            json!({"ranges": [[{"subnet": "10.86.0.0/24"}], [{"subnet": "10.86.0.0/25"}]]}),
+            7,
+        ),
         ("ranges wrong shape", json!({"ranges": "10.86.0.0/24"}), 7),
-        ("missing resolvConf", json!({"subnet": "10.86.0.0/24", "resolvConf": "/nonexistent/resolv.conf"}), 5),
+        (
+            "missing resolvConf",
+            json!({"subnet": "10.86.0.0/24", "resolvConf": "/nonexistent/resolv.conf"}),
+            5,
+        ),
     ] {
         let out = ipam.call("ADD", "bad", &ipam.conf("1.0.0", cfg)).run();
         assert!(!out.success, "{what}");

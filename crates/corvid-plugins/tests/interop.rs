@@ -9,7 +9,11 @@ use support::*;
 
 fn reference(name: &str) -> PathBuf {
     let p = Path::new(REFERENCE_DIR).join(name);
-    assert!(p.exists(), "{} missing: install Debian's containernetworking-plugins", p.display());
+    assert!(
+        p.exists(),
+        "{} missing: install Debian's containernetworking-plugins",
+        p.display()
+    );
     p
 }
 
@@ -26,7 +30,15 @@ fn attach_two_and_detach(bridge_plugin: PathBuf, cni_path: &str, masq: bool) {
     let conf = conf("cvtinterop", "cvtbri", "10.90.0.0/24", data.path(), masq);
     let (c1, c2) = (TestNs::new(), TestNs::new());
     let call = |cmd: &str, id: &str, ns: &TestNs, conf: &str| {
-        Call::new(&host, bridge_plugin.clone(), cmd, id, &ns.path_str(), cni_path, conf)
+        Call::new(
+            &host,
+            bridge_plugin.clone(),
+            cmd,
+            id,
+            &ns.path_str(),
+            cni_path,
+            conf,
+        )
     };
     let r1 = call("ADD", "i1", &c1, &conf).ok();
     let r2 = call("ADD", "i2", &c2, &conf).ok();
@@ -54,7 +66,11 @@ fn our_bridge_with_their_host_local() {
 #[test]
 fn their_bridge_with_our_host_local() {
     let plugins = PluginDir::new();
-    attach_two_and_detach(reference("bridge"), &plugins.path().display().to_string(), false);
+    attach_two_and_detach(
+        reference("bridge"),
+        &plugins.path().display().to_string(),
+        false,
+    );
 }
 
 #[test]
@@ -64,13 +80,29 @@ fn one_lease_directory_for_both() {
     let data = tempfile::tempdir().unwrap();
     let conf = conf("cvtshared", "cvtbrs", "10.91.0.0/24", data.path(), false);
     let ipam = |plugin: PathBuf, cmd: &str, id: &str| {
-        Call::new(&host, plugin, cmd, id, "/run/netns/unused", "/nonexistent", &conf)
+        Call::new(
+            &host,
+            plugin,
+            cmd,
+            id,
+            "/run/netns/unused",
+            "/nonexistent",
+            &conf,
+        )
     };
     let (theirs, ours) = (reference("host-local"), plugins.plugin("host-local"));
     let addr = |v: Value| v["ips"][0]["address"].as_str().unwrap().to_string();
     assert_eq!(addr(ipam(theirs.clone(), "ADD", "a").ok()), "10.91.0.2/24");
-    assert_eq!(addr(ipam(ours.clone(), "ADD", "b").ok()), "10.91.0.3/24", "we continue their rotation");
-    assert_eq!(addr(ipam(theirs.clone(), "ADD", "c").ok()), "10.91.0.4/24", "they continue ours");
+    assert_eq!(
+        addr(ipam(ours.clone(), "ADD", "b").ok()),
+        "10.91.0.3/24",
+        "we continue their rotation"
+    );
+    assert_eq!(
+        addr(ipam(theirs.clone(), "ADD", "c").ok()),
+        "10.91.0.4/24",
+        "they continue ours"
+    );
     ipam(ours.clone(), "DEL", "a").ok();
     ipam(theirs.clone(), "DEL", "b").ok();
     assert_eq!(leases(data.path(), "cvtshared"), ["10.91.0.4"]);
@@ -78,7 +110,11 @@ fn one_lease_directory_for_both() {
     // Both at once on one directory: the shared lock keeps every address distinct.
     let children: Vec<_> = (0..24)
         .map(|i| {
-            let plugin = if i % 2 == 0 { theirs.clone() } else { ours.clone() };
+            let plugin = if i % 2 == 0 {
+                theirs.clone()
+            } else {
+                ours.clone()
+            };
             ipam(plugin, "ADD", &format!("m{i}")).spawn()
         })
         .collect();
@@ -86,7 +122,11 @@ fn one_lease_directory_for_both() {
         .into_iter()
         .map(|c| {
             let out = c.wait_with_output().unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
             addr(serde_json::from_slice(&out.stdout).unwrap())
         })
         .collect();
@@ -95,7 +135,11 @@ fn one_lease_directory_for_both() {
     assert_eq!(got.len(), 24);
     assert_eq!(leases(data.path(), "cvtshared").len(), 25);
     for i in 0..24 {
-        let plugin = if i % 2 == 0 { ours.clone() } else { theirs.clone() };
+        let plugin = if i % 2 == 0 {
+            ours.clone()
+        } else {
+            theirs.clone()
+        };
         ipam(plugin, "DEL", &format!("m{i}")).ok();
     }
     ipam(ours, "DEL", "c").ok();

@@ -5,15 +5,23 @@ use std::process::Command;
 #[test]
 fn installs_runnable_plugins() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = std::path::Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
-    assert!(plugins.exists(), "build corvid-plugins first (cargo build --workspace)");
+    let plugins =
+        std::path::Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
+    assert!(
+        plugins.exists(),
+        "build corvid-plugins first (cargo build --workspace)"
+    );
     for _ in 0..2 {
         let out = Command::new(env!("CARGO_BIN_EXE_corvid"))
             .args(["cni", "install", "--dir"])
             .arg(dir.path())
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     for name in ["bridge", "host-local", "loopback"] {
         let out = Command::new(dir.path().join(name))
@@ -22,8 +30,15 @@ fn installs_runnable_plugins() {
             .unwrap();
         assert!(out.status.success(), "{name}");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert!(v["supportedVersions"].as_array().unwrap().iter().any(|x| x == "1.1.0"));
+        assert!(v["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x == "1.1.0"));
     }
-    let bad = Command::new(env!("CARGO_BIN_EXE_corvid")).args(["cni", "frob"]).output().unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_corvid"))
+        .args(["cni", "frob"])
+        .output()
+        .unwrap();
     assert!(!bad.status.success());
 }

@@ -23,7 +23,11 @@ impl TestNs {
             unsafe { libc::geteuid() } == 0,
             "these tests create network namespaces and must run as root"
         );
-        let name = format!("cvt{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let name = format!(
+            "cvt{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
         let path = Netns::create_named(&name).expect("create test namespace");
         TestNs { name, path }
     }
@@ -105,7 +109,8 @@ impl PluginDir {
     pub fn new() -> PluginDir {
         let dir = tempfile::tempdir().unwrap();
         for name in corvid_plugins::PLUGIN_NAMES {
-            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_corvid-plugins"), dir.path().join(name)).unwrap();
+            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_corvid-plugins"), dir.path().join(name))
+                .unwrap();
         }
         PluginDir { dir }
     }
@@ -146,7 +151,15 @@ impl Outcome {
 
 impl<'a> Call<'a> {
     /// A call with CNI_COMMAND, container ID, netns, ifname and CNI_PATH set.
-    pub fn new(host: &'a TestNs, plugin: PathBuf, command: &str, id: &str, netns: &str, cni_path: &str, stdin: &str) -> Call<'a> {
+    pub fn new(
+        host: &'a TestNs,
+        plugin: PathBuf,
+        command: &str,
+        id: &str,
+        netns: &str,
+        cni_path: &str,
+        stdin: &str,
+    ) -> Call<'a> {
         Call {
             host,
             plugin,
@@ -181,7 +194,12 @@ impl<'a> Call<'a> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn plugin");
-        child.stdin.take().unwrap().write_all(self.stdin.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(self.stdin.as_bytes())
+            .unwrap();
         child
     }
 
@@ -190,7 +208,10 @@ impl<'a> Call<'a> {
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("panicked"), "plugin panicked: {stderr}");
-        assert!(!stderr.contains("RUST_BACKTRACE"), "plugin printed a backtrace: {stderr}");
+        assert!(
+            !stderr.contains("RUST_BACKTRACE"),
+            "plugin printed a backtrace: {stderr}"
+        );
         Outcome {
             success: out.status.success(),
             json: serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
@@ -200,7 +221,13 @@ impl<'a> Call<'a> {
 
     pub fn ok(&self) -> Value {
         let o = self.run();
-        assert!(o.success, "{} {:?} failed: {}", self.plugin.display(), self.env, o.stdout);
+        assert!(
+            o.success,
+            "{} {:?} failed: {}",
+            self.plugin.display(),
+            self.env,
+            o.stdout
+        );
         o.json
     }
 }
@@ -225,13 +252,28 @@ pub fn result_ip(result: &Value, v4: bool) -> String {
         .as_array()
         .unwrap()
         .iter()
-        .map(|ip| ip["address"].as_str().unwrap().split('/').next().unwrap().to_string())
+        .map(|ip| {
+            ip["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
         .find(|a| a.contains('.') == v4)
         .unwrap()
 }
 
 /// A bridge + host-local configuration.
-pub fn bridge_conf(version: &str, network: &str, bridge: &str, subnet: &str, data_dir: &Path, extra: &str) -> String {
+pub fn bridge_conf(
+    version: &str,
+    network: &str,
+    bridge: &str,
+    subnet: &str,
+    data_dir: &Path,
+    extra: &str,
+) -> String {
     format!(
         r#"{{"cniVersion":"{version}","name":"{network}","type":"bridge","bridge":"{bridge}",
             "isGateway":true,"ipMasq":true{extra},

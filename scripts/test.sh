@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every check and test of corvid, installing what they need first. Run as root:
+# the tests create network namespaces (named cvt*) and remove them again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/test.sh: run as root (the tests create network namespaces)" >&2
+    exit 1
+fi
+
+need=()
+command -v nft >/dev/null || need+=(nftables)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v ping >/dev/null || need+=(iputils-ping)
+{ command -v ip && command -v bridge; } >/dev/null || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    apt-get install -y "${need[@]}"
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
