@@ -95,6 +95,18 @@ impl Link {
     }
 }
 
+/// A request for a new link named `name`, administratively up, with an optional MTU.
+fn new_up_link(name: &str, mtu: Option<u32>) -> LinkMessage {
+    let mut m = LinkMessage::default();
+    m.header.flags = LinkFlags::Up;
+    m.header.change_mask = LinkFlags::Up;
+    m.attributes.push(LinkAttribute::IfName(name.to_string()));
+    if let Some(mtu) = mtu {
+        m.attributes.push(LinkAttribute::Mtu(mtu));
+    }
+    m
+}
+
 fn change(index: u32) -> LinkMessage {
     let mut m = LinkMessage::default();
     m.header.index = index;
@@ -150,13 +162,7 @@ impl Netlink {
 
     /// Creates a bridge, up; fails with EEXIST when the name is taken.
     pub fn add_bridge(&mut self, name: &str, mtu: Option<u32>, vlan_filtering: bool) -> Result<()> {
-        let mut m = LinkMessage::default();
-        m.header.flags = LinkFlags::Up;
-        m.header.change_mask = LinkFlags::Up;
-        m.attributes.push(LinkAttribute::IfName(name.to_string()));
-        if let Some(mtu) = mtu {
-            m.attributes.push(LinkAttribute::Mtu(mtu));
-        }
+        let mut m = new_up_link(name, mtu);
         let mut info = vec![LinkInfo::Kind(InfoKind::Bridge)];
         if vlan_filtering {
             info.push(LinkInfo::Data(InfoData::Bridge(vec![
@@ -198,12 +204,8 @@ impl Netlink {
         peer.attributes
             .push(LinkAttribute::IfName(peer_name.to_string()));
         peer.attributes.push(LinkAttribute::NetNsFd(peer_ns.fd()));
-        let mut m = LinkMessage::default();
-        m.header.flags = LinkFlags::Up;
-        m.header.change_mask = LinkFlags::Up;
-        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        let mut m = new_up_link(name, mtu);
         if let Some(mtu) = mtu {
-            m.attributes.push(LinkAttribute::Mtu(mtu));
             peer.attributes.push(LinkAttribute::Mtu(mtu));
         }
         if let Some(master) = master {

@@ -86,15 +86,7 @@ fn two_containers_talk_check_and_del_for_every_version() {
         let r2 = net.call("ADD", "c2", &c2).ok();
         assert_eq!(r1["cniVersion"], v);
         let (a1, a2) = if version.is_legacy_result() {
-            let ip = |r: &Value| {
-                r["ip4"]["ip"]
-                    .as_str()
-                    .unwrap()
-                    .split('/')
-                    .next()
-                    .unwrap()
-                    .to_string()
-            };
+            let ip = |r: &Value| address_part(&r["ip4"]["ip"]);
             (ip(&r1), ip(&r2))
         } else {
             assert_eq!(r1["interfaces"][2]["sandbox"], c1.path_str());

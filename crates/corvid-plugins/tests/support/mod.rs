@@ -246,21 +246,23 @@ pub fn leases(data_dir: &Path, network: &str) -> Vec<String> {
     out
 }
 
+/// "10.1.0.5" of "10.1.0.5/24".
+pub fn address_part(cidr: &Value) -> String {
+    cidr.as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
 /// The address part of the first IP of family `v4` in a result.
 pub fn result_ip(result: &Value, v4: bool) -> String {
     result["ips"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|ip| {
-            ip["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string()
-        })
+        .map(|ip| address_part(&ip["address"]))
         .find(|a| a.contains('.') == v4)
         .unwrap()
 }
