@@ -173,7 +173,14 @@ fn build_args(
         Command::Gc | Command::Status if !version.allows_gc_and_status() => {
             return Err(Error::new(
                 ErrorCode::IncompatibleVersion,
-                format!("CNI version {version} does not allow {command:?}").to_uppercase(),
+                format!(
+                    "CNI version {version} does not allow {}",
+                    if command == Command::Gc {
+                        "GC"
+                    } else {
+                        "STATUS"
+                    }
+                ),
             ))
         }
         _ => {}
@@ -409,6 +416,7 @@ mod tests {
         assert_eq!(out["code"], 7, "CHECK without prevResult");
         let (_, out) = invoke(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/x")], &conf("1.0.0"));
         assert_eq!(out["code"], 1);
+        assert_eq!(out["msg"], "CNI version 1.0.0 does not allow GC");
         let (code, _) = invoke(
             &[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/x")],
             &conf("1.1.0"),
