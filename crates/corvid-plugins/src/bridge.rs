@@ -5,8 +5,10 @@ use crate::{delegate, errors};
 use corvid_cni::result::{Interface, Route};
 use corvid_cni::skel::{validate_ifname, CmdArgs, Command, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
-use corvid_net::bridge::{configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, PortSpec};
-use corvid_net::link::LinkKind;
+use corvid_net::bridge::{
+    configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, Port, PortSpec,
+};
+use corvid_net::link::{Link, LinkKind};
 use corvid_net::nft::{self, MasqueradeTag};
 use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Netlink, Netns};
@@ -101,26 +103,15 @@ impl Undo<'_> {
     }
 }
 
-fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
-    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
-    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-    if container
-        .link_by_name(&args.ifname)
-        .map_err(errors::net)?
-        .is_some()
-    {
-        return Err(Error::new(
-            ErrorCode::InterfaceExists,
-            format!(
-                "interface \"{}\" already exists in {}",
-                args.ifname,
-                ns.path().display()
-            ),
-        ));
-    }
-    let mut host = Netlink::open().map_err(errors::net)?;
+fn ensure_bridge_and_plug(
+    host: &mut Netlink,
+    container: &mut Netlink,
+    ns: &Netns,
+    conf: &BridgeConf,
+    ifname: &str,
+) -> Result<(Link, Port), Error> {
     let bridge = ensure_bridge(
-        &mut host,
+        host,
         &BridgeSpec {
             name: &conf.bridge,
             mtu: conf.mtu,
@@ -140,12 +131,12 @@ fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
         }
     })?;
     let port = plug(
-        &mut host,
-        &mut container,
-        &ns,
+        host,
+        container,
+        ns,
         &bridge,
         &PortSpec {
-            ifname: &args.ifname,
+            ifname,
             mtu: conf.mtu,
             hairpin: conf.hairpin_mode,
             vlan: (conf.vlan != 0).then_some(conf.vlan),
@@ -153,39 +144,76 @@ fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
         },
     )
     .map_err(errors::net)?;
-    let mut undo = Undo {
-        args,
-        ipam: false,
-        masq: None,
-    };
-    let finished = (|| {
-        let mut result = match ipam_type(args) {
-            Some(t) => {
-                undo.ipam = true;
-                delegate::run(t, Command::Add, args)?.unwrap_or_default()
-            }
-            None => CniResult::default(),
-        };
-        finish(
-            args,
-            conf,
-            &ns,
-            &mut host,
-            &mut container,
-            &bridge,
-            &port,
-            &mut result,
-            &mut undo,
-        )?;
-        Ok(result)
-    })();
-    match finished {
-        Ok(r) => Ok(r),
-        Err(e) => {
-            undo.run(&mut host, &port);
-            Err(e)
-        }
+    Ok((bridge, port))
+}
+
+fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
+    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
+    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    if container
+        .link_by_name(&args.ifname)
+        .map_err(errors::net)?
+        .is_some()
+    {
+        return Err(Error::new(
+            ErrorCode::InterfaceExists,
+            format!(
+                "interface \"{}\" already exists in {}",
+                args.ifname,
+                ns.path().display()
+            ),
+        ));
     }
+    let mut host = Netlink::open().map_err(errors::net)?;
+    // This binary's own host-local needs no interface, so it allocates on a second thread
+    // while the kernel builds the veth pair. An exec'd IPAM plugin runs after the pair
+    // exists, as the spec orders it: dhcp, for one, sends its requests through it.
+    let early_ipam = ipam_type(args).and_then(|t| delegate::in_process(t, args));
+    std::thread::scope(|s| {
+        let early = early_ipam.map(|p| s.spawn(move || delegate::call(p, Command::Add, args)));
+        let plugged = ensure_bridge_and_plug(&mut host, &mut container, &ns, conf, &args.ifname);
+        let early = early.map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::new(ErrorCode::Internal, "IPAM thread panicked")))
+        });
+        let (bridge, port) = match plugged {
+            Ok(p) => p,
+            Err(e) => {
+                if let (Some(Ok(_)), Some(t)) = (&early, ipam_type(args)) {
+                    let _ = delegate::run(t, Command::Del, args);
+                }
+                return Err(e);
+            }
+        };
+        let mut undo = Undo {
+            args,
+            ipam: matches!(early, Some(Ok(_))),
+            masq: None,
+        };
+        let finished = (|| {
+            let mut result = match (early, ipam_type(args)) {
+                (Some(allocated), _) => allocated?.unwrap_or_default(),
+                (None, Some(t)) => {
+                    undo.ipam = true;
+                    delegate::run(t, Command::Add, args)?.unwrap_or_default()
+                }
+                (None, None) => CniResult::default(),
+            };
+            finish(
+                args,
+                conf,
+                &ns,
+                &mut host,
+                &mut container,
+                &bridge,
+                &port,
+                &mut result,
+                &mut undo,
+            )?;
+            Ok(result)
+        })();
+        finished.inspect_err(|_| undo.run(&mut host, &port))
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -1,7 +1,7 @@
 //! Running a delegated plugin (the IPAM plugin of `ipam.type`) exactly as the spec says:
 //! found on CNI_PATH, same environment and stdin, CNI_COMMAND set for the call.
 
-use corvid_cni::skel::{CmdArgs, Command};
+use corvid_cni::skel::{CmdArgs, Command, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
 use std::io::Write;
 use std::path::PathBuf;
@@ -47,27 +47,41 @@ fn is_this_binary(exe: &std::path::Path) -> bool {
     }
 }
 
-/// Runs `plugin` for `command` with the invocation's stdin; ADD returns its result.
-///
-/// When CNI_PATH resolves `plugin` to this same binary, the plugin runs in-process: the
-/// code, environment and configuration are exactly what an exec would give it, without
-/// the cost of a second process. Anything else (the reference host-local, say) is exec'd.
-pub fn run(plugin: &str, command: Command, args: &CmdArgs) -> Result<Option<CniResult>, Error> {
-    let exe = find(plugin, &args.path)?;
-    if let Some(own) = crate::plugin_for(plugin).filter(|_| is_this_binary(&exe)) {
-        let delegated = CmdArgs {
-            command,
-            ..args.clone()
-        };
-        return match command {
-            Command::Add => own.add(&delegated).map(Some),
-            Command::Del => own.del(&delegated).map(|_| None),
-            Command::Check => own.check(&delegated).map(|_| None),
-            Command::Gc => own.gc(&delegated).map(|_| None),
-            Command::Status => own.status(&delegated).map(|_| None),
-            Command::Version => Ok(None),
-        };
+/// The plugin itself when CNI_PATH resolves `plugin` to this very binary: it can then run
+/// in-process, with exactly the code, environment and configuration an exec would give it.
+pub fn in_process(plugin: &str, args: &CmdArgs) -> Option<&'static (dyn Plugin + Sync)> {
+    let own = crate::plugin_for(plugin)?;
+    is_this_binary(&find(plugin, &args.path).ok()?).then_some(own)
+}
+
+/// Runs a plugin of this binary in-process for `command`.
+pub fn call(
+    plugin: &dyn Plugin,
+    command: Command,
+    args: &CmdArgs,
+) -> Result<Option<CniResult>, Error> {
+    let delegated = CmdArgs {
+        command,
+        ..args.clone()
+    };
+    match command {
+        Command::Add => plugin.add(&delegated).map(Some),
+        Command::Del => plugin.del(&delegated).map(|_| None),
+        Command::Check => plugin.check(&delegated).map(|_| None),
+        Command::Gc => plugin.gc(&delegated).map(|_| None),
+        Command::Status => plugin.status(&delegated).map(|_| None),
+        Command::Version => Ok(None),
     }
+}
+
+/// Runs `plugin` for `command` with the invocation's stdin; ADD returns its result.
+/// A plugin of this binary runs in-process (see [`in_process`]); anything else, the
+/// reference host-local say, is exec'd.
+pub fn run(plugin: &str, command: Command, args: &CmdArgs) -> Result<Option<CniResult>, Error> {
+    if let Some(own) = in_process(plugin, args) {
+        return call(own, command, args);
+    }
+    let exe = find(plugin, &args.path)?;
     let failed = |what: String| {
         Error::new(
             ErrorCode::Delegate,

@@ -14,7 +14,7 @@ use corvid_cni::skel::Plugin;
 pub const PLUGIN_NAMES: [&str; 3] = ["bridge", "host-local", "loopback"];
 
 /// The plugin behind a name, if this binary has one.
-pub fn plugin_for(name: &str) -> Option<&'static dyn Plugin> {
+pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
     match name {
         "bridge" => Some(&bridge::Bridge),
         "host-local" => Some(&host_local::HostLocal),
