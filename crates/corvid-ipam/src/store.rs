@@ -104,6 +104,34 @@ fn parse_owner(content: &str) -> (String, String) {
     }
 }
 
+/// Reads a lease file relative to the open directory: every ADD reads all of them, and
+/// openat plus one read is two syscalls fewer per lease than `fs::read_to_string`.
+fn read_lease(dir: &File, name: &std::ffi::OsStr) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let cname = std::ffi::CString::new(name.as_bytes()).ok()?;
+    // SAFETY: dir is an open directory and cname a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            cname.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut buf = [0u8; 512];
+    let n = std::io::Read::read(&mut &file, &mut buf).ok()?;
+    if n < buf.len() {
+        return Some(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let mut rest = String::from_utf8_lossy(&buf).into_owned();
+    std::io::Read::read_to_string(&mut &file, &mut rest).ok()?;
+    Some(rest)
+}
+
 impl StoreLock<'_> {
     fn path(&self, name: &str) -> PathBuf {
         self.store.dir.join(name)
@@ -196,14 +224,16 @@ impl StoreLock<'_> {
 
     /// Every lease in the directory.
     pub fn leases(&self) -> Result<Vec<Lease>, Error> {
-        let entries = fs::read_dir(&self.store.dir)
-            .map_err(io_err(format!("read {}", self.store.dir.display())))?;
+        let what = || format!("read {}", self.store.dir.display());
+        let dir = File::open(&self.store.dir).map_err(io_err(what()))?;
+        let entries = fs::read_dir(&self.store.dir).map_err(io_err(what()))?;
         let mut out = Vec::new();
         for e in entries.flatten() {
-            let Ok(ip) = e.file_name().to_string_lossy().parse::<IpAddr>() else {
+            let name = e.file_name();
+            let Ok(ip) = name.to_string_lossy().parse::<IpAddr>() else {
                 continue;
             };
-            let (container_id, ifname) = fs::read_to_string(e.path())
+            let (container_id, ifname) = read_lease(&dir, &name)
                 .map(|c| parse_owner(&c))
                 .unwrap_or_default();
             out.push(Lease {
