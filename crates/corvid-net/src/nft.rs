@@ -5,7 +5,10 @@
 
 use crate::{Error, Result};
 use ipnet::IpNet;
+use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 /// The nftables table corvid owns; nothing outside it is touched.
@@ -54,8 +57,47 @@ fn nft_binary() -> &'static str {
         .unwrap_or("nft")
 }
 
-fn run_nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
-    let mut child = Command::new(nft_binary())
+/// Serializes corvid's changes to its table. The nft child inherits the lock, so a plugin
+/// killed while nft runs keeps it held until that orphaned nft has finished: a DEL that
+/// comes next waits for it instead of listing the rules too early.
+const LOCK_PATH: &str = "/run/corvid/nftables.lock";
+
+fn lock() -> Result<File> {
+    let dir = std::path::Path::new(LOCK_PATH)
+        .parent()
+        .expect("lock path has a parent");
+    std::fs::create_dir_all(dir).map_err(crate::io_err(format!("create {}", dir.display())))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_PATH)
+        .map_err(crate::io_err(format!("open {LOCK_PATH}")))?;
+    loop {
+        // SAFETY: the file is open for the duration of the call.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(crate::io_err(format!("lock {LOCK_PATH}"))(e));
+        }
+    }
+}
+
+fn run_nft(args: &[&str], stdin: Option<&str>, lock: &File) -> Result<String> {
+    let lock_fd = lock.as_raw_fd();
+    let mut command = Command::new(nft_binary());
+    // SAFETY: fcntl is async-signal-safe; it only clears close-on-exec in the child.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(lock_fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command
         .args(args)
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -99,12 +141,12 @@ pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
             tag.as_str()
         ));
     }
-    run_nft(&["-f", "-"], Some(&script)).map(drop)
+    run_nft(&["-f", "-"], Some(&script), &lock()?).map(drop)
 }
 
 /// The (handle, comment) of every corvid rule.
-fn rules() -> Result<Vec<(u64, String)>> {
-    let listing = match run_nft(&["-j", "list", "chain", "inet", TABLE, CHAIN], None) {
+fn rules(lock: &File) -> Result<Vec<(u64, String)>> {
+    let listing = match run_nft(&["-j", "list", "chain", "inet", TABLE, CHAIN], None, lock) {
         Ok(s) => s,
         Err(Error::Nftables(msg)) if msg.contains("No such file or directory") => {
             return Ok(Vec::new())
@@ -127,7 +169,7 @@ fn rules() -> Result<Vec<(u64, String)>> {
         .collect())
 }
 
-fn delete_handles(handles: &[u64]) -> Result<()> {
+fn delete_handles(handles: &[u64], lock: &File) -> Result<()> {
     if handles.is_empty() {
         return Ok(());
     }
@@ -135,33 +177,35 @@ fn delete_handles(handles: &[u64]) -> Result<()> {
         .iter()
         .map(|h| format!("delete rule inet {TABLE} {CHAIN} handle {h}\n"))
         .collect();
-    run_nft(&["-f", "-"], Some(&script)).map(drop)
+    run_nft(&["-f", "-"], Some(&script), lock).map(drop)
 }
 
 /// Removes the rules of one attachment; none left is fine.
 pub fn delete_masquerade(tag: &MasqueradeTag) -> Result<()> {
-    let handles: Vec<u64> = rules()?
+    let lock = lock()?;
+    let handles: Vec<u64> = rules(&lock)?
         .into_iter()
         .filter(|(_, c)| c == tag.as_str())
         .map(|(h, _)| h)
         .collect();
-    delete_handles(&handles)
+    delete_handles(&handles, &lock)
 }
 
 /// Removes the rules of `network` whose attachment is not in `keep`.
 pub fn gc_masquerade(network: &str, keep: &[MasqueradeTag]) -> Result<()> {
+    let lock = lock()?;
     let prefix = network_prefix(network);
-    let handles: Vec<u64> = rules()?
+    let handles: Vec<u64> = rules(&lock)?
         .into_iter()
         .filter(|(_, c)| c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c))
         .map(|(h, _)| h)
         .collect();
-    delete_handles(&handles)
+    delete_handles(&handles, &lock)
 }
 
 /// The comments of every corvid masquerade rule (for tests and diagnostics).
 pub fn masquerade_tags() -> Result<Vec<String>> {
-    Ok(rules()?.into_iter().map(|(_, c)| c).collect())
+    Ok(rules(&lock()?)?.into_iter().map(|(_, c)| c).collect())
 }
 
 #[cfg(test)]

@@ -88,7 +88,18 @@ pub fn run(plugin: &str, command: Command, args: &CmdArgs) -> Result<Option<CniR
             format!("delegated plugin \"{plugin}\" {what}"),
         )
     };
-    let mut child = std::process::Command::new(&exe)
+    let mut cmd = std::process::Command::new(&exe);
+    // A delegate must not outlive us: orphaned, it could allocate after the runtime's DEL.
+    // SAFETY: prctl is async-signal-safe and only affects the child.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .env("CNI_COMMAND", command_name(command))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
