@@ -1,0 +1,69 @@
+//! Namespace handles and the guard, for real (as root).
+
+use corvid_net::{Netlink, Netns};
+use std::os::unix::fs::MetadataExt;
+
+fn current_inode() -> u64 {
+    std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino()
+}
+
+struct Named(std::path::PathBuf);
+
+impl Named {
+    fn new(tag: &str) -> Named {
+        Named(Netns::create_named(&format!("cvt{}-{tag}", std::process::id())).unwrap())
+    }
+}
+
+impl Drop for Named {
+    fn drop(&mut self) {
+        let _ = Netns::delete_path(&self.0);
+    }
+}
+
+#[test]
+fn the_thread_comes_back_even_when_the_work_panics() {
+    let ns = Named::new("guard");
+    let target = Netns::open(&ns.0).unwrap();
+    let home = current_inode();
+    let inside = target.run(current_inode).unwrap();
+    assert_ne!(inside, home, "run did not enter the namespace");
+    assert_eq!(current_inode(), home);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        target.run(|| panic!("boom")).unwrap();
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(
+        current_inode(),
+        home,
+        "a panic left the thread in the namespace"
+    );
+}
+
+#[test]
+fn a_socket_opened_inside_keeps_working_from_outside() {
+    let ns = Named::new("sock");
+    let mut nl = Netlink::open_in(&Netns::open(&ns.0).unwrap()).unwrap();
+    let names: Vec<String> = nl.links().unwrap().into_iter().map(|l| l.name).collect();
+    assert_eq!(names, ["lo"], "a fresh namespace holds only lo");
+    nl.add_bridge("cvtbrtest", Some(1400), false).unwrap();
+    let br = nl.link_by_name("cvtbrtest").unwrap().unwrap();
+    assert_eq!(br.mtu, 1400);
+    assert!(br.up);
+    let mut host = Netlink::open().unwrap();
+    assert!(
+        host.link_by_name("cvtbrtest").unwrap().is_none(),
+        "the bridge leaked out of the namespace"
+    );
+}
+
+#[test]
+fn only_namespaces_open() {
+    let e = Netns::open("/etc/hostname").unwrap_err();
+    assert!(e.to_string().contains("not a network namespace"), "{e}");
+    assert_eq!(
+        Netns::open("/run/netns/cvt-none").unwrap_err().errno(),
+        Some(libc::ENOENT)
+    );
+    assert!(Netns::create_named("a/b").is_err());
+}
