@@ -2,6 +2,8 @@
 //! version with conversion between them, the well-known errors, and `skel`, the entry
 //! point that turns a plugin process's environment and stdin into a command.
 
+#![deny(missing_docs)]
+
 pub mod args;
 pub mod config;
 pub mod error;

@@ -2,6 +2,8 @@
 //! and the host-local on-disk store, in the layout the reference plugin uses so that
 //! both can share one lease directory.
 
+#![deny(missing_docs)]
+
 pub mod range;
 pub mod store;
 

@@ -2,6 +2,8 @@
 //! nftables rules in corvid's own table. Synchronous on purpose: CNI plugins are
 //! short-lived processes and a namespace switch must stay on the thread that asked.
 
+#![deny(missing_docs)]
+
 pub mod bridge;
 pub mod link;
 pub mod netlink;

@@ -1,6 +1,8 @@
 //! corvid's CNI plugins. Each is short: the spec lives in corvid-cni, addresses in
 //! corvid-ipam, kernel work in corvid-net.
 
+#![deny(missing_docs)]
+
 pub mod bridge;
 pub mod delegate;
 pub mod errors;
