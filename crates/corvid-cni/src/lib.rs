@@ -6,12 +6,14 @@
 
 pub mod args;
 pub mod config;
+pub mod conflist;
 pub mod error;
 pub mod result;
 pub mod skel;
 pub mod version;
 
 pub use config::NetConf;
+pub use conflist::NetConfList;
 pub use error::{Error, ErrorCode};
 pub use result::CniResult;
 pub use version::Version;

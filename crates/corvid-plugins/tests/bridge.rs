@@ -507,3 +507,36 @@ fn gc_releases_what_is_not_valid() {
         .run();
     assert!(status.success, "{}", status.stdout);
 }
+
+#[test]
+fn force_address_replaces_a_foreign_gateway() {
+    let net = Net::new("1.0.0", "");
+    let mut nl = net.host.netlink();
+    nl.add_bridge("cvtbr0", None, false).unwrap();
+    let br = nl.link_by_name("cvtbr0").unwrap().unwrap();
+    let foreign: ipnet::IpNet = "10.77.0.250/24".parse().unwrap();
+    nl.add_address(br.index, &foreign).unwrap();
+    let c = TestNs::new();
+    let refused = net.call("ADD", "f", &c).run();
+    assert_eq!(refused.code(), 103, "{}", refused.stdout);
+    assert!(refused.json["msg"]
+        .as_str()
+        .unwrap()
+        .contains("forceAddress"));
+    assert!(c.veths().is_empty());
+    net.assert_clean();
+
+    let mut forced: Value = serde_json::from_str(&net.conf).unwrap();
+    forced["forceAddress"] = json!(true);
+    net.call_with("ADD", "f", &c.path_str(), &forced.to_string())
+        .ok();
+    let addrs: Vec<String> = nl
+        .addresses(Some(br.index))
+        .unwrap()
+        .into_iter()
+        .filter(|(_, a)| a.addr().is_ipv4())
+        .map(|(_, a)| a.to_string())
+        .collect();
+    assert_eq!(addrs, ["10.77.0.1/24"]);
+    assert!(c.ping("10.77.0.1"));
+}
