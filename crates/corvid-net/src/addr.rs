@@ -68,11 +68,10 @@ impl Netlink {
 
     /// The addresses of one link (or of every link with `None`), as (index, address).
     pub fn addresses(&mut self, index: Option<u32>) -> Result<Vec<(u32, IpNet)>> {
+        let mut query = AddressMessage::default();
+        query.header.index = index.unwrap_or(0);
         let replies = self
-            .request(
-                RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-                NLM_F_DUMP,
-            )
+            .request(RouteNetlinkMessage::GetAddress(query), NLM_F_DUMP)
             .map_err(netlink_err("list addresses"))?;
         let mut out = Vec::new();
         for r in replies {

@@ -25,6 +25,9 @@ impl Netlink {
             let mut socket = Socket::new(NETLINK_ROUTE)?;
             socket.bind_auto()?;
             socket.connect(&SocketAddr::new(0, 0))?;
+            // Lets the kernel filter dumps (addresses of one link) instead of sending all;
+            // kernels without it send everything and callers filter anyway.
+            let _ = socket.set_netlink_get_strict_chk(true);
             Ok(Netlink {
                 socket,
                 seq: 0,
