@@ -438,6 +438,21 @@ fn options_hairpin_promisc_mtu_vlan_and_prev_result() {
     )
     .unwrap();
     assert!(detail.contains("hairpin on"), "{detail}");
+    // CHECK with routes (the default route) and a foreign plugin's interface in the result.
+    let check = net.call_with("CHECK", "opt", &c.path_str(), &net.with_prev(&r));
+    assert!(check.run().success, "{}", check.run().stdout);
+    let mut nl = c.netlink();
+    let eth0 = nl.link_by_name("eth0").unwrap().unwrap();
+    nl.delete_address(
+        eth0.index,
+        &r["ips"][1]["address"].as_str().unwrap().parse().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        check.run().code(),
+        104,
+        "the default route went with the address"
+    );
     net.call("DEL", "opt", &c).ok();
     net.assert_clean();
 }
