@@ -90,7 +90,7 @@ struct Undo<'a> {
 }
 
 impl Undo<'_> {
-    fn run(self, host: &mut Netlink, port: &corvid_net::bridge::Port) {
+    fn run(self, host: &mut Netlink, port: &Port) {
         if let Some(tag) = &self.masq {
             let _ = nft::delete_masquerade(tag);
         }
@@ -223,8 +223,8 @@ fn finish(
     ns: &Netns,
     host: &mut Netlink,
     container: &mut Netlink,
-    bridge: &corvid_net::link::Link,
-    port: &corvid_net::bridge::Port,
+    bridge: &Link,
+    port: &Port,
     result: &mut CniResult,
     undo: &mut Undo,
 ) -> Result<(), Error> {
@@ -315,10 +315,11 @@ fn finish(
     ]);
     prev.ips.append(&mut result.ips);
     prev.routes.append(&mut result.routes);
-    if !args.conf.dns.as_ref().is_none_or(|d| d.is_empty()) {
-        prev.dns = args.conf.dns.clone().unwrap_or_default();
-    } else if !result.dns.is_empty() {
-        prev.dns = result.dns.clone();
+    // The network's own dns wins; without one, the IPAM plugin's is reported.
+    match args.conf.dns.as_ref().filter(|d| !d.is_empty()) {
+        Some(dns) => prev.dns = dns.clone(),
+        None if !result.dns.is_empty() => prev.dns = result.dns.clone(),
+        None => {}
     }
     *result = prev;
     Ok(())

@@ -403,7 +403,7 @@ fn bad_input_is_refused_with_the_right_code_and_changes_nothing() {
 fn options_hairpin_promisc_mtu_vlan_and_prev_result() {
     let net = Net::new(
         "1.0.0",
-        r#","hairpinMode":true,"promiscMode":true,"mtu":1400,"isDefaultGateway":true"#,
+        r#","hairpinMode":true,"promiscMode":true,"mtu":1400,"isDefaultGateway":true,"dns":{"nameservers":["10.77.0.53"]}"#,
     );
     let c = TestNs::new();
     let prev = json!({"cniVersion":"1.0.0","interfaces":[{"name":"dummy"}],
@@ -412,6 +412,7 @@ fn options_hairpin_promisc_mtu_vlan_and_prev_result() {
         .call_with("ADD", "opt", &c.path_str(), &net.with_prev(&prev))
         .ok();
     assert_eq!(r["interfaces"][0]["name"], "dummy", "prevResult kept");
+    assert_eq!(r["dns"]["nameservers"], json!(["10.77.0.53"]));
     assert_eq!(r["interfaces"].as_array().unwrap().len(), 4);
     assert_eq!(
         r["ips"][1]["interface"], 3,
