@@ -8,6 +8,7 @@ pub mod args;
 pub mod config;
 pub mod conflist;
 pub mod error;
+pub mod exec;
 pub mod result;
 pub mod skel;
 pub mod version;
