@@ -14,6 +14,9 @@ command -v nft >/dev/null || need+=(nftables)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 command -v ping >/dev/null || need+=(iputils-ping)
 { command -v ip && command -v bridge; } >/dev/null || need+=(iproute2)
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
+[ -x /usr/bin/busybox ] || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
