@@ -382,7 +382,9 @@ impl Runtime {
         for (i, plugin) in list.plugins.iter().enumerate() {
             let name = plugin["type"].as_str().unwrap_or_default();
             let conf = self.plugin_config(list, i, rt, prev.as_ref());
-            let out = self.run_plugin(name, Op::Add, rt, conf.to_string().as_bytes());
+            let out = self
+                .run_plugin(name, Op::Add, rt, conf.to_string().as_bytes())
+                .map_err(|e| self.explain_version(name, list, e));
             let parsed = out.and_then(|out| {
                 let v: Value = serde_json::from_slice(&out).map_err(|e| {
                     Error::new(
@@ -551,6 +553,27 @@ impl Runtime {
             )?;
         }
         Ok(())
+    }
+
+    /// Turns a plugin's "incompatible version" into a message naming the list's version
+    /// and the ones the plugin supports; any other error is returned as it is.
+    fn explain_version(&self, plugin: &str, list: &NetConfList, e: Error) -> Error {
+        if e.code != ErrorCode::IncompatibleVersion as u32 {
+            return e;
+        }
+        match self.plugin_versions(plugin, list.version) {
+            Ok(supported) if !supported.iter().any(|v| v == list.version.as_str()) => Error::new(
+                ErrorCode::IncompatibleVersion,
+                format!(
+                    "plugin {plugin} does not support CNI {} of network {} (it supports {})",
+                    list.version,
+                    list.name,
+                    supported.join(", ")
+                ),
+            )
+            .with_details(e.msg),
+            _ => e,
+        }
     }
 
     /// The versions a plugin says it supports.

@@ -181,6 +181,16 @@ fn version_gates_and_negotiation() {
     assert!(e.msg.contains("tuning") && e.msg.contains("1.1.0"), "{e}");
     let (_, ok) = s.list("1.0.0", json!({"type": "tuning"}));
     rt.validate(&ok).unwrap();
+    // ADD of a 1.1.0 list whose second plugin (the reference tuning) stops at 1.0.0: the
+    // error names both, and the list is undone.
+    let (bytes, new) = s.list("1.1.0", json!({"type": "tuning"}));
+    let e = s
+        .host
+        .run(|| rt.add(&bytes, &new, &attachment(&c)))
+        .unwrap_err();
+    assert_eq!(e.code, 1, "{e}");
+    assert!(e.msg.contains("tuning does not support CNI 1.1.0"), "{e}");
+    s.assert_clean();
 }
 
 #[test]
@@ -246,4 +256,68 @@ fn load_dir_reads_lists_and_single_configs_first_name_wins() {
     let e = corvid_cni::exec::load_dir(dir.path()).unwrap_err();
     assert!(e.msg.contains("50-bad.conflist"), "{e}");
     assert!(Path::new(dir.path()).exists());
+}
+
+/// Drops what differs between two runs by nature: random MACs and the host veth's name.
+fn normalized(mut v: Value) -> Value {
+    for iface in v["interfaces"].as_array_mut().into_iter().flatten() {
+        iface.as_object_mut().unwrap().remove("mac");
+        if iface.get("sandbox").is_none()
+            && iface["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("veth"))
+        {
+            iface["name"] = json!("veth");
+        }
+    }
+    v
+}
+
+#[test]
+fn the_executor_gives_what_the_reference_plugins_give_by_hand() {
+    let s = Setup::new();
+    let c = TestNs::new();
+    let rt = Runtime {
+        plugin_dirs: vec![PathBuf::from(REFERENCE_DIR)],
+        ..s.runtime()
+    };
+    let conf = attachment(&c);
+    let list_for = |data: &Path| {
+        let v = json!({"cniVersion": "1.0.0", "name": "cvtexec", "plugins": [
+            {"type": "bridge", "bridge": "cvtbro", "isGateway": true,
+             "ipam": {"type": "host-local", "subnet": "10.94.0.0/24", "dataDir": data}},
+            {"type": "tuning", "mtu": 1400}]});
+        let bytes = v.to_string().into_bytes();
+        let list = NetConfList::parse(&bytes).unwrap();
+        (bytes, list)
+    };
+
+    let first = tempfile::tempdir().unwrap();
+    let (bytes, list) = list_for(first.path());
+    let through_executor = s.host.run(|| rt.add(&bytes, &list, &conf)).unwrap();
+    s.host.run(|| rt.del(&list, &conf)).unwrap();
+
+    // By hand, as cnitool does: each plugin with the list's name and version injected and
+    // the previous result as prevResult.
+    let second = tempfile::tempdir().unwrap();
+    let (_, list) = list_for(second.path());
+    let run = |i: usize, cmd: &str, prev: Option<&Value>| {
+        let plugin = list.plugins[i]["type"].as_str().unwrap();
+        Call::new(
+            &s.host,
+            Path::new(REFERENCE_DIR).join(plugin),
+            cmd,
+            "exec1",
+            &c.path_str(),
+            REFERENCE_DIR,
+            &list.plugin_config(i, prev).to_string(),
+        )
+        .ok()
+    };
+    let bridge = run(0, "ADD", None);
+    let by_hand = run(1, "ADD", Some(&bridge));
+    assert_eq!(normalized(through_executor), normalized(by_hand.clone()));
+    run(1, "DEL", Some(&by_hand));
+    run(0, "DEL", Some(&by_hand));
+    assert!(s.host.veths().is_empty());
 }
