@@ -623,10 +623,19 @@ impl Runtime {
     }
 }
 
+/// The networks of a configuration directory.
+#[derive(Debug, Default)]
+pub struct ConfDir {
+    /// Per network name, the first file defining it: (file, its bytes, the list).
+    pub networks: Vec<(PathBuf, Vec<u8>, NetConfList)>,
+    /// Files ignored because an earlier file defines the same network: (ignored, winner).
+    pub shadowed: Vec<(PathBuf, PathBuf)>,
+}
+
 /// Loads every configuration in `dir` (`.conf`, `.conflist`, `.json`, lexical order;
-/// single configurations wrapped as lists; the first list with a name wins). A file that
-/// does not parse is reported with its path.
-pub fn load_dir(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>, NetConfList)>, Error> {
+/// single configurations wrapped as lists; the first list with a name wins, the others
+/// are reported as shadowed). A file that does not parse is reported with its path.
+pub fn load_dir(dir: &Path) -> Result<ConfDir, Error> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::new(ErrorCode::Io, format!("read {}: {e}", dir.display())))?
         .flatten()
@@ -639,7 +648,7 @@ pub fn load_dir(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>, NetConfList)>, Erro
         })
         .collect();
     files.sort();
-    let mut out: Vec<(PathBuf, Vec<u8>, NetConfList)> = Vec::new();
+    let mut out = ConfDir::default();
     for path in files {
         let bytes = std::fs::read(&path)
             .map_err(|e| Error::new(ErrorCode::Io, format!("read {}: {e}", path.display())))?;
@@ -654,8 +663,9 @@ pub fn load_dir(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>, NetConfList)>, Erro
             msg: format!("{}: {}", path.display(), e.msg),
             ..e
         })?;
-        if out.iter().all(|(_, _, l)| l.name != list.name) {
-            out.push((path, bytes, list));
+        match out.networks.iter().find(|(_, _, l)| l.name == list.name) {
+            Some((winner, _, _)) => out.shadowed.push((path, winner.clone())),
+            None => out.networks.push((path, bytes, list)),
         }
     }
     Ok(out)

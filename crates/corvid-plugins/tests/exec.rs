@@ -243,12 +243,18 @@ fn load_dir_reads_lists_and_single_configs_first_name_wins() {
         json!({"cniVersion": "1.0.0", "name": "a", "plugins": [{"type": "loopback"}]}),
     );
     write("40-ignored.txt", json!({}));
-    let lists = corvid_cni::exec::load_dir(dir.path()).unwrap();
-    let names: Vec<(&str, &str)> = lists
+    let loaded = corvid_cni::exec::load_dir(dir.path()).unwrap();
+    let names: Vec<(&str, &str)> = loaded
+        .networks
         .iter()
         .map(|(p, _, l)| (l.name.as_str(), p.file_name().unwrap().to_str().unwrap()))
         .collect();
     assert_eq!(names, [("a", "10-a.conflist"), ("b", "20-b.conf")]);
+    assert_eq!(loaded.shadowed.len(), 1, "the second \"a\" is reported");
+    assert!(
+        loaded.shadowed[0].0.ends_with("30-a.json")
+            && loaded.shadowed[0].1.ends_with("10-a.conflist")
+    );
     write(
         "50-bad.conflist",
         json!({"cniVersion": "1.0.0", "plugins": []}),

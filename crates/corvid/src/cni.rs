@@ -139,8 +139,21 @@ fn runtime(paths: &Paths) -> Runtime {
     rt
 }
 
+/// Loads the configuration directory, warning about files a same-named network shadows.
+fn load(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>, NetConfList)>, Error> {
+    let loaded = load_dir(dir)?;
+    for (ignored, winner) in &loaded.shadowed {
+        eprintln!(
+            "corvid: warning: {} is ignored: {} defines the same network first",
+            ignored.display(),
+            winner.display()
+        );
+    }
+    Ok(loaded.networks)
+}
+
 fn find_network(dir: &Path, name: &str) -> Result<(Vec<u8>, NetConfList), Error> {
-    let lists = load_dir(dir)?;
+    let lists = load(dir)?;
     let names: Vec<String> = lists.iter().map(|(_, _, l)| l.name.clone()).collect();
     lists
         .into_iter()
@@ -220,7 +233,7 @@ fn attach(paths: &Paths, a: &Attach, op: &str) -> Result<Option<Value>, Error> {
 
 fn list(paths: &Paths) -> Result<(), Error> {
     let rt = runtime(paths);
-    let lists = load_dir(&paths.conf_dir)?;
+    let lists = load(&paths.conf_dir)?;
     let mut out = Vec::new();
     for (path, _, l) in &lists {
         let attachments: Vec<Value> = rt

@@ -114,5 +114,14 @@ fn add_list_check_del_and_errors() {
     assert_eq!(err["code"], 7);
     let bad_args = cli(&["add", "cvtcli", netns, "--args", "novalue"]);
     assert!(String::from_utf8_lossy(&bad_args.stderr).contains("CNI_ARGS"));
+    // A second file defining the same network: the first wins, and the user is told.
+    std::fs::write(
+        conf.path().join("20-again.conflist"),
+        json!({"cniVersion": "1.0.0", "name": "cvtcli", "plugins": [{"type": "loopback"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let warned = cli(&["list"]);
+    assert!(String::from_utf8_lossy(&warned.stderr).contains("20-again.conflist is ignored"));
     assert!(cli(&["netns", "del", &ns_name]).status.success());
 }
