@@ -327,3 +327,38 @@ fn the_executor_gives_what_the_reference_plugins_give_by_hand() {
     run(0, "DEL", Some(&by_hand));
     assert!(s.host.veths().is_empty());
 }
+
+#[test]
+fn add_runs_in_order_and_del_in_reverse() {
+    let s = Setup::new();
+    let log = s.extra.path().join("calls.log");
+    // Each logs "<command> <name>" and passes its prevResult on (or a minimal result).
+    for name in ["cvt-first", "cvt-second"] {
+        s.script(
+            name,
+            &format!(
+                "echo \"$CNI_COMMAND {name}\" >> {log}\n\
+                 [ \"$CNI_COMMAND\" = ADD ] && echo '{{\"cniVersion\":\"1.0.0\",\"ips\":[{{\"address\":\"10.93.0.2/24\"}}]}}'\n\
+                 exit 0",
+                log = log.display()
+            ),
+        );
+    }
+    let v = json!({"cniVersion": "1.0.0", "name": "cvtorder", "plugins": [{"type": "cvt-first"}, {"type": "cvt-second"}]});
+    let bytes = v.to_string().into_bytes();
+    let list = NetConfList::parse(&bytes).unwrap();
+    let rt = s.runtime();
+    let conf = RuntimeConf {
+        container_id: "o1".into(),
+        ifname: "eth0".into(),
+        ..RuntimeConf::default()
+    };
+    let result = rt.add(&bytes, &list, &conf).unwrap();
+    assert_eq!(result["ips"][0]["address"], "10.93.0.2/24");
+    rt.del(&list, &conf).unwrap();
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls,
+        "ADD cvt-first\nADD cvt-second\nDEL cvt-second\nDEL cvt-first\n"
+    );
+}
