@@ -165,31 +165,9 @@ impl Runtime {
         }
     }
 
-    /// Finds a plugin; its name must not hold a path separator.
+    /// Finds a plugin on this runtime's plugin path.
     pub fn find(&self, plugin: &str) -> Result<PathBuf, Error> {
-        if plugin.is_empty() || plugin.contains('/') {
-            return Err(Error::new(
-                ErrorCode::InvalidNetworkConfig,
-                format!("invalid plugin type \"{plugin}\""),
-            ));
-        }
-        self.plugin_dirs
-            .iter()
-            .map(|d| d.join(plugin))
-            .find(|p| p.is_file())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::InvalidNetworkConfig,
-                    format!("failed to find plugin \"{plugin}\" in path"),
-                )
-                .with_details(
-                    self.plugin_dirs
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(":"),
-                )
-            })
+        find_plugin(plugin, &self.plugin_dirs)
     }
 
     /// Runs one plugin: the spec's environment, `stdin` as configuration; kills it past the
@@ -621,6 +599,31 @@ impl Runtime {
         }
         Ok(())
     }
+}
+
+/// Finds a plugin in `dirs` (CNI_PATH order); its name must not hold a path separator.
+pub fn find_plugin(plugin: &str, dirs: &[PathBuf]) -> Result<PathBuf, Error> {
+    if plugin.is_empty() || plugin.contains('/') {
+        return Err(Error::new(
+            ErrorCode::InvalidNetworkConfig,
+            format!("invalid plugin type \"{plugin}\""),
+        ));
+    }
+    dirs.iter()
+        .map(|d| d.join(plugin))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::InvalidNetworkConfig,
+                format!("failed to find plugin \"{plugin}\" in path"),
+            )
+            .with_details(
+                dirs.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            )
+        })
 }
 
 /// The networks of a configuration directory.

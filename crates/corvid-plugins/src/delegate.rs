@@ -18,24 +18,12 @@ fn command_name(c: Command) -> &'static str {
     }
 }
 
-/// Finds a plugin on CNI_PATH.
+/// Finds a plugin on CNI_PATH; not finding it is a delegation failure (105).
 pub fn find(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, Error> {
-    path.iter()
-        .map(|d| d.join(plugin))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorCode::Delegate,
-                format!("failed to find plugin \"{plugin}\" in CNI_PATH"),
-            )
-            .with_details(format!(
-                "searched {}",
-                path.iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(":")
-            ))
-        })
+    corvid_cni::exec::find_plugin(plugin, path).map_err(|e| Error {
+        code: ErrorCode::Delegate as u32,
+        ..e
+    })
 }
 
 /// True when `exe` is this very binary (same device and inode as /proc/self/exe).
