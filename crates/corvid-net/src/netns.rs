@@ -72,6 +72,19 @@ impl Netns {
         Ok(NetnsGuard { original })
     }
 
+    /// Makes `cmd` run inside this namespace: the child enters it before exec, the caller's
+    /// thread stays where it is. The command holds its own copy of the handle.
+    pub fn apply_to(&self, cmd: &mut std::process::Command) -> Result<()> {
+        use std::os::unix::process::CommandExt;
+        let file = self.file.try_clone().map_err(ns_err(&self.path))?;
+        // SAFETY: the closure runs between fork and exec and only calls setns, which is
+        // async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || setns(file.as_raw_fd()));
+        }
+        Ok(())
+    }
+
     /// Runs `f` on the calling thread inside this namespace; the thread is back in its own
     /// namespace when this returns or unwinds.
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T> {

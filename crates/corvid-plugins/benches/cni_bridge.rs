@@ -9,7 +9,6 @@
 
 use corvid_net::Netns;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,7 +42,6 @@ fn invoke(
     netns: &Path,
     conf: &str,
 ) -> (Duration, i64) {
-    let fd = host.fd();
     let mut command = Command::new(&imp.bridge);
     command
         .env_clear()
@@ -55,15 +53,7 @@ fn invoke(
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
-    // SAFETY: setns is async-signal-safe and fd outlives the spawn.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    host.apply_to(&mut command).unwrap();
     let start = Instant::now();
     // Reaped by wait4 below: std's wait cannot report the child's rusage.
     #[allow(clippy::zombie_processes)]

@@ -9,7 +9,6 @@ use corvid_cni::exec::{Runtime, RuntimeConf};
 use corvid_cni::NetConfList;
 use corvid_net::Netns;
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,19 +21,6 @@ impl Drop for Ns {
     }
 }
 
-fn in_ns(cmd: &mut Command, host: &Netns) {
-    let fd = host.fd();
-    // SAFETY: setns is async-signal-safe; `host` outlives the spawn.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 fn plugin(host: &Netns, exe: &Path, cni_path: &str, id: &str, netns: &Path, conf: &str) -> String {
     let mut cmd = Command::new(exe);
     cmd.env("CNI_COMMAND", "ADD")
@@ -44,7 +30,7 @@ fn plugin(host: &Netns, exe: &Path, cni_path: &str, id: &str, netns: &Path, conf
         .env("CNI_PATH", cni_path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
-    in_ns(&mut cmd, host);
+    host.apply_to(&mut cmd).unwrap();
     let mut child = cmd.spawn().unwrap();
     child
         .stdin
@@ -123,7 +109,7 @@ fn main() {
             .args(["--cni-path", &cni_path, "--cache-dir"])
             .arg(&cache)
             .stdout(Stdio::null());
-        in_ns(&mut cmd, &host);
+        host.apply_to(&mut cmd).unwrap();
         assert!(cmd.status().unwrap().success());
         cli.push(start.elapsed());
 

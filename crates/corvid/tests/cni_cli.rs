@@ -1,7 +1,6 @@
 //! `corvid cni` end to end, run inside a private host namespace (as root).
 
 use serde_json::{json, Value};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
 struct Ns(std::path::PathBuf);
@@ -16,15 +15,7 @@ fn corvid_in(host: &Ns, args: &[&str]) -> Output {
     let ns = corvid_net::Netns::open(&host.0).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_corvid"));
     cmd.args(args);
-    // SAFETY: setns is async-signal-safe; `ns` outlives the spawn.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(ns.fd(), libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    ns.apply_to(&mut cmd).unwrap();
     cmd.output().unwrap()
 }
 

@@ -4,7 +4,6 @@
 
 use corvid_net::{Netlink, Netns};
 use serde_json::Value;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -67,18 +66,8 @@ impl TestNs {
 
     /// Runs a command with this namespace as its network namespace.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let ns = self.open();
         let mut cmd = Command::new(program);
-        // SAFETY: setns is async-signal-safe; the fd stays open in the parent's `ns`,
-        // which the closure owns until the child has been spawned.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(ns.fd(), libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        self.open().apply_to(&mut cmd).unwrap();
         cmd
     }
 
