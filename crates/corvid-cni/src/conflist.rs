@@ -127,6 +127,11 @@ impl NetConfList {
         })
     }
 
+    /// The `type` of plugin `index` (checked non-empty by `parse`).
+    pub fn plugin_type(&self, index: usize) -> &str {
+        self.plugins[index]["type"].as_str().unwrap_or_default()
+    }
+
     /// The configuration plugin `index` receives: the list's `name` and `cniVersion`
     /// injected, and `prevResult` when given.
     pub fn plugin_config(&self, index: usize, prev_result: Option<&Value>) -> Value {

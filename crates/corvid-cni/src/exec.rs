@@ -357,8 +357,8 @@ impl Runtime {
         rt: &RuntimeConf,
     ) -> Result<Value, Error> {
         let mut prev: Option<Value> = None;
-        for (i, plugin) in list.plugins.iter().enumerate() {
-            let name = plugin["type"].as_str().unwrap_or_default();
+        for i in 0..list.plugins.len() {
+            let name = list.plugin_type(i);
             let conf = self.plugin_config(list, i, rt, prev.as_ref());
             let out = self
                 .run_plugin(name, Op::Add, rt, conf.to_string().as_bytes())
@@ -411,7 +411,7 @@ impl Runtime {
         let prev = prev.filter(|_| list.version >= Version::V0_4_0);
         let mut first_failure = None;
         for i in (0..list.plugins.len()).rev() {
-            let name = list.plugins[i]["type"].as_str().unwrap_or_default();
+            let name = list.plugin_type(i);
             let conf = self.plugin_config(list, i, rt, prev);
             if let Err(e) = self.run_plugin(name, Op::Del, rt, conf.to_string().as_bytes()) {
                 if !best_effort {
@@ -464,7 +464,7 @@ impl Runtime {
                 )
             })?;
         for i in 0..list.plugins.len() {
-            let name = list.plugins[i]["type"].as_str().unwrap_or_default();
+            let name = list.plugin_type(i);
             let conf = self.plugin_config(list, i, rt, Some(&cached));
             self.run_plugin(name, Op::Check, rt, conf.to_string().as_bytes())?;
         }
@@ -496,7 +496,7 @@ impl Runtime {
         }
         let valid = serde_json::to_value(valid).unwrap_or_default();
         for i in 0..list.plugins.len() {
-            let name = list.plugins[i]["type"].as_str().unwrap_or_default();
+            let name = list.plugin_type(i);
             let mut conf = list.plugin_config(i, None);
             conf["cni.dev/valid-attachments"] = valid.clone();
             self.run_plugin(
@@ -521,7 +521,7 @@ impl Runtime {
             ));
         }
         for i in 0..list.plugins.len() {
-            let name = list.plugins[i]["type"].as_str().unwrap_or_default();
+            let name = list.plugin_type(i);
             let conf = list.plugin_config(i, None);
             self.run_plugin(
                 name,
@@ -582,8 +582,8 @@ impl Runtime {
     /// Asks every plugin of the list for VERSION and refuses a list whose version one of
     /// them does not support, naming both.
     pub fn validate(&self, list: &NetConfList) -> Result<(), Error> {
-        for plugin in &list.plugins {
-            let name = plugin["type"].as_str().unwrap_or_default();
+        for i in 0..list.plugins.len() {
+            let name = list.plugin_type(i);
             let supported = self.plugin_versions(name, list.version)?;
             if !supported.iter().any(|v| v == list.version.as_str()) {
                 return Err(Error::new(
