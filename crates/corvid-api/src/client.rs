@@ -1,0 +1,242 @@
+//! A blocking client of the controller's REST API. Blocking on purpose: its users are
+//! short-lived plugin processes and driver threads, where a runtime would cost more than it
+//! saves; async callers wrap it in `spawn_blocking`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::model::{Resource, WatchPage};
+
+/// Header carrying the store revision a list was read at, for resuming the watch feed.
+pub const REVISION_HEADER: &str = "X-Corvid-Revision";
+/// Header carrying the authentication token.
+pub const TOKEN_HEADER: &str = "X-Auth-Token";
+
+/// Why a call to the controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The controller answered with a Neutron error.
+    #[error("{kind} ({status}): {message}")]
+    Neutron {
+        /// HTTP status.
+        status: u16,
+        /// Neutron error type (`PortNotFound`, `IpAddressAlreadyAllocated`, ...).
+        kind: String,
+        /// Human-readable message.
+        message: String,
+    },
+    /// The controller could not be reached.
+    #[error("controller unreachable: {0}")]
+    Transport(String),
+    /// The answer was not what the API promises.
+    #[error("unexpected answer from the controller: {0}")]
+    Decode(String),
+}
+
+impl ApiError {
+    /// The HTTP status, when the controller answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ApiError::Neutron { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A connection-pooling client for one controller.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client for the controller at `base` (`http://127.0.0.1:9696`).
+    pub fn new(base: &str) -> Client {
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            token: None,
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(Duration::from_secs(5))
+                .max_idle_connections_per_host(64)
+                .build(),
+        }
+    }
+
+    /// Sends `X-Auth-Token: token` with every request.
+    pub fn with_token(mut self, token: &str) -> Client {
+        self.token = Some(token.to_string());
+        self
+    }
+
+    /// The controller's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends one request; returns the status, the JSON body (`null` when empty) and the
+    /// revision header. Error statuses are returned, not turned into `Err`.
+    pub fn request(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value, Option<i64>), ApiError> {
+        let mut req = self
+            .agent
+            .request(method, &format!("{}{}", self.base, path_and_query));
+        if let Some(t) = &self.token {
+            req = req.set(TOKEN_HEADER, t);
+        }
+        let res = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        let resp = match res {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => return Err(ApiError::Transport(e.to_string())),
+        };
+        let status = resp.status();
+        let revision = resp.header(REVISION_HEADER).and_then(|v| v.parse().ok());
+        let text = resp
+            .into_string()
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        let value = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Ok((status, value, revision))
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ApiError> {
+        let (status, value, _) = self.request(method, path, body)?;
+        check(status, value)
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+        serde_json::from_value(v).map_err(|e| ApiError::Decode(e.to_string()))
+    }
+
+    fn collection<R: Resource>() -> String {
+        format!("{}/{}", R::PREFIX, R::PLURAL)
+    }
+
+    /// Creates one resource from its attributes (the inner object of `{"port": {...}}`).
+    pub fn create<R: Resource>(&self, attrs: Value) -> Result<R, ApiError> {
+        let v = self.call(
+            "POST",
+            &Self::collection::<R>(),
+            Some(&json!({ R::SINGULAR: attrs })),
+        )?;
+        Self::decode(v[R::SINGULAR].clone())
+    }
+
+    /// Creates several resources in one all-or-nothing request.
+    pub fn create_bulk<R: Resource>(&self, attrs: Vec<Value>) -> Result<Vec<R>, ApiError> {
+        let v = self.call(
+            "POST",
+            &Self::collection::<R>(),
+            Some(&json!({ R::PLURAL: attrs })),
+        )?;
+        Self::decode(v[R::PLURAL].clone())
+    }
+
+    /// Shows one resource.
+    pub fn get<R: Resource>(&self, id: &str) -> Result<R, ApiError> {
+        let v = self.call("GET", &format!("{}/{id}", Self::collection::<R>()), None)?;
+        Self::decode(v[R::SINGULAR].clone())
+    }
+
+    /// Lists resources matching `filters` (`[("device_id", "abc")]`), with the store
+    /// revision the list was read at (resume the watch feed from there).
+    pub fn list<R: Resource>(&self, filters: &[(&str, &str)]) -> Result<(Vec<R>, i64), ApiError> {
+        let query: Vec<String> = filters
+            .iter()
+            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+            .collect();
+        let path = format!("{}?{}", Self::collection::<R>(), query.join("&"));
+        let (status, value, revision) = self.request("GET", &path, None)?;
+        let value = check(status, value)?;
+        Ok((
+            Self::decode(value[R::PLURAL].clone())?,
+            revision.unwrap_or(0),
+        ))
+    }
+
+    /// Updates the given attributes of one resource.
+    pub fn update<R: Resource>(&self, id: &str, attrs: Value) -> Result<R, ApiError> {
+        let v = self.call(
+            "PUT",
+            &format!("{}/{id}", Self::collection::<R>()),
+            Some(&json!({ R::SINGULAR: attrs })),
+        )?;
+        Self::decode(v[R::SINGULAR].clone())
+    }
+
+    /// Deletes one resource.
+    pub fn delete<R: Resource>(&self, id: &str) -> Result<(), ApiError> {
+        self.call("DELETE", &format!("{}/{id}", Self::collection::<R>()), None)
+            .map(drop)
+    }
+
+    /// Adds one tag to a resource.
+    pub fn add_tag<R: Resource>(&self, id: &str, tag: &str) -> Result<(), ApiError> {
+        let path = format!("{}/{id}/tags/{}", Self::collection::<R>(), encode(tag));
+        self.call("PUT", &path, None).map(drop)
+    }
+
+    /// Reports a port's status (`ACTIVE` once plugged, `DOWN` once unplugged).
+    pub fn set_port_status(&self, id: &str, status: &str) -> Result<(), ApiError> {
+        self.update::<crate::Port>(id, json!({ "status": status }))
+            .map(drop)
+    }
+
+    /// Waits up to `timeout` for changes after revision `since`, optionally only those
+    /// concerning ports bound to `host_id`. A 410 means the revision is too old: list again.
+    pub fn watch(
+        &self,
+        since: i64,
+        host_id: Option<&str>,
+        timeout: Duration,
+    ) -> Result<WatchPage, ApiError> {
+        let mut path = format!("/v2.0/watch?since={since}&timeout={}", timeout.as_secs());
+        if let Some(h) = host_id {
+            path.push_str(&format!("&binding:host_id={}", encode(h)));
+        }
+        Self::decode(self.call("GET", &path, None)?)
+    }
+}
+
+/// Turns an error status into `ApiError::Neutron`.
+fn check(status: u16, value: Value) -> Result<Value, ApiError> {
+    if status < 400 {
+        return Ok(value);
+    }
+    let e = &value["NeutronError"];
+    Err(ApiError::Neutron {
+        status,
+        kind: e["type"].as_str().unwrap_or("HTTPError").to_string(),
+        message: e["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| value.to_string()),
+    })
+}
+
+/// Percent-encodes a query component.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b':' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}

@@ -1,0 +1,386 @@
+//! Resources as the controller stores and serves them, field for field in Neutron's v2.0
+//! shape (see `shared/reference/neutron-api-samples.md`), plus the watch feed.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What every resource kind has in common: where it lives in the API and how it is named.
+pub trait Resource:
+    Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static
+{
+    /// The JSON key of one object (`"port"`).
+    const SINGULAR: &'static str;
+    /// The JSON key of a list and the path segment (`"ports"`).
+    const PLURAL: &'static str;
+    /// The path prefix the collection lives under (`"/v2.0"`).
+    const PREFIX: &'static str = "/v2.0";
+    /// The resource's UUID.
+    fn id(&self) -> &str;
+}
+
+/// A layer-2 network: the thing ports attach to and subnets are carved on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Network {
+    /// UUID.
+    pub id: String,
+    /// Free-form name.
+    pub name: String,
+    /// Owning project (Neutron's older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// Administrative state.
+    pub admin_state_up: bool,
+    /// MTU of the network's datapath.
+    pub mtu: u32,
+    /// Always ACTIVE: corvid networks have no provisioning step.
+    pub status: String,
+    /// IDs of the subnets on this network, in creation order.
+    pub subnets: Vec<String>,
+    /// Visible to other projects.
+    pub shared: bool,
+    /// Whether floating IPs can be allocated from this network.
+    #[serde(rename = "router:external")]
+    pub router_external: bool,
+    /// Default port security for new ports.
+    pub port_security_enabled: bool,
+    /// Free-form description.
+    pub description: String,
+    /// Tags (Kuryr keeps Docker IDs here).
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change; `If-Match: revision_number=N` guards updates.
+    pub revision_number: u64,
+}
+
+impl Resource for Network {
+    const SINGULAR: &'static str = "network";
+    const PLURAL: &'static str = "networks";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// An inclusive range of addresses a subnet hands out.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AllocationPool {
+    /// First address.
+    pub start: IpAddr,
+    /// Last address.
+    pub end: IpAddr,
+}
+
+/// A route pushed to ports of a subnet.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostRoute {
+    /// Destination CIDR.
+    pub destination: IpNet,
+    /// Next hop.
+    pub nexthop: IpAddr,
+}
+
+/// An IP range on a network from which ports get addresses.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Subnet {
+    /// UUID.
+    pub id: String,
+    /// Free-form name.
+    pub name: String,
+    /// Owning project (older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// The network this subnet is on.
+    pub network_id: String,
+    /// 4 or 6.
+    pub ip_version: u8,
+    /// The subnetpool it was carved from, if any.
+    pub subnetpool_id: Option<String>,
+    /// Kept for Neutron clients; corvid runs no DHCP server.
+    pub enable_dhcp: bool,
+    /// IPv6 router advertisement mode (kept, not acted on).
+    pub ipv6_ra_mode: Option<String>,
+    /// IPv6 address mode (kept, not acted on).
+    pub ipv6_address_mode: Option<String>,
+    /// Gateway address, or none.
+    pub gateway_ip: Option<IpAddr>,
+    /// The subnet's prefix.
+    pub cidr: IpNet,
+    /// Ranges addresses are allocated from.
+    pub allocation_pools: Vec<AllocationPool>,
+    /// Extra routes for ports.
+    pub host_routes: Vec<HostRoute>,
+    /// DNS servers for ports.
+    pub dns_nameservers: Vec<String>,
+    /// Free-form description.
+    pub description: String,
+    /// Kept for Neutron clients.
+    pub service_types: Vec<String>,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change.
+    pub revision_number: u64,
+}
+
+impl Resource for Subnet {
+    const SINGULAR: &'static str = "subnet";
+    const PLURAL: &'static str = "subnets";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// A set of prefixes that subnets can be carved from by prefix length.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SubnetPool {
+    /// UUID.
+    pub id: String,
+    /// Free-form name.
+    pub name: String,
+    /// Owning project (older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// Prefixes subnets are carved from.
+    pub prefixes: Vec<IpNet>,
+    /// Prefix length of a subnet requested without one (Neutron sends it as a string).
+    #[serde(with = "number_as_string")]
+    pub default_prefixlen: u8,
+    /// Shortest prefix a subnet may have.
+    #[serde(with = "number_as_string")]
+    pub min_prefixlen: u8,
+    /// Longest prefix a subnet may have.
+    #[serde(with = "number_as_string")]
+    pub max_prefixlen: u8,
+    /// 4 or 6, from the prefixes.
+    pub ip_version: u8,
+    /// The project's default pool.
+    pub is_default: bool,
+    /// Visible to other projects.
+    pub shared: bool,
+    /// Free-form description.
+    pub description: String,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change.
+    pub revision_number: u64,
+}
+
+impl Resource for SubnetPool {
+    const SINGULAR: &'static str = "subnetpool";
+    const PLURAL: &'static str = "subnetpools";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// One address of a port.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FixedIp {
+    /// The subnet the address is from.
+    pub subnet_id: String,
+    /// The address.
+    pub ip_address: IpAddr,
+}
+
+/// A network attachment: MAC, addresses, and where it is bound.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Port {
+    /// UUID.
+    pub id: String,
+    /// Free-form name.
+    pub name: String,
+    /// The network the port is on.
+    pub network_id: String,
+    /// Owning project (older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// Generated (fa:16:3e:..) or given MAC address, unique in the controller.
+    pub mac_address: String,
+    /// Administrative state.
+    pub admin_state_up: bool,
+    /// DOWN when created; the agent that plugs it reports ACTIVE.
+    pub status: String,
+    /// What uses the port (container or pod ID).
+    pub device_id: String,
+    /// Who uses the port (`kuryr:container`, `compute:kuryr`, ...).
+    pub device_owner: String,
+    /// The port's addresses.
+    pub fixed_ips: Vec<FixedIp>,
+    /// Host whose agent plugs the port.
+    #[serde(rename = "binding:host_id")]
+    pub binding_host_id: String,
+    /// Free-form binding details.
+    #[serde(rename = "binding:profile")]
+    pub binding_profile: Value,
+    /// normal, macvtap, direct, baremetal, smart-nic.
+    #[serde(rename = "binding:vnic_type")]
+    pub binding_vnic_type: String,
+    /// How the port is plugged: `unbound` until a host is set, then `veth`.
+    #[serde(rename = "binding:vif_type")]
+    pub binding_vif_type: String,
+    /// Details of the plug.
+    #[serde(rename = "binding:vif_details")]
+    pub binding_vif_details: Value,
+    /// Anti-spoofing on or off.
+    pub port_security_enabled: bool,
+    /// Security groups (kept for Neutron clients).
+    pub security_groups: Vec<String>,
+    /// Extra address pairs the port may use.
+    pub allowed_address_pairs: Vec<Value>,
+    /// Kept for Neutron clients.
+    pub extra_dhcp_opts: Vec<Value>,
+    /// Always `immediate`.
+    pub ip_allocation: String,
+    /// Free-form description.
+    pub description: String,
+    /// Interface name inside the namespace (Mizar-MP agreement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub veth_name: Option<String>,
+    /// Network namespace path to plug into (Mizar-MP agreement; `veth_namespace` on input too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_ns: Option<String>,
+    /// Mizar-MP's fast-path flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_path: Option<bool>,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change.
+    pub revision_number: u64,
+}
+
+impl Resource for Port {
+    const SINGULAR: &'static str = "port";
+    const PLURAL: &'static str = "ports";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// The port summary a floating IP shows.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PortDetails {
+    /// Port name.
+    pub name: String,
+    /// Port network.
+    pub network_id: String,
+    /// Port MAC.
+    pub mac_address: String,
+    /// Port administrative state.
+    pub admin_state_up: bool,
+    /// Port status.
+    pub status: String,
+    /// Port device.
+    pub device_id: String,
+    /// Port owner.
+    pub device_owner: String,
+}
+
+/// An address on an external network mapped to a port's fixed address.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FloatingIp {
+    /// UUID.
+    pub id: String,
+    /// Owning project (older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// The public address.
+    pub floating_ip_address: IpAddr,
+    /// The external network it is allocated on.
+    pub floating_network_id: String,
+    /// Kept for Neutron clients; corvid has no routers.
+    pub router_id: Option<String>,
+    /// The port it maps to, if associated.
+    pub port_id: Option<String>,
+    /// The port address it maps to, if associated.
+    pub fixed_ip_address: Option<IpAddr>,
+    /// DOWN until an agent programs it.
+    pub status: String,
+    /// Free-form description.
+    pub description: String,
+    /// Summary of the associated port.
+    pub port_details: Option<PortDetails>,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change.
+    pub revision_number: u64,
+}
+
+impl Resource for FloatingIp {
+    const SINGULAR: &'static str = "floatingip";
+    const PLURAL: &'static str = "floatingips";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// One change in the watch feed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WatchEvent {
+    /// Store revision of the change; the feed is ordered by it.
+    pub revision: i64,
+    /// `put` (created or updated) or `delete`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Collection name (`ports`, `networks`, `loadbalancers`, ...).
+    pub resource: String,
+    /// The resource's ID.
+    pub id: String,
+    /// The object after a put, the last state before a delete.
+    pub object: Value,
+}
+
+/// A page of the watch feed: events after the asked revision, and where to resume.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WatchPage {
+    /// Ask again with `since=<revision>` to get the next changes.
+    pub revision: i64,
+    /// The changes, oldest first.
+    pub events: Vec<WatchEvent>,
+}
+
+/// Neutron sends some integers as JSON strings ("24"); accept either, send strings.
+mod number_as_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(n: &u8, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&n.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            N(u8),
+            S(String),
+        }
+        match Either::deserialize(d)? {
+            Either::N(n) => Ok(n),
+            Either::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}

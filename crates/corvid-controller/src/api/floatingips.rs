@@ -1,0 +1,272 @@
+//! Floating IPs: an address on an external network, optionally mapped to a port's address.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use corvid_api::{FloatingIp, Network, Port, PortDetails};
+use serde_json::{json, Map, Value};
+
+use super::{
+    answer, attr, body, busy, encode, if_match, list, lookup, object, project_of, show,
+    update_with, Ctl, Query, RETRIES,
+};
+use crate::controller::Controller;
+use crate::error::NeutronError;
+use crate::ipam;
+use crate::keys;
+use crate::store::{Compare, Op, Txn};
+use crate::util::{new_id, now};
+use crate::view::View;
+
+const FIP_ATTRS: &[&str] = &[
+    "floating_network_id",
+    "port_id",
+    "fixed_ip_address",
+    "floating_ip_address",
+    "subnet_id",
+    "description",
+    "tags",
+    "project_id",
+    "tenant_id",
+];
+const FIP_UPDATE: &[&str] = &["port_id", "fixed_ip_address", "description"];
+
+pub fn routes() -> Router<Arc<Controller>> {
+    Router::new()
+        .route(
+            "/v2.0/floatingips",
+            get(
+                |State(c): Ctl, Query(q)| async move { list::<FloatingIp>(&c, q.as_deref(), None) },
+            )
+            .post(create),
+        )
+        .route(
+            "/v2.0/floatingips/{id}",
+            get(
+                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
+                    show::<FloatingIp>(&c, &id, q.as_deref())
+                },
+            )
+            .put(update)
+            .delete(delete),
+        )
+}
+
+/// Maps a floating IP to `port_id` (and one of its addresses), or unmaps it with `None`.
+fn associate(
+    v: &View,
+    f: &mut FloatingIp,
+    port_id: Option<String>,
+    fixed: Option<IpAddr>,
+) -> Result<(), NeutronError> {
+    let Some(pid) = port_id else {
+        f.port_id = None;
+        f.fixed_ip_address = None;
+        f.port_details = None;
+        f.router_id = None;
+        return Ok(());
+    };
+    let port: Arc<Port> = lookup::<Port>(v, &pid)?.obj;
+    let addr = match fixed {
+        Some(a) if port.fixed_ips.iter().any(|x| x.ip_address == a) => a,
+        Some(a) => {
+            return Err(NeutronError::bad_request(format!(
+                "Bad floatingip request: Port {pid} does not have fixed ip {a}."
+            )))
+        }
+        None => port
+            .fixed_ips
+            .iter()
+            .map(|x| x.ip_address)
+            .find(IpAddr::is_ipv4)
+            .ok_or_else(|| {
+                NeutronError::bad_request(format!(
+                    "Bad floatingip request: Port {pid} has no IPv4 address."
+                ))
+            })?,
+    };
+    if let Some(other) = v.floatingips.values().find(|o| {
+        o.obj.id != f.id
+            && o.obj.port_id.as_deref() == Some(pid.as_str())
+            && o.obj.fixed_ip_address == Some(addr)
+    }) {
+        return Err(NeutronError::conflict(
+            "FloatingIPPortAlreadyAssociated",
+            format!("Cannot associate floating IP {} with port {pid} using fixed IP {addr}: floating IP {} already has it.", f.floating_ip_address, other.obj.id),
+        ));
+    }
+    f.port_id = Some(pid);
+    f.fixed_ip_address = Some(addr);
+    f.port_details = Some(PortDetails {
+        name: port.name.clone(),
+        network_id: port.network_id.clone(),
+        mac_address: port.mac_address.clone(),
+        admin_state_up: port.admin_state_up,
+        status: port.status.clone(),
+        device_id: port.device_id.clone(),
+        device_owner: port.device_owner.clone(),
+    });
+    Ok(())
+}
+
+async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response, NeutronError> {
+    let obj: Map<String, Value> = object(&body(&b)?, "floatingip", FIP_ATTRS)?;
+    let net_id: String = attr(&obj, "floating_network_id")?
+        .ok_or_else(|| NeutronError::bad_request("Missing floating_network_id"))?;
+    let want: Option<IpAddr> = attr(&obj, "floating_ip_address")?;
+    let id = new_id();
+    for _ in 0..RETRIES {
+        let mut pending = c.pending();
+        let (fip, txn, seen) = {
+            let v = c.view();
+            let net = lookup::<Network>(&v, &net_id)?;
+            if !net.obj.router_external {
+                return Err(NeutronError::bad_request(format!(
+                    "Bad floatingip request: Network {net_id} is not a valid external network."
+                )));
+            }
+            let mut found = None;
+            for s in net.obj.subnets.iter().filter_map(|s| v.subnets.get(s)) {
+                let taken = v.ips.get(&s.obj.id);
+                let free = |ip: IpAddr| !taken.is_some_and(|t| t.contains(&ip));
+                let ip = match want {
+                    Some(ip) if s.obj.cidr.contains(&ip) => {
+                        if !free(ip) || !pending.reserve(keys::ip(&s.obj.id, ip)) {
+                            return Err(NeutronError::conflict(
+                                "IpAddressAlreadyAllocated",
+                                format!("IP address {ip} already allocated in subnet {}", s.obj.id),
+                            ));
+                        }
+                        Some(ip)
+                    }
+                    Some(_) => None,
+                    None if s.obj.ip_version == 4 => ipam::pick(&s.obj.allocation_pools, |ip| {
+                        free(ip) && pending.reserve(keys::ip(&s.obj.id, ip))
+                    }),
+                    None => None,
+                };
+                if let Some(ip) = ip {
+                    found = Some((s.obj.id.clone(), ip));
+                    break;
+                }
+            }
+            let (subnet_id, ip) = found.ok_or_else(|| {
+                NeutronError::conflict(
+                    "IpAddressGenerationFailure",
+                    format!("No more IP addresses available on network {net_id}."),
+                )
+            })?;
+            let project = project_of(&obj, &headers);
+            let t = now();
+            let mut fip = FloatingIp {
+                id: id.clone(),
+                tenant_id: project.clone(),
+                project_id: project,
+                floating_ip_address: ip,
+                floating_network_id: net_id.clone(),
+                router_id: None,
+                port_id: None,
+                fixed_ip_address: None,
+                status: "DOWN".into(),
+                description: attr(&obj, "description")?.unwrap_or_default(),
+                port_details: None,
+                tags: attr(&obj, "tags")?.unwrap_or_default(),
+                created_at: t.clone(),
+                updated_at: t,
+                revision_number: 0,
+            };
+            associate(
+                &v,
+                &mut fip,
+                attr(&obj, "port_id")?,
+                attr(&obj, "fixed_ip_address")?,
+            )?;
+            let ip_key = keys::ip(&subnet_id, ip);
+            let txn = Txn {
+                compares: vec![
+                    Compare::CreateRevision(
+                        keys::resource("networks", &net_id),
+                        net.create_revision,
+                    ),
+                    Compare::CreateRevision(ip_key.clone(), 0),
+                ],
+                ops: vec![
+                    Op::Put(ip_key, id.clone().into_bytes()),
+                    Op::Put(keys::network_user(&net_id, &id), Vec::new()),
+                    Op::Put(keys::resource("floatingips", &id), encode(&fip)),
+                ],
+            };
+            (fip, txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            return Ok(answer(StatusCode::CREATED, json!({ "floatingip": fip })));
+        }
+        drop(pending);
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}
+
+async fn update(
+    State(c): Ctl,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    b: Bytes,
+) -> Result<Response, NeutronError> {
+    let attrs = object(&body(&b)?, "floatingip", FIP_UPDATE)?;
+    let port_id: Option<String> = attr::<Option<String>>(&attrs, "port_id")?.flatten();
+    let fixed: Option<IpAddr> = attr::<Option<IpAddr>>(&attrs, "fixed_ip_address")?.flatten();
+    let description: Option<String> = attr(&attrs, "description")?;
+    let fip = update_with::<FloatingIp>(&c, &id, if_match(&headers), |v, f, _| {
+        if attrs.contains_key("port_id") {
+            associate(v, f, port_id.clone(), fixed)?;
+        }
+        if let Some(d) = &description {
+            f.description = d.clone();
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(answer(StatusCode::OK, json!({ "floatingip": fip })))
+}
+
+async fn delete(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
+    for _ in 0..RETRIES {
+        let (txn, seen) = {
+            let v = c.view();
+            let e = lookup::<FloatingIp>(&v, &id)?;
+            let f = &e.obj;
+            let subnet = v
+                .subnets
+                .values()
+                .find(|s| {
+                    s.obj.network_id == f.floating_network_id
+                        && s.obj.cidr.contains(&f.floating_ip_address)
+                })
+                .map(|s| s.obj.id.clone())
+                .unwrap_or_default();
+            let key = keys::resource("floatingips", &id);
+            let txn = Txn {
+                compares: vec![Compare::ModRevision(key.clone(), e.mod_revision)],
+                ops: vec![
+                    Op::Delete(key),
+                    Op::Delete(keys::ip(&subnet, f.floating_ip_address)),
+                    Op::Delete(keys::network_user(&f.floating_network_id, &id)),
+                ],
+            };
+            (txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}

@@ -1,0 +1,467 @@
+//! Load balancers in Octavia v2's shape (`/v2/lbaas/...`): the model and API; the agent
+//! programs the datapath. Objects are kept as JSON; parent/child lists (`listeners`,
+//! `pools`, `members`) are derived from the children when read, so no write ever has to
+//! update two objects to stay consistent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use serde_json::{json, Map, Value};
+
+use super::ports::{plan_port, port_removal};
+use super::{answer, attr, body, busy, encode, object, project_of, Ctl, Query, RETRIES};
+use crate::controller::Controller;
+use crate::error::NeutronError;
+use crate::keys;
+use crate::query::ListQuery;
+use crate::store::{Compare, Op, Txn};
+use crate::util::{new_id, now};
+use crate::view::View;
+
+/// One Octavia collection.
+struct Spec {
+    plural: &'static str,
+    singular: &'static str,
+    title: &'static str,
+    /// Attributes a client may send, with the default of each (`null`: required).
+    attrs: &'static [(&'static str, Option<&'static str>)],
+    /// Attributes that may change after creation.
+    update: &'static [&'static str],
+}
+
+const COMMON: [(&str, Option<&str>); 5] = [
+    ("name", Some("\"\"")),
+    ("description", Some("\"\"")),
+    ("admin_state_up", Some("true")),
+    ("tags", Some("[]")),
+    ("project_id", Some("null")),
+];
+
+const LOADBALANCER: Spec = Spec {
+    plural: "loadbalancers",
+    singular: "loadbalancer",
+    title: "LoadBalancer",
+    attrs: &[
+        ("vip_subnet_id", Some("null")),
+        ("vip_network_id", Some("null")),
+        ("vip_port_id", Some("null")),
+        ("vip_address", Some("null")),
+        ("provider", Some("\"corvid\"")),
+        ("flavor_id", Some("null")),
+        ("availability_zone", Some("null")),
+    ],
+    update: &["name", "description", "admin_state_up", "tags"],
+};
+const LISTENER: Spec = Spec {
+    plural: "listeners",
+    singular: "listener",
+    title: "Listener",
+    attrs: &[
+        ("loadbalancer_id", None),
+        ("protocol", None),
+        ("protocol_port", None),
+        ("default_pool_id", Some("null")),
+        ("connection_limit", Some("-1")),
+    ],
+    update: &[
+        "name",
+        "description",
+        "admin_state_up",
+        "tags",
+        "default_pool_id",
+        "connection_limit",
+    ],
+};
+const POOL: Spec = Spec {
+    plural: "pools",
+    singular: "pool",
+    title: "Pool",
+    attrs: &[
+        ("loadbalancer_id", Some("null")),
+        ("listener_id", Some("null")),
+        ("protocol", None),
+        ("lb_algorithm", None),
+        ("session_persistence", Some("null")),
+    ],
+    update: &[
+        "name",
+        "description",
+        "admin_state_up",
+        "tags",
+        "lb_algorithm",
+        "session_persistence",
+    ],
+};
+const MEMBER: Spec = Spec {
+    plural: "members",
+    singular: "member",
+    title: "Member",
+    attrs: &[
+        ("address", None),
+        ("protocol_port", None),
+        ("subnet_id", Some("null")),
+        ("weight", Some("1")),
+        ("backup", Some("false")),
+        ("pool_id", Some("null")),
+    ],
+    update: &["name", "admin_state_up", "tags", "weight", "backup"],
+};
+
+pub fn routes() -> Router<Arc<Controller>> {
+    let mut r = Router::new();
+    for spec in [&LOADBALANCER, &LISTENER, &POOL] {
+        r = r
+            .route(
+                &format!("/v2/lbaas/{}", spec.plural),
+                get(move |State(c): Ctl, Query(q)| async move { list(&c, spec, q.as_deref(), None) })
+                    .post(move |State(c): Ctl, h: HeaderMap, b: Bytes| async move {
+                        create(&c, spec, &h, &b, None).await
+                    }),
+            )
+            .route(
+                &format!("/v2/lbaas/{}/{{id}}", spec.plural),
+                get(move |State(c): Ctl, Path(id): Path<String>| async move { show(&c, spec, &id) })
+                    .put(move |State(c): Ctl, Path(id): Path<String>, b: Bytes| async move {
+                        update(&c, spec, &id, &b).await
+                    })
+                    .delete(move |State(c): Ctl, Path(id): Path<String>| async move {
+                        delete(&c, spec, &id).await
+                    }),
+            );
+    }
+    r.route(
+        "/v2/lbaas/pools/{pool}/members",
+        get(|State(c): Ctl, Path(pool): Path<String>, Query(q)| async move {
+            list(&c, &MEMBER, q.as_deref(), Some(&pool))
+        })
+        .post(|State(c): Ctl, Path(pool): Path<String>, h: HeaderMap, b: Bytes| async move {
+            create(&c, &MEMBER, &h, &b, Some(&pool)).await
+        }),
+    )
+    .route(
+        "/v2/lbaas/pools/{pool}/members/{id}",
+        get(|State(c): Ctl, Path((_, id)): Path<(String, String)>| async move { show(&c, &MEMBER, &id) })
+            .put(|State(c): Ctl, Path((_, id)): Path<(String, String)>, b: Bytes| async move {
+                update(&c, &MEMBER, &id, &b).await
+            })
+            .delete(|State(c): Ctl, Path((_, id)): Path<(String, String)>| async move {
+                delete(&c, &MEMBER, &id).await
+            }),
+    )
+}
+
+fn table<'a>(v: &'a View, spec: &Spec) -> impl Iterator<Item = &'a Value> {
+    v.lbaas
+        .get(spec.plural)
+        .into_iter()
+        .flat_map(|t| t.values().map(|e| &*e.obj))
+}
+
+fn get_obj(v: &View, spec: &Spec, id: &str) -> Result<(Value, i64), NeutronError> {
+    v.lbaas
+        .get(spec.plural)
+        .and_then(|t| t.get(id))
+        .map(|e| ((*e.obj).clone(), e.mod_revision))
+        .ok_or_else(|| NeutronError::not_found(spec.title, id))
+}
+
+/// IDs of the children of `id` in `child` linked by `field`.
+fn children(v: &View, child: &Spec, field: &str, id: &str) -> Vec<Value> {
+    table(v, child)
+        .filter(|o| o[field] == *id)
+        .map(|o| json!({"id": o["id"]}))
+        .collect()
+}
+
+/// An object with its derived child lists filled in.
+fn full(v: &View, spec: &Spec, mut o: Value) -> Value {
+    let id = o["id"].as_str().unwrap_or("").to_string();
+    match spec.plural {
+        "loadbalancers" => {
+            o["listeners"] = json!(children(v, &LISTENER, "loadbalancer_id", &id));
+            o["pools"] = json!(children(v, &POOL, "loadbalancer_id", &id));
+        }
+        "pools" => o["members"] = json!(children(v, &MEMBER, "pool_id", &id)),
+        _ => {}
+    }
+    o
+}
+
+fn show(c: &Controller, spec: &Spec, id: &str) -> Result<Response, NeutronError> {
+    let v = c.view();
+    let (o, _) = get_obj(&v, spec, id)?;
+    Ok(answer(
+        StatusCode::OK,
+        json!({ spec.singular: full(&v, spec, o) }),
+    ))
+}
+
+fn list(
+    c: &Controller,
+    spec: &Spec,
+    raw: Option<&str>,
+    pool: Option<&str>,
+) -> Result<Response, NeutronError> {
+    let q = ListQuery::parse(raw)?;
+    let v = c.view();
+    let objs: Vec<Value> = table(&v, spec)
+        .filter(|o| pool.is_none_or(|p| o["pool_id"] == *p))
+        .map(|o| full(&v, spec, o.clone()))
+        .filter(|o| q.matches(o))
+        .collect();
+    Ok(answer(
+        StatusCode::OK,
+        q.answer(objs, spec.plural, &format!("/v2/lbaas/{}", spec.plural)),
+    ))
+}
+
+/// Checks that an object named by `field` exists in `parent`.
+fn require(
+    v: &View,
+    o: &Map<String, Value>,
+    field: &str,
+    parent: &Spec,
+) -> Result<(), NeutronError> {
+    match o.get(field).and_then(Value::as_str) {
+        Some(id) => get_obj(v, parent, id).map(drop),
+        None => Ok(()),
+    }
+}
+
+async fn create(
+    c: &Controller,
+    spec: &Spec,
+    headers: &HeaderMap,
+    b: &Bytes,
+    pool: Option<&str>,
+) -> Result<Response, NeutronError> {
+    let allowed: Vec<&str> = COMMON
+        .iter()
+        .chain(spec.attrs)
+        .map(|(k, _)| *k)
+        .chain(["tenant_id"])
+        .collect();
+    let given = object(&body(b)?, spec.singular, &allowed)?;
+    let mut o = Map::new();
+    for (k, default) in COMMON.iter().chain(spec.attrs) {
+        match (given.get(*k), default) {
+            (Some(v), _) => o.insert(k.to_string(), v.clone()),
+            (None, Some(d)) => o.insert(
+                k.to_string(),
+                serde_json::from_str(d).unwrap_or(Value::Null),
+            ),
+            (None, None) => {
+                return Err(NeutronError::bad_request(format!(
+                    "Missing mandatory attribute {k} of {}",
+                    spec.singular
+                )))
+            }
+        };
+    }
+    if let Some(p) = pool {
+        o.insert("pool_id".into(), json!(p));
+    }
+    if let Some(port) = o.get("protocol_port") {
+        if !port.as_u64().is_some_and(|p| (1..=65535).contains(&p)) {
+            return Err(NeutronError::invalid_input(format!(
+                "protocol_port {port} is not in 1..65535"
+            )));
+        }
+    }
+    let project = project_of(&given, headers);
+    let id = new_id();
+    let t = now();
+    o.insert("id".into(), json!(id));
+    o.insert("project_id".into(), json!(project));
+    o.insert("tenant_id".into(), json!(project));
+    o.insert("provisioning_status".into(), json!("ACTIVE"));
+    o.insert(
+        "operating_status".into(),
+        json!(if spec.plural == "members" {
+            "NO_MONITOR"
+        } else {
+            "ONLINE"
+        }),
+    );
+    o.insert("created_at".into(), json!(t));
+    o.insert("updated_at".into(), json!(t));
+    for _ in 0..RETRIES {
+        let mut pending = c.pending();
+        let mut o = o.clone();
+        let (txn, seen) = {
+            let v = c.view();
+            require(&v, &o, "loadbalancer_id", &LOADBALANCER)?;
+            require(&v, &o, "listener_id", &LISTENER)?;
+            require(&v, &o, "default_pool_id", &POOL)?;
+            require(&v, &o, "pool_id", &POOL)?;
+            let key = keys::resource(spec.plural, &id);
+            let mut txn = Txn {
+                compares: vec![Compare::CreateRevision(key.clone(), 0)],
+                ops: Vec::new(),
+            };
+            if spec.plural == "pools"
+                && o["loadbalancer_id"].is_null()
+                && o["listener_id"].is_null()
+            {
+                return Err(NeutronError::bad_request(
+                    "A pool needs a loadbalancer_id or a listener_id",
+                ));
+            }
+            if spec.plural == "loadbalancers" {
+                vip(&v, &mut pending, &mut o, &mut txn, headers, &id)?;
+            }
+            txn.ops.push(Op::Put(key, encode(&o)));
+            (txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            let v = c.view();
+            return Ok(answer(
+                StatusCode::CREATED,
+                json!({ spec.singular: full(&v, spec, Value::Object(o)) }),
+            ));
+        }
+        drop(pending);
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}
+
+/// Gives a new load balancer its VIP: the port named by `vip_port_id`, or a new port on
+/// `vip_subnet_id`/`vip_network_id` created in the same transaction.
+fn vip(
+    v: &View,
+    pending: &mut crate::controller::Pending,
+    o: &mut Map<String, Value>,
+    txn: &mut Txn,
+    headers: &HeaderMap,
+    lb_id: &str,
+) -> Result<(), NeutronError> {
+    let port = match attr::<String>(o, "vip_port_id")? {
+        Some(pid) => super::lookup::<corvid_api::Port>(v, &pid)?
+            .obj
+            .as_ref()
+            .clone(),
+        None => {
+            let subnet: Option<String> = attr(o, "vip_subnet_id")?;
+            let network = match (&subnet, attr::<String>(o, "vip_network_id")?) {
+                (_, Some(n)) => n,
+                (Some(s), None) => super::lookup::<corvid_api::Subnet>(v, s)?
+                    .obj
+                    .network_id
+                    .clone(),
+                (None, None) => {
+                    return Err(NeutronError::bad_request(
+                        "A load balancer needs vip_subnet_id, vip_network_id or vip_port_id",
+                    ))
+                }
+            };
+            let mut fixed = Map::new();
+            if let Some(s) = &subnet {
+                fixed.insert("subnet_id".into(), json!(s));
+            }
+            if let Some(a) = o.get("vip_address").filter(|a| !a.is_null()) {
+                fixed.insert("ip_address".into(), a.clone());
+            }
+            let mut req = Map::new();
+            req.insert("network_id".into(), json!(network));
+            req.insert("name".into(), json!(format!("octavia-lb-{lb_id}")));
+            req.insert("device_owner".into(), json!("Octavia"));
+            req.insert("device_id".into(), json!(format!("lb-{lb_id}")));
+            if !fixed.is_empty() {
+                req.insert("fixed_ips".into(), json!([fixed]));
+            }
+            let plan = plan_port(v, pending, &req, headers)?;
+            txn.compares.extend(plan.txn.compares);
+            txn.ops.extend(plan.txn.ops);
+            plan.port
+        }
+    };
+    let first = port.fixed_ips.first();
+    o.insert("vip_port_id".into(), json!(port.id));
+    o.insert("vip_network_id".into(), json!(port.network_id));
+    o.insert("vip_subnet_id".into(), json!(first.map(|f| &f.subnet_id)));
+    o.insert("vip_address".into(), json!(first.map(|f| f.ip_address)));
+    Ok(())
+}
+
+async fn update(
+    c: &Controller,
+    spec: &Spec,
+    id: &str,
+    b: &Bytes,
+) -> Result<Response, NeutronError> {
+    let attrs = object(&body(b)?, spec.singular, spec.update)?;
+    for _ in 0..RETRIES {
+        let (o, txn, seen) = {
+            let v = c.view();
+            let (mut o, modrev) = get_obj(&v, spec, id)?;
+            for (k, val) in &attrs {
+                o[k.as_str()] = val.clone();
+            }
+            o["updated_at"] = json!(now());
+            let key = keys::resource(spec.plural, id);
+            let txn = Txn {
+                compares: vec![Compare::ModRevision(key.clone(), modrev)],
+                ops: vec![Op::Put(key, encode(&o))],
+            };
+            (full(&v, spec, o), txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            return Ok(answer(StatusCode::OK, json!({ spec.singular: o })));
+        }
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}
+
+async fn delete(c: &Controller, spec: &Spec, id: &str) -> Result<StatusCode, NeutronError> {
+    for _ in 0..RETRIES {
+        let (txn, seen) = {
+            let v = c.view();
+            let (o, modrev) = get_obj(&v, spec, id)?;
+            let key = keys::resource(spec.plural, id);
+            let mut txn = Txn {
+                compares: vec![Compare::ModRevision(key.clone(), modrev)],
+                ops: vec![Op::Delete(key)],
+            };
+            match spec.plural {
+                "loadbalancers" => {
+                    let used = !children(&v, &LISTENER, "loadbalancer_id", id).is_empty()
+                        || !children(&v, &POOL, "loadbalancer_id", id).is_empty();
+                    if used {
+                        return Err(NeutronError::conflict(
+                            "LoadBalancerInUse",
+                            format!("Load balancer {id} still has listeners or pools."),
+                        ));
+                    }
+                    if let Some(p) = o["vip_port_id"].as_str().and_then(|p| v.ports.get(p)) {
+                        if p.obj.device_owner == "Octavia" {
+                            let removal = port_removal(p);
+                            txn.compares.extend(removal.compares);
+                            txn.ops.extend(removal.ops);
+                        }
+                    }
+                }
+                "pools" => {
+                    for m in table(&v, &MEMBER).filter(|m| m["pool_id"] == *id) {
+                        let mid = m["id"].as_str().unwrap_or("");
+                        txn.ops.push(Op::Delete(keys::resource("members", mid)));
+                    }
+                }
+                _ => {}
+            }
+            (txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}

@@ -1,0 +1,418 @@
+//! The REST API: routes, authentication, and what every collection shares (show, list,
+//! update, tags). Each resource's own rules live in its module.
+
+mod floatingips;
+mod lbaas;
+mod networks;
+mod openapi;
+mod ports;
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+pub use axum::extract::RawQuery as Query;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use corvid_api::client::{REVISION_HEADER, TOKEN_HEADER};
+use corvid_api::{FloatingIp, Network, Port, Resource, Subnet, SubnetPool};
+use serde_json::{json, Map, Value};
+
+use crate::controller::Controller;
+use crate::error::NeutronError;
+use crate::keys;
+use crate::query::{fields_of, project, ListQuery};
+use crate::store::{Compare, Op, Txn};
+use crate::util::now;
+use crate::view::{Entry, Table, View};
+
+/// Shared state of the handlers.
+pub type Ctl = State<Arc<Controller>>;
+
+/// How often a write re-reads and retries after losing a compare-and-swap race.
+const RETRIES: usize = 64;
+
+/// Project used when a request names none (no Keystone here).
+const DEFAULT_PROJECT: &str = "corvid";
+
+/// A resource kind served by the generic handlers.
+pub trait Kind: Resource {
+    /// Name in error types and messages (`Port` in `PortNotFound`).
+    const TITLE: &'static str;
+    /// Its table in the view.
+    fn table(v: &View) -> &Table<Self>;
+    /// Its tags.
+    fn tags_mut(&mut self) -> &mut Vec<String>;
+    /// Its revision number and update time.
+    fn stamps(&mut self) -> (&mut u64, &mut String);
+}
+
+macro_rules! kind {
+    ($t:ty, $title:literal, $field:ident) => {
+        impl Kind for $t {
+            const TITLE: &'static str = $title;
+            fn table(v: &View) -> &Table<Self> {
+                &v.$field
+            }
+            fn tags_mut(&mut self) -> &mut Vec<String> {
+                &mut self.tags
+            }
+            fn stamps(&mut self) -> (&mut u64, &mut String) {
+                (&mut self.revision_number, &mut self.updated_at)
+            }
+        }
+    };
+}
+kind!(Network, "Network", networks);
+kind!(Subnet, "Subnet", subnets);
+kind!(SubnetPool, "SubnetPool", subnetpools);
+kind!(Port, "Port", ports);
+kind!(FloatingIp, "FloatingIP", floatingips);
+
+/// The API's router over one controller.
+pub fn router(ctl: Arc<Controller>) -> Router {
+    let api = Router::new()
+        .route("/", get(versions))
+        .route("/openapi.json", get(openapi::document))
+        .route("/v2.0/watch", get(watch::watch))
+        .merge(networks::routes())
+        .merge(ports::routes())
+        .merge(floatingips::routes())
+        .merge(lbaas::routes())
+        .merge(tag_routes::<Network>())
+        .merge(tag_routes::<Subnet>())
+        .merge(tag_routes::<SubnetPool>())
+        .merge(tag_routes::<Port>())
+        .merge(tag_routes::<FloatingIp>())
+        .fallback(not_found);
+    api.layer(middleware::from_fn_with_state(ctl.clone(), authenticate))
+        .with_state(ctl)
+}
+
+async fn authenticate(State(ctl): Ctl, req: Request, next: Next) -> Response {
+    if let Some(token) = &ctl.token {
+        let given = req
+            .headers()
+            .get(TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok());
+        if given != Some(token.as_str()) {
+            return NeutronError::new(
+                StatusCode::UNAUTHORIZED,
+                "HTTPUnauthorized",
+                "Authentication required: send the controller's token in X-Auth-Token.",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found() -> NeutronError {
+    NeutronError::new(
+        StatusCode::NOT_FOUND,
+        "HTTPNotFound",
+        "The resource could not be found.",
+    )
+}
+
+async fn versions() -> Json<Value> {
+    Json(
+        json!({"versions": [{"id": "v2.0", "status": "CURRENT", "links": [{"rel": "self", "href": "/v2.0/"}]}]}),
+    )
+}
+
+/// Parses a JSON request body.
+pub fn body(bytes: &Bytes) -> Result<Value, NeutronError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| NeutronError::bad_request(format!("Malformed request body: {e}")))
+}
+
+/// The `{"<singular>": {...}}` object of a body, with unknown attributes refused.
+pub fn object(
+    v: &Value,
+    singular: &str,
+    allowed: &[&str],
+) -> Result<Map<String, Value>, NeutronError> {
+    let Some(obj) = v.get(singular).and_then(Value::as_object) else {
+        return Err(NeutronError::bad_request(format!(
+            "Resource body required: expected an object under \"{singular}\""
+        )));
+    };
+    check_attrs(obj, allowed)?;
+    Ok(obj.clone())
+}
+
+/// Refuses attributes not in `allowed`, in Neutron's words.
+pub fn check_attrs(obj: &Map<String, Value>, allowed: &[&str]) -> Result<(), NeutronError> {
+    let unknown: Vec<&str> = obj
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !allowed.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(NeutronError::bad_request(format!(
+        "Unrecognized attribute(s) '{}'",
+        unknown.join(", ")
+    )))
+}
+
+/// A typed attribute, or 400 naming it.
+pub fn attr<T: serde::de::DeserializeOwned>(
+    obj: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, NeutronError> {
+    match obj.get(name) {
+        None => Ok(None),
+        Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
+            NeutronError::invalid_input(format!("'{v}' is not valid for {name}: {e}"))
+        }),
+    }
+}
+
+/// The project of a request: body, then `X-Project-Id`, then the default.
+pub fn project_of(obj: &Map<String, Value>, headers: &HeaderMap) -> String {
+    obj.get("project_id")
+        .or_else(|| obj.get("tenant_id"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| {
+            headers
+                .get("X-Project-Id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| DEFAULT_PROJECT.to_string())
+}
+
+/// Serializes a resource for the store.
+pub fn encode<T: serde::Serialize>(obj: &T) -> Vec<u8> {
+    serde_json::to_vec(obj).unwrap_or_default()
+}
+
+/// A JSON answer with a status.
+pub fn answer(status: StatusCode, v: Value) -> Response {
+    (status, Json(v)).into_response()
+}
+
+/// The entry of `id`, or the kind's 404.
+pub fn lookup<K: Kind>(v: &View, id: &str) -> Result<Entry<K>, NeutronError> {
+    K::table(v)
+        .get(id)
+        .cloned()
+        .ok_or_else(|| NeutronError::not_found(K::TITLE, id))
+}
+
+/// GET of one object, with `fields=`.
+pub fn show<K: Kind>(
+    ctl: &Controller,
+    id: &str,
+    query: Option<&str>,
+) -> Result<Response, NeutronError> {
+    let entry = lookup::<K>(&ctl.view(), id)?;
+    let mut v = serde_json::to_value(&*entry.obj).unwrap_or(Value::Null);
+    let fields = fields_of(query);
+    if !fields.is_empty() {
+        v = project(v, &fields);
+    }
+    Ok(answer(StatusCode::OK, json!({ K::SINGULAR: v })))
+}
+
+/// GET of a collection with Neutron's filters; carries the view's revision in a header.
+pub fn list<K: Kind>(
+    ctl: &Controller,
+    raw: Option<&str>,
+    candidates: Option<Vec<Arc<K>>>,
+) -> Result<Response, NeutronError> {
+    let q = ListQuery::parse(raw)?;
+    let (objs, revision) = {
+        let v = ctl.view();
+        let objs: Vec<Arc<K>> =
+            candidates.unwrap_or_else(|| K::table(&v).values().map(|e| e.obj.clone()).collect());
+        (objs, v.revision)
+    };
+    let kept: Vec<Value> = objs
+        .iter()
+        .filter_map(|o| serde_json::to_value(&**o).ok())
+        .filter(|o| q.matches(o))
+        .collect();
+    let path = format!("{}/{}", K::PREFIX, K::PLURAL);
+    let mut resp = answer(StatusCode::OK, q.answer(kept, K::PLURAL, &path));
+    resp.headers_mut()
+        .insert(REVISION_HEADER, HeaderValue::from(revision));
+    Ok(resp)
+}
+
+/// `If-Match: revision_number=N`, if sent.
+pub fn if_match(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("If-Match")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("revision_number="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// Read, change, compare-and-swap, retried on races; `change` may add compares and ops.
+pub async fn update_with<K: Kind>(
+    ctl: &Controller,
+    id: &str,
+    expected: Option<u64>,
+    mut change: impl FnMut(&View, &mut K, &mut Txn) -> Result<(), NeutronError>,
+) -> Result<K, NeutronError> {
+    for _ in 0..RETRIES {
+        let (mut obj, mut txn, seen) = {
+            let v = ctl.view();
+            let entry = lookup::<K>(&v, id)?;
+            let mut obj = (*entry.obj).clone();
+            if let Some(want) = expected {
+                let current = *obj.stamps().0;
+                if want != current {
+                    return Err(NeutronError::new(
+                        StatusCode::PRECONDITION_FAILED,
+                        "RevisionNumberConstraintFailed",
+                        format!("Constrained to {want}, but current revision is {current}"),
+                    ));
+                }
+            }
+            let mut txn = Txn::default();
+            change(&v, &mut obj, &mut txn)?;
+            (obj, txn, (entry.mod_revision, v.revision))
+        };
+        let (rev, updated) = obj.stamps();
+        *rev += 1;
+        *updated = now();
+        let key = keys::resource(K::PLURAL, id);
+        txn.compares.push(Compare::ModRevision(key.clone(), seen.0));
+        txn.ops.push(Op::Put(key, encode(&obj)));
+        if ctl.commit(txn).await?.is_some() {
+            return Ok(obj);
+        }
+        ctl.wait_past(seen.1, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}
+
+/// 409 when a write kept losing races.
+pub fn busy() -> NeutronError {
+    NeutronError::conflict(
+        "Conflict",
+        "The resource changed concurrently too often; retry.",
+    )
+}
+
+/// Merges `attrs` into an object through its JSON form, so each kind's field types validate.
+pub fn merge<K: Kind>(obj: &mut K, attrs: &Map<String, Value>) -> Result<(), NeutronError> {
+    let mut v = serde_json::to_value(&*obj).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        for (k, val) in attrs {
+            m.insert(k.clone(), val.clone());
+        }
+    }
+    *obj = serde_json::from_value(v).map_err(|e| NeutronError::invalid_input(format!("{e}")))?;
+    Ok(())
+}
+
+/// Generic PUT of plain attributes.
+pub async fn update_attrs<K: Kind>(
+    ctl: &Controller,
+    id: &str,
+    headers: &HeaderMap,
+    bytes: &Bytes,
+    allowed: &[&str],
+) -> Result<Response, NeutronError> {
+    let attrs = object(&body(bytes)?, K::SINGULAR, allowed)?;
+    let obj = update_with::<K>(ctl, id, if_match(headers), |_, o, _| merge(o, &attrs)).await?;
+    Ok(answer(StatusCode::OK, json!({ K::SINGULAR: obj })))
+}
+
+fn tag_routes<K: Kind>() -> Router<Arc<Controller>> {
+    let base = format!("{}/{}/{{id}}/tags", K::PREFIX, K::PLURAL);
+    Router::new()
+        .route(
+            &base,
+            get(|State(c): Ctl, Path(id): Path<String>| async move {
+                let e = lookup::<K>(&c.view(), &id)?;
+                let mut obj = (*e.obj).clone();
+                Ok::<_, NeutronError>(Json(json!({"tags": obj.tags_mut()})))
+            })
+            .put(
+                |State(c): Ctl, Path(id): Path<String>, b: Bytes| async move {
+                    let tags: Vec<String> =
+                        attr(body(&b)?.as_object().unwrap_or(&Map::new()), "tags")?
+                            .ok_or_else(|| NeutronError::bad_request("Missing 'tags' in body"))?;
+                    let t = tags.clone();
+                    update_with::<K>(&c, &id, None, |_, o, _| {
+                        *o.tags_mut() = t.clone();
+                        Ok(())
+                    })
+                    .await?;
+                    Ok::<_, NeutronError>(Json(json!({ "tags": tags })))
+                },
+            )
+            .delete(|State(c): Ctl, Path(id): Path<String>| async move {
+                update_with::<K>(&c, &id, None, |_, o, _| {
+                    o.tags_mut().clear();
+                    Ok(())
+                })
+                .await?;
+                Ok::<_, NeutronError>(StatusCode::NO_CONTENT)
+            }),
+        )
+        .route(
+            &format!("{base}/{{tag}}"),
+            get(
+                |State(c): Ctl, Path((id, tag)): Path<(String, String)>| async move {
+                    let e = lookup::<K>(&c.view(), &id)?;
+                    let mut obj = (*e.obj).clone();
+                    if obj.tags_mut().contains(&tag) {
+                        Ok(StatusCode::NO_CONTENT)
+                    } else {
+                        Err(tag_not_found(&tag))
+                    }
+                },
+            )
+            .put(
+                |State(c): Ctl, Path((id, tag)): Path<(String, String)>| async move {
+                    update_with::<K>(&c, &id, None, |_, o, _| {
+                        let tags = o.tags_mut();
+                        if !tags.contains(&tag) {
+                            tags.push(tag.clone());
+                            tags.sort();
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                    Ok::<_, NeutronError>((StatusCode::CREATED, Json(Value::Null)))
+                },
+            )
+            .delete(
+                |State(c): Ctl, Path((id, tag)): Path<(String, String)>| async move {
+                    update_with::<K>(&c, &id, None, |_, o, _| {
+                        let tags = o.tags_mut();
+                        let before = tags.len();
+                        tags.retain(|t| *t != tag);
+                        if tags.len() == before {
+                            return Err(tag_not_found(&tag));
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                    Ok::<_, NeutronError>(StatusCode::NO_CONTENT)
+                },
+            ),
+        )
+}
+
+fn tag_not_found(tag: &str) -> NeutronError {
+    NeutronError::new(
+        StatusCode::NOT_FOUND,
+        "TagNotFound",
+        format!("Tag {tag} could not be found."),
+    )
+}

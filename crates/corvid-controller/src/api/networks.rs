@@ -1,0 +1,600 @@
+//! Networks, subnets and subnetpools.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use corvid_api::{AllocationPool, HostRoute, Network, Subnet, SubnetPool};
+use ipnet::IpNet;
+use serde_json::{json, Map, Value};
+
+use super::{
+    answer, attr, body, busy, check_attrs, encode, list, lookup, object, project_of, show,
+    update_attrs, Ctl, Query, RETRIES,
+};
+use crate::controller::Controller;
+use crate::error::NeutronError;
+use crate::ipam;
+use crate::keys;
+use crate::store::{Compare, Op, Txn};
+use crate::util::{new_id, now};
+
+const NETWORK_ATTRS: &[&str] = &[
+    "id",
+    "name",
+    "admin_state_up",
+    "shared",
+    "description",
+    "mtu",
+    "port_security_enabled",
+    "router:external",
+    "tags",
+    "project_id",
+    "tenant_id",
+];
+const NETWORK_UPDATE: &[&str] = &[
+    "name",
+    "admin_state_up",
+    "shared",
+    "description",
+    "mtu",
+    "port_security_enabled",
+    "router:external",
+];
+const SUBNET_ATTRS: &[&str] = &[
+    "id",
+    "name",
+    "network_id",
+    "ip_version",
+    "cidr",
+    "gateway_ip",
+    "allocation_pools",
+    "host_routes",
+    "dns_nameservers",
+    "enable_dhcp",
+    "subnetpool_id",
+    "prefixlen",
+    "description",
+    "tags",
+    "project_id",
+    "tenant_id",
+    "ipv6_ra_mode",
+    "ipv6_address_mode",
+    "service_types",
+];
+const SUBNET_UPDATE: &[&str] = &[
+    "name",
+    "description",
+    "dns_nameservers",
+    "host_routes",
+    "enable_dhcp",
+    "service_types",
+];
+const POOL_ATTRS: &[&str] = &[
+    "id",
+    "name",
+    "prefixes",
+    "default_prefixlen",
+    "min_prefixlen",
+    "max_prefixlen",
+    "is_default",
+    "shared",
+    "description",
+    "tags",
+    "project_id",
+    "tenant_id",
+];
+const POOL_UPDATE: &[&str] = &["name", "description", "is_default", "default_prefixlen"];
+
+pub fn routes() -> Router<Arc<Controller>> {
+    Router::new()
+        .route(
+            "/v2.0/networks",
+            get(|State(c): Ctl, Query(q)| async move { list::<Network>(&c, q.as_deref(), None) })
+                .post(create_networks),
+        )
+        .route(
+            "/v2.0/networks/{id}",
+            get(
+                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
+                    show::<Network>(&c, &id, q.as_deref())
+                },
+            )
+            .put(
+                |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
+                    update_attrs::<Network>(&c, &id, &h, &b, NETWORK_UPDATE).await
+                },
+            )
+            .delete(delete_network),
+        )
+        .route(
+            "/v2.0/subnets",
+            get(|State(c): Ctl, Query(q)| async move { list::<Subnet>(&c, q.as_deref(), None) })
+                .post(create_subnet),
+        )
+        .route(
+            "/v2.0/subnets/{id}",
+            get(
+                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
+                    show::<Subnet>(&c, &id, q.as_deref())
+                },
+            )
+            .put(
+                |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
+                    update_attrs::<Subnet>(&c, &id, &h, &b, SUBNET_UPDATE).await
+                },
+            )
+            .delete(delete_subnet),
+        )
+        .route(
+            "/v2.0/subnetpools",
+            get(
+                |State(c): Ctl, Query(q)| async move { list::<SubnetPool>(&c, q.as_deref(), None) },
+            )
+            .post(create_subnetpool),
+        )
+        .route(
+            "/v2.0/subnetpools/{id}",
+            get(
+                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
+                    show::<SubnetPool>(&c, &id, q.as_deref())
+                },
+            )
+            .put(
+                |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
+                    update_attrs::<SubnetPool>(&c, &id, &h, &b, POOL_UPDATE).await
+                },
+            )
+            .delete(delete_subnetpool),
+        )
+}
+
+fn new_network(obj: &Map<String, Value>, headers: &HeaderMap) -> Result<Network, NeutronError> {
+    let project = project_of(obj, headers);
+    let t = now();
+    Ok(Network {
+        id: attr(obj, "id")?.unwrap_or_else(new_id),
+        name: attr(obj, "name")?.unwrap_or_default(),
+        tenant_id: project.clone(),
+        project_id: project,
+        admin_state_up: attr(obj, "admin_state_up")?.unwrap_or(true),
+        mtu: attr(obj, "mtu")?.unwrap_or(1450),
+        status: "ACTIVE".into(),
+        subnets: Vec::new(),
+        shared: attr(obj, "shared")?.unwrap_or(false),
+        router_external: attr(obj, "router:external")?.unwrap_or(false),
+        port_security_enabled: attr(obj, "port_security_enabled")?.unwrap_or(true),
+        description: attr(obj, "description")?.unwrap_or_default(),
+        tags: attr(obj, "tags")?.unwrap_or_default(),
+        created_at: t.clone(),
+        updated_at: t,
+        revision_number: 1,
+    })
+}
+
+/// POST of one network or of `{"networks": [...]}`, all in one transaction.
+async fn create_networks(
+    State(c): Ctl,
+    headers: HeaderMap,
+    b: Bytes,
+) -> Result<Response, NeutronError> {
+    let v = body(&b)?;
+    let bulk = v.get("networks").and_then(Value::as_array).is_some();
+    let objs: Vec<Map<String, Value>> = if bulk {
+        let mut out = Vec::new();
+        for o in v["networks"].as_array().into_iter().flatten() {
+            let o = o.as_object().cloned().unwrap_or_default();
+            check_attrs(&o, NETWORK_ATTRS)?;
+            out.push(o);
+        }
+        out
+    } else {
+        vec![object(&v, "network", NETWORK_ATTRS)?]
+    };
+    let mut txn = Txn::default();
+    let mut nets = Vec::new();
+    for o in &objs {
+        let n = new_network(o, &headers)?;
+        let key = keys::resource("networks", &n.id);
+        txn.compares.push(Compare::CreateRevision(key.clone(), 0));
+        txn.ops.push(Op::Put(key, encode(&n)));
+        nets.push(n);
+    }
+    if c.commit(txn).await?.is_none() {
+        return Err(NeutronError::conflict(
+            "NetworkExists",
+            "A network with this id already exists.",
+        ));
+    }
+    Ok(if bulk {
+        answer(StatusCode::CREATED, json!({ "networks": nets }))
+    } else {
+        answer(StatusCode::CREATED, json!({ "network": nets[0] }))
+    })
+}
+
+async fn delete_network(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
+    for _ in 0..RETRIES {
+        let (txn, seen) = {
+            let v = c.view();
+            let net = lookup::<Network>(&v, &id)?;
+            let users: Vec<&str> = v
+                .ports
+                .values()
+                .filter(|p| p.obj.network_id == id)
+                .map(|p| p.obj.id.as_str())
+                .chain(
+                    v.floatingips
+                        .values()
+                        .filter(|f| f.obj.floating_network_id == id)
+                        .map(|f| f.obj.id.as_str()),
+                )
+                .collect();
+            if !users.is_empty() {
+                return Err(NeutronError::conflict(
+                    "NetworkInUse",
+                    format!(
+                        "Unable to complete operation on network {id}. There are one or more ports still in use on the network, id for these ports is: {}.",
+                        users.join(",")
+                    ),
+                ));
+            }
+            let key = keys::resource("networks", &id);
+            let mut txn = Txn {
+                compares: vec![
+                    Compare::ModRevision(key.clone(), net.mod_revision),
+                    Compare::PrefixEmpty(keys::network_users(&id)),
+                ],
+                ops: vec![Op::Delete(key)],
+            };
+            for s in &net.obj.subnets {
+                txn.ops.push(Op::Delete(keys::resource("subnets", s)));
+            }
+            (txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}
+
+/// Where a new subnet's prefix comes from.
+fn subnet_cidr(
+    obj: &Map<String, Value>,
+    pool: Option<&SubnetPool>,
+    taken: &[IpNet],
+) -> Result<IpNet, NeutronError> {
+    let cidr: Option<IpNet> = attr(obj, "cidr")?;
+    let prefixlen: Option<u8> = attr(obj, "prefixlen")?;
+    match (cidr, pool) {
+        (Some(c), None) => Ok(c.trunc()),
+        (None, None) => Err(NeutronError::bad_request(
+            "A cidr must be specified in the absence of a subnet pool",
+        )),
+        (Some(c), Some(p)) => {
+            let c = c.trunc();
+            if !p.prefixes.iter().any(|pre| pre.contains(&c)) {
+                return Err(NeutronError::new(
+                    StatusCode::BAD_REQUEST,
+                    "IllegalSubnetPoolPrefixBounds",
+                    format!("Cidr {c} is not within subnetpool {} prefixes", p.id),
+                ));
+            }
+            if taken.iter().any(|t| ipam::overlaps(t, &c)) {
+                return Err(NeutronError::conflict(
+                    "SubnetAllocationError",
+                    format!(
+                        "Failed to allocate subnet: {c} overlaps a subnet of pool {}",
+                        p.id
+                    ),
+                ));
+            }
+            Ok(c)
+        }
+        (None, Some(p)) => {
+            let len = prefixlen.unwrap_or(p.default_prefixlen);
+            if len < p.min_prefixlen || len > p.max_prefixlen {
+                return Err(NeutronError::new(
+                    StatusCode::BAD_REQUEST,
+                    "IllegalSubnetPoolPrefixLength",
+                    format!(
+                        "Illegal prefix length {len} for subnetpool {}: min {}, max {}",
+                        p.id, p.min_prefixlen, p.max_prefixlen
+                    ),
+                ));
+            }
+            ipam::carve(&p.prefixes, taken, len).ok_or_else(|| {
+                NeutronError::conflict(
+                    "SubnetAllocationError",
+                    format!(
+                        "Failed to allocate subnet: no /{len} left in subnetpool {}",
+                        p.id
+                    ),
+                )
+            })
+        }
+    }
+}
+
+async fn create_subnet(
+    State(c): Ctl,
+    headers: HeaderMap,
+    b: Bytes,
+) -> Result<Response, NeutronError> {
+    let obj = object(&body(&b)?, "subnet", SUBNET_ATTRS)?;
+    let network_id: String =
+        attr(&obj, "network_id")?.ok_or_else(|| NeutronError::bad_request("Missing network_id"))?;
+    let pool_id: Option<String> = attr(&obj, "subnetpool_id")?;
+    let id: String = attr(&obj, "id")?.unwrap_or_else(new_id);
+    for _ in 0..RETRIES {
+        let (subnet, txn, seen) = {
+            let v = c.view();
+            let net = lookup::<Network>(&v, &network_id)?;
+            let pool = match &pool_id {
+                Some(p) => Some(lookup::<SubnetPool>(&v, p)?),
+                None => None,
+            };
+            let siblings: Vec<&Subnet> = net
+                .obj
+                .subnets
+                .iter()
+                .filter_map(|s| v.subnets.get(s).map(|e| &*e.obj))
+                .collect();
+            if siblings.iter().any(|s| s.subnetpool_id != pool_id) {
+                return Err(NeutronError::bad_request(
+                    "Subnets hosted on the same network must be allocated from the same subnet pool.",
+                ));
+            }
+            let pool_taken: Vec<IpNet> = v
+                .subnets
+                .values()
+                .filter(|s| pool_id.is_some() && s.obj.subnetpool_id == pool_id)
+                .map(|s| s.obj.cidr)
+                .collect();
+            let cidr = subnet_cidr(&obj, pool.as_ref().map(|p| &*p.obj), &pool_taken)?;
+            let version: u8 =
+                attr(&obj, "ip_version")?.unwrap_or(if cidr.addr().is_ipv4() { 4 } else { 6 });
+            if version != if cidr.addr().is_ipv4() { 4 } else { 6 } {
+                return Err(NeutronError::invalid_input(format!(
+                    "Cidr {cidr} does not match ip_version {version}"
+                )));
+            }
+            if let Some(o) = siblings.iter().find(|s| ipam::overlaps(&s.cidr, &cidr)) {
+                return Err(NeutronError::invalid_input(format!(
+                    "Requested subnet with cidr: {cidr} for network: {network_id} overlaps with another subnet ({})",
+                    o.id
+                )));
+            }
+            let gateway_ip: Option<IpAddr> = match obj.get("gateway_ip") {
+                Some(Value::Null) => None,
+                Some(_) => attr(&obj, "gateway_ip")?,
+                None => Some(ipam::default_gateway(&cidr)),
+            };
+            if let Some(g) = gateway_ip.filter(|g| !cidr.contains(g)) {
+                return Err(NeutronError::invalid_input(format!(
+                    "Gateway IP {g} is not in subnet {cidr}"
+                )));
+            }
+            let pools: Vec<AllocationPool> = match attr(&obj, "allocation_pools")? {
+                Some(p) => p,
+                None => ipam::default_pools(&cidr, gateway_ip),
+            };
+            ipam::check_pools(&cidr, &pools).map_err(NeutronError::bad_request)?;
+            if let Some(g) = gateway_ip.filter(|g| ipam::in_pools(&pools, *g)) {
+                return Err(NeutronError::conflict(
+                    "GatewayConflictWithAllocationPools",
+                    format!("Gateway ip {g} conflicts with allocation pool"),
+                ));
+            }
+            let project = project_of(&obj, &headers);
+            let t = now();
+            let subnet = Subnet {
+                id: id.clone(),
+                name: attr(&obj, "name")?.unwrap_or_default(),
+                tenant_id: project.clone(),
+                project_id: project,
+                network_id: network_id.clone(),
+                ip_version: version,
+                subnetpool_id: pool_id.clone(),
+                enable_dhcp: attr(&obj, "enable_dhcp")?.unwrap_or(true),
+                ipv6_ra_mode: attr(&obj, "ipv6_ra_mode")?.flatten(),
+                ipv6_address_mode: attr(&obj, "ipv6_address_mode")?.flatten(),
+                gateway_ip,
+                cidr,
+                allocation_pools: pools,
+                host_routes: attr::<Vec<HostRoute>>(&obj, "host_routes")?.unwrap_or_default(),
+                dns_nameservers: attr(&obj, "dns_nameservers")?.unwrap_or_default(),
+                description: attr(&obj, "description")?.unwrap_or_default(),
+                service_types: attr(&obj, "service_types")?.unwrap_or_default(),
+                tags: attr(&obj, "tags")?.unwrap_or_default(),
+                created_at: t.clone(),
+                updated_at: t,
+                revision_number: 0,
+            };
+            let mut network = (*net.obj).clone();
+            network.subnets.push(id.clone());
+            network.revision_number += 1;
+            let net_key = keys::resource("networks", &network_id);
+            let sub_key = keys::resource("subnets", &id);
+            let mut txn = Txn {
+                compares: vec![
+                    Compare::ModRevision(net_key.clone(), net.mod_revision),
+                    Compare::CreateRevision(sub_key.clone(), 0),
+                ],
+                ops: vec![
+                    Op::Put(net_key, encode(&network)),
+                    Op::Put(sub_key, encode(&subnet)),
+                ],
+            };
+            if let Some(p) = &pool {
+                // Re-writing the pool serializes carving: a concurrent carve fails its compare.
+                let key = keys::resource("subnetpools", &p.obj.id);
+                txn.compares
+                    .push(Compare::ModRevision(key.clone(), p.mod_revision));
+                txn.ops.push(Op::Put(key, encode(&*p.obj)));
+            }
+            (subnet, txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            return Ok(answer(StatusCode::CREATED, json!({ "subnet": subnet })));
+        }
+        if c.view().subnets.contains_key(&id) {
+            return Err(NeutronError::conflict(
+                "SubnetExists",
+                format!("Subnet {id} already exists."),
+            ));
+        }
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}
+
+async fn delete_subnet(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
+    for _ in 0..RETRIES {
+        let (txn, seen) = {
+            let v = c.view();
+            let sub = lookup::<Subnet>(&v, &id)?;
+            if v.ips.get(&id).is_some_and(|s| !s.is_empty()) {
+                return Err(NeutronError::conflict(
+                    "SubnetInUse",
+                    format!("Unable to complete operation on subnet {id}: One or more ports have an IP allocation from this subnet."),
+                ));
+            }
+            let net_key = keys::resource("networks", &sub.obj.network_id);
+            let mut txn = Txn {
+                compares: vec![
+                    Compare::PrefixEmpty(keys::ips_of(&id)),
+                    Compare::ModRevision(keys::resource("subnets", &id), sub.mod_revision),
+                ],
+                ops: vec![Op::Delete(keys::resource("subnets", &id))],
+            };
+            if let Some(net) = v.networks.get(&sub.obj.network_id) {
+                let mut network = (*net.obj).clone();
+                network.subnets.retain(|s| *s != id);
+                network.revision_number += 1;
+                txn.compares
+                    .push(Compare::ModRevision(net_key.clone(), net.mod_revision));
+                txn.ops.push(Op::Put(net_key, encode(&network)));
+            }
+            (txn, v.revision)
+        };
+        if c.commit(txn).await?.is_some() {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+        c.wait_past(seen, Duration::from_millis(20)).await;
+    }
+    Err(busy())
+}
+
+async fn create_subnetpool(
+    State(c): Ctl,
+    headers: HeaderMap,
+    b: Bytes,
+) -> Result<Response, NeutronError> {
+    let obj = object(&body(&b)?, "subnetpool", POOL_ATTRS)?;
+    let prefixes: Vec<IpNet> = attr(&obj, "prefixes")?
+        .filter(|p: &Vec<IpNet>| !p.is_empty())
+        .ok_or_else(|| NeutronError::bad_request("A subnetpool needs at least one prefix"))?;
+    let prefixes: Vec<IpNet> = prefixes.iter().map(IpNet::trunc).collect();
+    let v4 = prefixes[0].addr().is_ipv4();
+    if prefixes.iter().any(|p| p.addr().is_ipv4() != v4) {
+        return Err(NeutronError::bad_request(
+            "Cannot mix IPv4 and IPv6 prefixes in a subnet pool.",
+        ));
+    }
+    let max_len = if v4 { 32 } else { 128 };
+    let num = |name: &str, default: u8| -> Result<u8, NeutronError> {
+        Ok(match obj.get(name) {
+            Some(Value::String(s)) => s
+                .parse()
+                .map_err(|_| NeutronError::invalid_input(format!("{name} '{s}'")))?,
+            Some(_) => attr(&obj, name)?.unwrap_or(default),
+            None => default,
+        })
+    };
+    let min_prefixlen = num(
+        "min_prefixlen",
+        prefixes.iter().map(IpNet::prefix_len).min().unwrap_or(8),
+    )?;
+    let max_prefixlen = num("max_prefixlen", max_len)?;
+    let default_prefixlen = num("default_prefixlen", min_prefixlen)?;
+    if !(min_prefixlen <= default_prefixlen
+        && default_prefixlen <= max_prefixlen
+        && max_prefixlen <= max_len)
+    {
+        return Err(NeutronError::invalid_input(
+            "prefix lengths must satisfy min_prefixlen <= default_prefixlen <= max_prefixlen",
+        ));
+    }
+    let project = project_of(&obj, &headers);
+    let t = now();
+    let pool = SubnetPool {
+        id: attr(&obj, "id")?.unwrap_or_else(new_id),
+        name: attr(&obj, "name")?.unwrap_or_default(),
+        tenant_id: project.clone(),
+        project_id: project,
+        prefixes,
+        default_prefixlen,
+        min_prefixlen,
+        max_prefixlen,
+        ip_version: if v4 { 4 } else { 6 },
+        is_default: attr(&obj, "is_default")?.unwrap_or(false),
+        shared: attr(&obj, "shared")?.unwrap_or(false),
+        description: attr(&obj, "description")?.unwrap_or_default(),
+        tags: attr(&obj, "tags")?.unwrap_or_default(),
+        created_at: t.clone(),
+        updated_at: t,
+        revision_number: 0,
+    };
+    let key = keys::resource("subnetpools", &pool.id);
+    let txn = Txn {
+        compares: vec![Compare::CreateRevision(key.clone(), 0)],
+        ops: vec![Op::Put(key, encode(&pool))],
+    };
+    if c.commit(txn).await?.is_none() {
+        return Err(NeutronError::conflict(
+            "SubnetPoolExists",
+            "A subnetpool with this id already exists.",
+        ));
+    }
+    Ok(answer(StatusCode::CREATED, json!({ "subnetpool": pool })))
+}
+
+async fn delete_subnetpool(
+    State(c): Ctl,
+    Path(id): Path<String>,
+) -> Result<StatusCode, NeutronError> {
+    let entry = {
+        let v = c.view();
+        let entry = lookup::<SubnetPool>(&v, &id)?;
+        if v.subnets
+            .values()
+            .any(|s| s.obj.subnetpool_id.as_deref() == Some(&id))
+        {
+            return Err(NeutronError::conflict(
+                "SubnetPoolInUse",
+                format!(
+                    "Subnet pool {id} could not be deleted: subnets are still allocated from it."
+                ),
+            ));
+        }
+        entry
+    };
+    let key = keys::resource("subnetpools", &id);
+    let txn = Txn {
+        compares: vec![Compare::ModRevision(key.clone(), entry.mod_revision)],
+        ops: vec![Op::Delete(key)],
+    };
+    match c.commit(txn).await? {
+        Some(_) => Ok(StatusCode::NO_CONTENT),
+        None => Err(busy()),
+    }
+}

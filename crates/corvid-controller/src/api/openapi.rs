@@ -1,0 +1,125 @@
+//! The OpenAPI 3 description of the API, served at `/openapi.json`.
+
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+/// Collections with the standard list/create/show/update/delete operations.
+const COLLECTIONS: [(&str, &str); 9] = [
+    ("/v2.0/networks", "network"),
+    ("/v2.0/subnets", "subnet"),
+    ("/v2.0/subnetpools", "subnetpool"),
+    ("/v2.0/ports", "port"),
+    ("/v2.0/floatingips", "floatingip"),
+    ("/v2/lbaas/loadbalancers", "loadbalancer"),
+    ("/v2/lbaas/listeners", "listener"),
+    ("/v2/lbaas/pools", "pool"),
+    ("/v2/lbaas/pools/{pool_id}/members", "member"),
+];
+
+fn op(summary: String, ok: &str, body: bool) -> Value {
+    let mut o = json!({
+        "summary": summary,
+        "responses": {
+            ok: {"description": "success"},
+            "400": {"$ref": "#/components/responses/Error"},
+            "401": {"$ref": "#/components/responses/Error"},
+            "404": {"$ref": "#/components/responses/Error"},
+            "409": {"$ref": "#/components/responses/Error"}
+        }
+    });
+    if body {
+        o["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": {"type": "object"}}}});
+    }
+    o
+}
+
+fn id_param(name: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}})
+}
+
+pub async fn document() -> Json<Value> {
+    let mut paths = Map::new();
+    for (path, singular) in COLLECTIONS {
+        let mut params = Vec::new();
+        if path.contains("{pool_id}") {
+            params.push(id_param("pool_id"));
+        }
+        paths.insert(path.to_string(), json!({
+            "parameters": params,
+            "get": op(format!("List {singular}s (filters on any attribute, fields, limit/marker, sort_key/sort_dir, tags)"), "200", false),
+            "post": op(format!("Create a {singular} (or several: {{\"{singular}s\": [...]}}, all or nothing)"), "201", true),
+        }));
+        let mut item_params = params.clone();
+        item_params.push(id_param("id"));
+        paths.insert(format!("{path}/{{id}}"), json!({
+            "parameters": item_params,
+            "get": op(format!("Show a {singular}"), "200", false),
+            "put": op(format!("Update a {singular} (If-Match: revision_number=N guards it)"), "200", true),
+            "delete": op(format!("Delete a {singular}"), "204", false),
+        }));
+        if path.starts_with("/v2.0/") {
+            paths.insert(
+                format!("{path}/{{id}}/tags"),
+                json!({
+                    "parameters": [id_param("id")],
+                    "get": op("List tags".into(), "200", false),
+                    "put": op("Replace all tags".into(), "200", true),
+                    "delete": op("Remove all tags".into(), "204", false),
+                }),
+            );
+            paths.insert(
+                format!("{path}/{{id}}/tags/{{tag}}"),
+                json!({
+                    "parameters": [id_param("id"), id_param("tag")],
+                    "get": op("Check a tag".into(), "204", false),
+                    "put": op("Add a tag".into(), "201", false),
+                    "delete": op("Remove a tag".into(), "204", false),
+                }),
+            );
+        }
+    }
+    paths.insert("/v2.0/watch".into(), json!({"get": {
+        "summary": "Changes after a revision (long poll), optionally only ports bound to one host",
+        "parameters": [
+            {"name": "since", "in": "query", "required": true, "schema": {"type": "integer"}},
+            {"name": "binding:host_id", "in": "query", "schema": {"type": "string"}},
+            {"name": "resource", "in": "query", "schema": {"type": "string"}},
+            {"name": "timeout", "in": "query", "schema": {"type": "integer"}}
+        ],
+        "responses": {"200": {"description": "events and the revision to resume from"},
+                      "410": {"$ref": "#/components/responses/Error"}}
+    }}));
+    paths.insert(
+        "/project/{project_id}/ports".into(),
+        json!({
+            "parameters": [id_param("project_id")],
+            "post": op("Create ports (Mizar-MP agreement)".into(), "201", true),
+            "get": op("List the project's ports".into(), "200", false),
+        }),
+    );
+    paths.insert("/project/{project_id}/ports/{id}".into(), json!({
+        "parameters": [id_param("project_id"), id_param("id")],
+        "get": op("Show a port; status UP once plugged (Mizar-MP agreement)".into(), "200", false),
+        "delete": op("Delete a port (Mizar-MP agreement)".into(), "200", false),
+    }));
+    paths.insert(
+        "/project/{project_id}/subnets/{id}".into(),
+        json!({
+            "parameters": [id_param("project_id"), id_param("id")],
+            "get": op("Show a subnet (Mizar-MP agreement)".into(), "200", false),
+        }),
+    );
+    Json(json!({
+        "openapi": "3.0.3",
+        "info": {"title": "corvid controller", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Neutron v2.0-shaped networking API with Octavia-shaped load balancers."},
+        "components": {
+            "securitySchemes": {"token": {"type": "apiKey", "in": "header", "name": "X-Auth-Token"}},
+            "responses": {"Error": {"description": "NeutronError", "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"NeutronError": {"type": "object", "properties": {
+                    "type": {"type": "string"}, "message": {"type": "string"}, "detail": {"type": "string"}}}}}}}}}
+        },
+        "security": [{"token": []}],
+        "paths": paths,
+    }))
+}

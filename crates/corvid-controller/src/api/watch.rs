@@ -1,0 +1,114 @@
+//! The watch feed: `GET /v2.0/watch?since=<revision>[&binding:host_id=<host>][&timeout=<s>]`
+//! long-polls for changes after `since`. The answer's `revision` is where to resume: every
+//! change up to it that passes the filter is in `events`, none after it, so a client that
+//! reconnects with it neither misses nor repeats an event. 410 means `since` is older than
+//! the feed keeps: list again (lists carry the revision in `X-Corvid-Revision`).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::{answer, Ctl, Query};
+use crate::error::NeutronError;
+use crate::query::pairs;
+use crate::view::View;
+
+/// Longest wait a client may ask for.
+const MAX_WAIT: u64 = 300;
+/// Most events in one answer (cut only between revisions).
+const PAGE: usize = 2000;
+
+struct Filter {
+    since: i64,
+    host: Option<String>,
+    resources: Vec<String>,
+}
+
+/// Events after `since` passing the filter, and the revision to resume from.
+fn collect(v: &View, f: &Filter) -> Result<(Vec<Value>, i64), NeutronError> {
+    if f.since + 1 < v.feed_start {
+        return Err(NeutronError::new(
+            StatusCode::GONE,
+            "WatchRevisionCompacted",
+            format!(
+                "Revision {} is older than the watch feed keeps (it starts at {}): list again and watch from the list's revision.",
+                f.since, v.feed_start
+            ),
+        ));
+    }
+    let start = v.feed.partition_point(|e| e.revision <= f.since);
+    let mut events = Vec::new();
+    let mut resume = v.revision.max(f.since);
+    for e in v.feed.range(start..) {
+        if events.len() >= PAGE
+            && events
+                .last()
+                .is_some_and(|l: &(i64, Value)| l.0 != e.revision)
+        {
+            resume = events.last().map_or(resume, |l| l.0);
+            break;
+        }
+        let wanted = (f.resources.is_empty() || f.resources.iter().any(|r| **r == *e.resource))
+            && match &f.host {
+                Some(h) if &*e.resource == "ports" => e.hosts.iter().any(|x| x == h),
+                _ => true,
+            };
+        if wanted {
+            events.push((
+                e.revision,
+                json!({"revision": e.revision, "type": e.kind, "resource": &*e.resource, "id": &*e.id, "object": &*e.object}),
+            ));
+        }
+    }
+    Ok((events.into_iter().map(|(_, v)| v).collect(), resume))
+}
+
+pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronError> {
+    let mut f = Filter {
+        since: 0,
+        host: None,
+        resources: Vec::new(),
+    };
+    let mut wait = 30;
+    for (k, v) in pairs(q.as_deref()) {
+        match k.as_str() {
+            "since" => {
+                f.since = v.parse().map_err(|_| {
+                    NeutronError::bad_request(format!("since must be a revision, not '{v}'"))
+                })?
+            }
+            "timeout" => {
+                wait = v
+                    .parse::<u64>()
+                    .map_err(|_| {
+                        NeutronError::bad_request(format!("timeout must be seconds, not '{v}'"))
+                    })?
+                    .min(MAX_WAIT)
+            }
+            "binding:host_id" => f.host = Some(v),
+            "resource" => f.resources.push(v),
+            other => {
+                return Err(NeutronError::bad_request(format!(
+                    "Unknown watch parameter '{other}'"
+                )))
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    loop {
+        let (events, resume) = collect(&c.view(), &f)?;
+        if !events.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(answer(
+                StatusCode::OK,
+                json!({"revision": resume, "events": events}),
+            ));
+        }
+        // Nothing for this client up to `resume`: skip ahead and wait for more.
+        f.since = resume;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        c.wait_past(resume, left).await;
+    }
+}

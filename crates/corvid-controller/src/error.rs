@@ -1,0 +1,77 @@
+//! Errors in Neutron's wire shape: `{"NeutronError": {"type", "message", "detail"}}` with
+//! the HTTP status Neutron uses for each.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::store::StoreError;
+
+/// An error answer of the API.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NeutronError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Neutron's error type name.
+    pub kind: String,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+impl NeutronError {
+    /// Any error.
+    pub fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> NeutronError {
+        NeutronError {
+            status,
+            kind: kind.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// 400 for a body or query the API cannot take.
+    pub fn bad_request(message: impl Into<String>) -> NeutronError {
+        NeutronError::new(StatusCode::BAD_REQUEST, "HTTPBadRequest", message)
+    }
+
+    /// 400 for a value that is well-formed but not acceptable.
+    pub fn invalid_input(message: impl Into<String>) -> NeutronError {
+        NeutronError::new(
+            StatusCode::BAD_REQUEST,
+            "InvalidInput",
+            format!("Invalid input for operation: {}.", message.into()),
+        )
+    }
+
+    /// 404 for an unknown ID of a resource (`Port`, `Network`, ...).
+    pub fn not_found(what: &str, id: &str) -> NeutronError {
+        NeutronError::new(
+            StatusCode::NOT_FOUND,
+            &format!("{what}NotFound"),
+            format!("{what} {id} could not be found."),
+        )
+    }
+
+    /// 409 with a Neutron conflict type.
+    pub fn conflict(kind: &str, message: impl Into<String>) -> NeutronError {
+        NeutronError::new(StatusCode::CONFLICT, kind, message)
+    }
+}
+
+impl From<StoreError> for NeutronError {
+    fn from(e: StoreError) -> NeutronError {
+        NeutronError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "StoreUnavailable",
+            e.to_string(),
+        )
+    }
+}
+
+impl IntoResponse for NeutronError {
+    fn into_response(self) -> Response {
+        let body =
+            json!({"NeutronError": {"type": self.kind, "message": self.message, "detail": ""}});
+        (self.status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,213 @@
+//! The cluster store: etcd v3 through its JSON gateway (`/v3/kv/range`, `/v3/kv/txn`,
+//! `/v3/watch`), which every etcd since 3.4 serves on the client port. Going through the
+//! gateway keeps gRPC and protoc out of the build; etcd's own semantics (one revision per
+//! transaction, compares over a key range, watch from a revision) carry over unchanged.
+
+use std::io::BufReader;
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value};
+
+use super::{prefix_end, Compare, Event, KeyValue, Op, Store, StoreError, Txn};
+
+/// The etcd-backed store; tries each endpoint in turn.
+pub struct EtcdStore {
+    endpoints: Vec<String>,
+    agent: ureq::Agent,
+}
+
+fn b64(s: impl AsRef<[u8]>) -> String {
+    B64.encode(s)
+}
+
+/// etcd's gateway prints int64 as strings and leaves out zero values.
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn key_value(v: &Value) -> KeyValue {
+    let bytes = |f: &str| B64.decode(v[f].as_str().unwrap_or("")).unwrap_or_default();
+    KeyValue {
+        key: String::from_utf8_lossy(&bytes("key")).into_owned(),
+        value: bytes("value"),
+        create_revision: int(&v["create_revision"]),
+        mod_revision: int(&v["mod_revision"]),
+    }
+}
+
+impl EtcdStore {
+    /// Connects to etcd at the comma-separated client URLs and checks it answers.
+    pub fn connect(urls: &str) -> Result<EtcdStore, StoreError> {
+        let endpoints: Vec<String> = urls
+            .split(',')
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(StoreError::Backend("etcd: no endpoint given".into()));
+        }
+        let store = EtcdStore {
+            endpoints,
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(Duration::from_secs(3))
+                .timeout_read(Duration::from_secs(30))
+                .max_idle_connections_per_host(64)
+                .build(),
+        };
+        store.post("/v3/kv/range", &json!({ "key": b64("/"), "limit": 1 }))?;
+        Ok(store)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Result<Value, StoreError> {
+        let mut last = String::new();
+        for ep in &self.endpoints {
+            match self.agent.post(&format!("{ep}{path}")).send_json(body) {
+                Ok(resp) => {
+                    return resp
+                        .into_json()
+                        .map_err(|e| StoreError::Backend(e.to_string()))
+                }
+                Err(ureq::Error::Status(code, resp)) => {
+                    let text = resp.into_string().unwrap_or_default();
+                    return Err(StoreError::Backend(format!("etcd {path}: {code} {text}")));
+                }
+                Err(e) => last = format!("etcd {ep}: {e}"),
+            }
+        }
+        Err(StoreError::Backend(last))
+    }
+}
+
+fn compare(c: &Compare) -> Value {
+    match c {
+        Compare::CreateRevision(k, r) => {
+            json!({"key": b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": r})
+        }
+        Compare::ModRevision(k, r) => {
+            json!({"key": b64(k), "target": "MOD", "result": "EQUAL", "mod_revision": r})
+        }
+        // etcd compares every key in the range; with none, it compares an empty key,
+        // whose create revision is 0.
+        Compare::PrefixEmpty(p) => json!({
+            "key": b64(p), "range_end": b64(prefix_end(p)),
+            "target": "CREATE", "result": "EQUAL", "create_revision": 0
+        }),
+    }
+}
+
+fn op(o: &Op) -> Value {
+    match o {
+        Op::Put(k, v) => json!({"request_put": {"key": b64(k), "value": b64(v)}}),
+        Op::Delete(k) => json!({"request_delete_range": {"key": b64(k)}}),
+    }
+}
+
+impl Store for EtcdStore {
+    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let v = self.post(
+            "/v3/kv/range",
+            &json!({ "key": b64(prefix), "range_end": b64(prefix_end(prefix)) }),
+        )?;
+        let kvs = v["kvs"]
+            .as_array()
+            .map(|a| a.iter().map(key_value).collect());
+        Ok((kvs.unwrap_or_default(), int(&v["header"]["revision"])))
+    }
+
+    fn txn(&self, txn: Txn) -> Result<(bool, i64), StoreError> {
+        let body = json!({
+            "compare": txn.compares.iter().map(compare).collect::<Vec<_>>(),
+            "success": txn.ops.iter().map(op).collect::<Vec<_>>(),
+        });
+        let v = self.post("/v3/kv/txn", &body)?;
+        Ok((
+            v["succeeded"].as_bool().unwrap_or(false),
+            int(&v["header"]["revision"]),
+        ))
+    }
+
+    fn watch(
+        &self,
+        prefix: &str,
+        from: i64,
+    ) -> Result<Receiver<Result<Vec<Event>, StoreError>>, StoreError> {
+        let body = json!({"create_request": {
+            "key": b64(prefix), "range_end": b64(prefix_end(prefix)), "start_revision": from
+        }});
+        let mut last = String::new();
+        let mut stream = None;
+        for ep in &self.endpoints {
+            // A watch is idle between changes: no read timeout.
+            let agent = ureq::AgentBuilder::new()
+                .timeout_connect(Duration::from_secs(3))
+                .build();
+            match agent.post(&format!("{ep}/v3/watch")).send_json(&body) {
+                Ok(resp) => {
+                    stream = Some(resp.into_reader());
+                    break;
+                }
+                Err(e) => last = format!("etcd watch {ep}: {e}"),
+            }
+        }
+        let reader = stream.ok_or(StoreError::Backend(last))?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("corvid-etcd-watch".into())
+            .spawn(move || {
+                let messages = serde_json::Deserializer::from_reader(BufReader::new(reader))
+                    .into_iter::<Value>();
+                for msg in messages {
+                    let msg = match msg {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let _ = tx.send(Err(StoreError::Backend(format!("etcd watch: {e}"))));
+                            return;
+                        }
+                    };
+                    let r = &msg["result"];
+                    let compacted = int(&r["compact_revision"]);
+                    if compacted > 0 || r["canceled"].as_bool() == Some(true) {
+                        let _ = tx.send(Err(StoreError::Compacted(compacted.max(from))));
+                        return;
+                    }
+                    if msg.get("error").is_some() {
+                        let _ = tx.send(Err(StoreError::Backend(msg["error"].to_string())));
+                        return;
+                    }
+                    let events: Vec<Event> = r["events"]
+                        .as_array()
+                        .map(|a| a.as_slice())
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|e| match e["type"].as_str() {
+                            Some("DELETE") => Event::Delete(key_value(&e["kv"])),
+                            _ => Event::Put(key_value(&e["kv"])),
+                        })
+                        .collect();
+                    // One etcd message can hold several revisions: split them.
+                    let mut start = 0;
+                    while start < events.len() {
+                        let rev = events[start].revision();
+                        let end = events[start..]
+                            .iter()
+                            .position(|e| e.revision() != rev)
+                            .map_or(events.len(), |n| start + n);
+                        if tx.send(Ok(events[start..end].to_vec())).is_err() {
+                            return;
+                        }
+                        start = end;
+                    }
+                }
+                let _ = tx.send(Err(StoreError::Backend("etcd watch stream ended".into())));
+            })
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(rx)
+    }
+}

@@ -1,0 +1,280 @@
+//! The controller's in-memory copy of the store, kept current by one store watch. Reads
+//! and list filters are served from here; writes go to the store as compare-and-swap
+//! transactions and count only once the view has applied them, so the store stays the
+//! single source of truth even with several controllers on one etcd.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use corvid_api::{FloatingIp, Network, Port, Subnet, SubnetPool};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::keys::{self, Parsed};
+use crate::store::{Event, KeyValue};
+
+/// How many changes the watch feed keeps for agents to resume from.
+pub const FEED_LEN: usize = 50_000;
+
+/// The Octavia collections, stored as plain JSON objects.
+pub const LBAAS: [&str; 4] = ["loadbalancers", "listeners", "pools", "members"];
+
+/// One object with the store revisions its compare-and-swap writes check.
+#[derive(Debug)]
+pub struct Entry<T> {
+    /// The object.
+    pub obj: Arc<T>,
+    /// Store revision that created the key.
+    pub create_revision: i64,
+    /// Store revision of its last change.
+    pub mod_revision: i64,
+}
+
+impl<T> Clone for Entry<T> {
+    fn clone(&self) -> Self {
+        Entry {
+            obj: self.obj.clone(),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+        }
+    }
+}
+
+/// Objects of one collection by ID.
+pub type Table<T> = HashMap<String, Entry<T>>;
+
+/// One change of the watch feed, kept as JSON text until someone asks for it.
+#[derive(Debug, Clone)]
+pub struct FeedEntry {
+    /// Store revision.
+    pub revision: i64,
+    /// `put` or `delete`.
+    pub kind: &'static str,
+    /// Collection name.
+    pub resource: Arc<str>,
+    /// Object ID.
+    pub id: Arc<str>,
+    /// The object (after a put, before a delete).
+    pub object: Arc<Value>,
+    /// Hosts the change concerns (a port's binding before and after).
+    pub hosts: Vec<String>,
+}
+
+/// Secondary indexes of ports, for the filters adapters use on every call.
+#[derive(Debug, Default)]
+pub struct PortIndex {
+    by: HashMap<&'static str, HashMap<String, HashSet<String>>>,
+}
+
+/// Port attributes with an index.
+pub const INDEXED: [&str; 4] = ["device_id", "network_id", "binding:host_id", "name"];
+
+fn indexed_values(p: &Port) -> [(&'static str, &str); 4] {
+    [
+        ("device_id", &p.device_id),
+        ("network_id", &p.network_id),
+        ("binding:host_id", &p.binding_host_id),
+        ("name", &p.name),
+    ]
+}
+
+impl PortIndex {
+    fn insert(&mut self, p: &Port) {
+        for (attr, v) in indexed_values(p) {
+            let m = self.by.entry(attr).or_default();
+            m.entry(v.to_string()).or_default().insert(p.id.clone());
+        }
+    }
+
+    fn remove(&mut self, p: &Port) {
+        for (attr, v) in indexed_values(p) {
+            if let Some(m) = self.by.get_mut(attr) {
+                if let Some(set) = m.get_mut(v) {
+                    set.remove(&p.id);
+                    if set.is_empty() {
+                        m.remove(v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// IDs of ports whose `attr` is one of `values`; `None` if `attr` has no index.
+    pub fn lookup(&self, attr: &str, values: &[String]) -> Option<HashSet<String>> {
+        if !INDEXED.contains(&attr) {
+            return None;
+        }
+        let m = self.by.get(attr);
+        let mut out = HashSet::new();
+        for v in values {
+            if let Some(set) = m.and_then(|m| m.get(v)) {
+                out.extend(set.iter().cloned());
+            }
+        }
+        Some(out)
+    }
+}
+
+/// Everything the controller knows, at `revision`.
+#[derive(Debug, Default)]
+pub struct View {
+    /// The store revision applied last.
+    pub revision: i64,
+    /// Networks.
+    pub networks: Table<Network>,
+    /// Subnets.
+    pub subnets: Table<Subnet>,
+    /// Subnet pools.
+    pub subnetpools: Table<SubnetPool>,
+    /// Ports.
+    pub ports: Table<Port>,
+    /// Floating IPs.
+    pub floatingips: Table<FloatingIp>,
+    /// Octavia objects by collection.
+    pub lbaas: HashMap<&'static str, Table<Value>>,
+    /// Taken addresses by subnet.
+    pub ips: HashMap<String, HashSet<IpAddr>>,
+    /// MACs in use.
+    pub macs: HashSet<String>,
+    /// Port indexes.
+    pub port_index: PortIndex,
+    /// Recent changes for the watch feed.
+    pub feed: VecDeque<FeedEntry>,
+    /// The oldest revision the feed can resume from.
+    pub feed_start: i64,
+}
+
+fn put<T: DeserializeOwned>(table: &mut Table<T>, kv: &KeyValue, id: &str) -> Option<Arc<T>> {
+    let obj: T = serde_json::from_slice(&kv.value).ok()?;
+    let obj = Arc::new(obj);
+    table.insert(
+        id.to_string(),
+        Entry {
+            obj: obj.clone(),
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+        },
+    );
+    Some(obj)
+}
+
+fn json<T: Serialize>(obj: &T) -> Value {
+    serde_json::to_value(obj).unwrap_or(Value::Null)
+}
+
+impl View {
+    /// A view of a full `range` of the store at `revision`.
+    pub fn load(kvs: Vec<KeyValue>, revision: i64) -> View {
+        let mut v = View {
+            feed_start: revision + 1,
+            ..View::default()
+        };
+        for kv in kvs {
+            v.apply_one(&Event::Put(kv), false);
+        }
+        v.revision = revision;
+        v
+    }
+
+    /// Applies the changes of one store revision.
+    pub fn apply(&mut self, events: &[Event]) {
+        for e in events {
+            self.apply_one(e, true);
+            self.revision = self.revision.max(e.revision());
+        }
+        while self.feed.len() > FEED_LEN {
+            if let Some(old) = self.feed.pop_front() {
+                self.feed_start = old.revision + 1;
+            }
+        }
+    }
+
+    fn apply_one(&mut self, e: &Event, record: bool) {
+        let (kv, deleted) = match e {
+            Event::Put(kv) => (kv, false),
+            Event::Delete(kv) => (kv, true),
+        };
+        match keys::parse(&kv.key) {
+            Parsed::Ip(subnet, ip) => {
+                let set = self.ips.entry(subnet.to_string()).or_default();
+                if deleted {
+                    set.remove(&ip);
+                } else {
+                    set.insert(ip);
+                }
+            }
+            Parsed::Mac(mac) => {
+                if deleted {
+                    self.macs.remove(mac);
+                } else {
+                    self.macs.insert(mac.to_string());
+                }
+            }
+            Parsed::Resource(coll, id) => {
+                let (object, hosts) = self.apply_resource(coll, id, kv, deleted);
+                if let (true, Some(object)) = (record, object) {
+                    self.feed.push_back(FeedEntry {
+                        revision: kv.mod_revision,
+                        kind: if deleted { "delete" } else { "put" },
+                        resource: coll.into(),
+                        id: id.into(),
+                        object: Arc::new(object),
+                        hosts,
+                    });
+                }
+            }
+            Parsed::Other => {}
+        }
+    }
+
+    /// Updates one collection; returns the object for the feed and the hosts it concerns.
+    fn apply_resource(
+        &mut self,
+        coll: &str,
+        id: &str,
+        kv: &KeyValue,
+        deleted: bool,
+    ) -> (Option<Value>, Vec<String>) {
+        macro_rules! plain {
+            ($table:expr) => {{
+                let old = $table.remove(id).map(|e| json(&*e.obj));
+                if deleted {
+                    (old, Vec::new())
+                } else {
+                    (put(&mut $table, kv, id).map(|o| json(&*o)), Vec::new())
+                }
+            }};
+        }
+        match coll {
+            "networks" => plain!(self.networks),
+            "subnets" => plain!(self.subnets),
+            "subnetpools" => plain!(self.subnetpools),
+            "floatingips" => plain!(self.floatingips),
+            "ports" => {
+                let mut hosts = Vec::new();
+                let old = self.ports.remove(id).map(|e| {
+                    self.port_index.remove(&e.obj);
+                    hosts.push(e.obj.binding_host_id.clone());
+                    e.obj
+                });
+                if deleted {
+                    return (old.map(|o| json(&*o)), hosts);
+                }
+                let new = put(&mut self.ports, kv, id);
+                if let Some(p) = &new {
+                    self.port_index.insert(p);
+                    if !hosts.contains(&p.binding_host_id) {
+                        hosts.push(p.binding_host_id.clone());
+                    }
+                }
+                (new.map(|o| json(&*o)), hosts)
+            }
+            other => match LBAAS.iter().find(|c| **c == other) {
+                Some(c) => plain!(self.lbaas.entry(c).or_default()),
+                None => (None, Vec::new()),
+            },
+        }
+    }
+}
