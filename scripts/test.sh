@@ -17,6 +17,7 @@ command -v ping >/dev/null || need+=(iputils-ping)
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
 [ -x /usr/bin/busybox ] || need+=(busybox-static)
+command -v etcd >/dev/null || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update

@@ -342,14 +342,17 @@ fn vip(
     headers: &HeaderMap,
     lb_id: &str,
 ) -> Result<(), NeutronError> {
-    let port = match attr::<String>(o, "vip_port_id")? {
+    let port = match attr::<Option<String>>(o, "vip_port_id")?.flatten() {
         Some(pid) => super::lookup::<corvid_api::Port>(v, &pid)?
             .obj
             .as_ref()
             .clone(),
         None => {
-            let subnet: Option<String> = attr(o, "vip_subnet_id")?;
-            let network = match (&subnet, attr::<String>(o, "vip_network_id")?) {
+            let subnet: Option<String> = attr::<Option<String>>(o, "vip_subnet_id")?.flatten();
+            let network = match (
+                &subnet,
+                attr::<Option<String>>(o, "vip_network_id")?.flatten(),
+            ) {
                 (_, Some(n)) => n,
                 (Some(s), None) => super::lookup::<corvid_api::Subnet>(v, s)?
                     .obj

@@ -3,6 +3,9 @@
 //! fsync covers many requests; each transaction still gets its own revision and sees the
 //! writes of those before it.
 
+// redb's own error type is large; it only travels on the rare failure path.
+#![allow(clippy::result_large_err)]
+
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};

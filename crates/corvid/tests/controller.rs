@@ -1,0 +1,552 @@
+//! The controller through a real HTTP client against a spawned `corvid controller`, on
+//! both stores: redb (embedded) and a real etcd started by the test.
+
+#[path = "support/controller.rs"]
+mod support;
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corvid_api::{Client, FloatingIp, Network, Port, Subnet, SubnetPool};
+use serde_json::{json, Value};
+use support::{redb_store, Controller, Etcd};
+
+/// Runs `f` against a controller on each backend.
+fn on_both(f: impl Fn(&Controller)) {
+    let (_dir, spec) = redb_store();
+    f(&Controller::start(&spec, None));
+    let etcd = Etcd::start();
+    f(&Controller::start(&format!("etcd:{}", etcd.url), None));
+}
+
+fn network_with_subnet(c: &Client, cidr: &str, gateway: Value) -> (Network, Subnet) {
+    let net: Network = c.create(json!({"name": "net"})).expect("network");
+    let sub: Subnet = c
+        .create(json!({"network_id": net.id, "cidr": cidr, "ip_version": 4, "gateway_ip": gateway}))
+        .expect("subnet");
+    (net, sub)
+}
+
+fn kind(r: Result<impl Sized, corvid_api::ApiError>) -> (u16, String) {
+    match r {
+        Err(corvid_api::ApiError::Neutron { status, kind, .. }) => (status, kind),
+        Err(e) => panic!("transport error {e}"),
+        Ok(_) => panic!("expected an error"),
+    }
+}
+
+#[test]
+fn resource_lifecycle_filters_tags_and_errors() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let (net, sub) = network_with_subnet(&c, "10.0.0.0/24", json!("10.0.0.1"));
+        assert_eq!(sub.allocation_pools[0].start.to_string(), "10.0.0.2");
+        let net: Network = c.get(&net.id).unwrap();
+        assert_eq!(net.subnets, vec![sub.id.clone()]);
+
+        let auto: Port = c
+            .create(json!({"network_id": net.id, "name": "auto", "device_id": "dev-a"}))
+            .unwrap();
+        assert_eq!(auto.status, "DOWN");
+        assert!(auto.mac_address.starts_with("fa:16:3e:"));
+        assert!(sub.cidr.contains(&auto.fixed_ips[0].ip_address));
+        let fixed: Port = c
+            .create(
+                json!({"network_id": net.id, "name": "fixed", "mac_address": "fa:16:3e:11:22:33",
+                           "fixed_ips": [{"subnet_id": sub.id, "ip_address": "10.0.0.50"}],
+                           "device_owner": "kuryr:container", "binding:host_id": "node-1"}),
+            )
+            .unwrap();
+        assert_eq!(fixed.binding_vif_type, "veth");
+
+        // Errors, in Neutron's types and codes.
+        let dup = c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": sub.id, "ip_address": "10.0.0.50"}]}));
+        assert_eq!(kind(dup), (409, "IpAddressAlreadyAllocated".into()));
+        let outside = c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": sub.id, "ip_address": "10.9.9.9"}]}));
+        assert_eq!(kind(outside), (400, "InvalidIpForSubnet".into()));
+        let mac =
+            c.create::<Port>(json!({"network_id": net.id, "mac_address": "fa:16:3e:11:22:33"}));
+        assert_eq!(kind(mac), (409, "MacAddressInUse".into()));
+        assert_eq!(
+            kind(c.get::<Port>("00000000-0000-0000-0000-000000000000")),
+            (404, "PortNotFound".into())
+        );
+        assert_eq!(
+            kind(c.create::<Network>(json!({"name": "x", "bogus": 1}))),
+            (400, "HTTPBadRequest".into())
+        );
+        let (status, body, _) = c.request("POST", "/v2.0/networks", None).unwrap();
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(
+            kind(c.delete::<Subnet>(&sub.id)),
+            (409, "SubnetInUse".into())
+        );
+        assert_eq!(
+            kind(c.delete::<Network>(&net.id)),
+            (409, "NetworkInUse".into())
+        );
+
+        // Filters, fields, tags.
+        let (found, revision) = c.list::<Port>(&[("device_id", "dev-a")]).unwrap();
+        assert_eq!(found.iter().map(|p| &p.id).collect::<Vec<_>>(), [&auto.id]);
+        assert!(revision > 0);
+        let (found, _) = c
+            .list::<Port>(&[("fixed_ips", "ip_address=10.0.0.50")])
+            .unwrap();
+        assert_eq!(found[0].id, fixed.id);
+        let (found, _) = c
+            .list::<Port>(&[("device_owner", "kuryr:container"), ("network_id", &net.id)])
+            .unwrap();
+        assert_eq!(found.len(), 1);
+        let (_, v, _) = c
+            .request("GET", "/v2.0/ports?name=auto&fields=id&fields=name", None)
+            .unwrap();
+        assert_eq!(v["ports"][0], json!({"id": auto.id, "name": "auto"}));
+        c.add_tag::<Port>(&fixed.id, "k8s-pod").unwrap();
+        c.add_tag::<Port>(&fixed.id, "k8s-pod").unwrap();
+        c.add_tag::<Port>(&fixed.id, "kuryr.net.uuid.abc").unwrap();
+        let (s, _, _) = c
+            .request(
+                "GET",
+                &format!("/v2.0/ports/{}/tags/k8s-pod", fixed.id),
+                None,
+            )
+            .unwrap();
+        assert_eq!(s, 204);
+        let (s, v, _) = c
+            .request("GET", &format!("/v2.0/ports/{}/tags/nope", fixed.id), None)
+            .unwrap();
+        assert_eq!(
+            (s, v["NeutronError"]["type"].as_str()),
+            (404, Some("TagNotFound"))
+        );
+        let (s, v, _) = c
+            .request(
+                "PUT",
+                &format!("/v2.0/ports/{}/tags", auto.id),
+                Some(&json!({"tags": ["red", "blue"]})),
+            )
+            .unwrap();
+        assert_eq!((s, v), (200, json!({"tags": ["red", "blue"]})));
+        let ids = |q: &str| -> Vec<String> {
+            let (_, v, _) = c.request("GET", &format!("/v2.0/ports?{q}"), None).unwrap();
+            v["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            ids("tags=k8s-pod,kuryr.net.uuid.abc"),
+            std::slice::from_ref(&fixed.id)
+        );
+        assert_eq!(ids("tags-any=red,k8s-pod").len(), 2);
+        assert_eq!(
+            ids(&format!("network_id={}&not-tags=red", net.id)),
+            std::slice::from_ref(&fixed.id)
+        );
+        let (s, _, _) = c
+            .request(
+                "DELETE",
+                &format!("/v2.0/ports/{}/tags/k8s-pod", fixed.id),
+                None,
+            )
+            .unwrap();
+        assert_eq!(s, 204);
+        assert!(ids("tags=k8s-pod").is_empty());
+
+        // Update, guarded update, status report.
+        let renamed: Port = c
+            .update(&auto.id, json!({"name": "renamed", "device_id": "dev-b"}))
+            .unwrap();
+        assert_eq!(
+            (
+                renamed.name.as_str(),
+                renamed.revision_number > auto.revision_number
+            ),
+            ("renamed", true)
+        );
+        assert!(c
+            .list::<Port>(&[("device_id", "dev-a")])
+            .unwrap()
+            .0
+            .is_empty());
+        let (s, v, _) = c
+            .request(
+                "PUT",
+                &format!("/v2.0/ports/{}", auto.id),
+                Some(&json!({"port": {"name": "x"}})),
+            )
+            .unwrap();
+        assert_eq!(s, 200, "{v}");
+        let stale = ureq::put(&format!("{}/v2.0/ports/{}", ctl.url, auto.id))
+            .set("If-Match", "revision_number=999")
+            .send_json(json!({"port": {"name": "y"}}));
+        assert!(matches!(stale, Err(ureq::Error::Status(412, _))));
+        assert_eq!(
+            kind(c.update::<Port>(&auto.id, json!({"mac_address": "fa:16:3e:00:00:01"}))).0,
+            400
+        );
+        c.set_port_status(&fixed.id, "ACTIVE").unwrap();
+        assert_eq!(c.get::<Port>(&fixed.id).unwrap().status, "ACTIVE");
+
+        // Pagination walks every port exactly once.
+        for i in 0..5 {
+            c.create::<Port>(json!({"network_id": net.id, "name": format!("page-{i}")}))
+                .unwrap();
+        }
+        let mut seen = Vec::new();
+        let mut path = "/v2.0/ports?limit=2&sort_key=name&sort_dir=asc".to_string();
+        loop {
+            let (_, v, _) = c.request("GET", &path, None).unwrap();
+            seen.extend(
+                v["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| p["name"].as_str().unwrap().to_string()),
+            );
+            match v["ports_links"]
+                .as_array()
+                .and_then(|l| l.iter().find(|l| l["rel"] == "next"))
+            {
+                Some(next) => path = next["href"].as_str().unwrap().to_string(),
+                None => break,
+            }
+            if v["ports"].as_array().unwrap().len() < 2 {
+                break;
+            }
+        }
+        let mut sorted = seen.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(seen, sorted, "ascending, no repeats");
+        assert_eq!(seen.len(), 7);
+
+        // Bulk is all or nothing.
+        let bulk = c.create_bulk::<Port>(vec![
+            json!({"network_id": net.id, "name": "bulk-0"}),
+            json!({"network_id": net.id, "name": "bulk-1", "fixed_ips": [{"ip_address": "10.0.0.50"}]}),
+        ]);
+        assert_eq!(kind(bulk).0, 409);
+        assert!(
+            c.list::<Port>(&[("name", "bulk-0")]).unwrap().0.is_empty(),
+            "no half-made bulk"
+        );
+        let made = c
+            .create_bulk::<Port>(vec![
+                json!({"network_id": net.id, "name": "bulk-0"}),
+                json!({"network_id": net.id, "name": "bulk-1"}),
+            ])
+            .unwrap();
+        assert_eq!(made.len(), 2);
+
+        // Subnet pools carve by prefix length.
+        let pool: SubnetPool = c.create(json!({"name": "p", "prefixes": ["10.10.0.0/16"], "default_prefixlen": 24, "min_prefixlen": 16, "max_prefixlen": 28})).unwrap();
+        let net2: Network = c.create(json!({"name": "net2"})).unwrap();
+        let a: Subnet = c.create(json!({"network_id": net2.id, "subnetpool_id": pool.id, "prefixlen": 26, "ip_version": 4})).unwrap();
+        let b: Subnet = c
+            .create(json!({"network_id": net2.id, "subnetpool_id": pool.id, "ip_version": 4}))
+            .unwrap();
+        assert_eq!(a.cidr.to_string(), "10.10.0.0/26");
+        assert_eq!(b.cidr.to_string(), "10.10.1.0/24");
+        let mixed = c.create::<Subnet>(
+            json!({"network_id": net.id, "subnetpool_id": pool.id, "prefixlen": 26}),
+        );
+        assert_eq!(kind(mixed).0, 400);
+        assert_eq!(kind(c.delete::<SubnetPool>(&pool.id)).0, 409);
+
+        // Floating IPs.
+        let ext: Network = c
+            .create(json!({"name": "public", "router:external": true}))
+            .unwrap();
+        c.create::<Subnet>(json!({"network_id": ext.id, "cidr": "172.24.4.0/24"}))
+            .unwrap();
+        let fip: FloatingIp = c
+            .create(json!({"floating_network_id": ext.id, "port_id": fixed.id}))
+            .unwrap();
+        assert_eq!(
+            fip.fixed_ip_address,
+            Some("10.0.0.50".parse::<IpAddr>().unwrap())
+        );
+        assert_eq!(
+            fip.port_details.as_ref().map(|d| d.mac_address.as_str()),
+            Some("fa:16:3e:11:22:33")
+        );
+        let freed: FloatingIp = c.update(&fip.id, json!({"port_id": null})).unwrap();
+        assert_eq!(freed.port_id, None);
+        assert_eq!(
+            kind(c.create::<FloatingIp>(json!({"floating_network_id": net.id}))).0,
+            400
+        );
+
+        // Load balancers get a VIP port.
+        let (s, lb, _) = c
+            .request(
+                "POST",
+                "/v2/lbaas/loadbalancers",
+                Some(&json!({"loadbalancer": {"name": "lb", "vip_subnet_id": sub.id}})),
+            )
+            .unwrap();
+        assert_eq!(s, 201, "{lb}");
+        let lb = &lb["loadbalancer"];
+        let vip: Port = c.get(lb["vip_port_id"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            vip.fixed_ips[0].ip_address.to_string(),
+            lb["vip_address"].as_str().unwrap()
+        );
+        let (s, l, _) = c.request("POST", "/v2/lbaas/listeners", Some(&json!({"listener": {"loadbalancer_id": lb["id"], "protocol": "TCP", "protocol_port": 80}}))).unwrap();
+        assert_eq!(s, 201, "{l}");
+        let (s, p, _) = c.request("POST", "/v2/lbaas/pools", Some(&json!({"pool": {"listener_id": l["listener"]["id"], "loadbalancer_id": lb["id"], "protocol": "TCP", "lb_algorithm": "ROUND_ROBIN"}}))).unwrap();
+        assert_eq!(s, 201, "{p}");
+        let pool_id = p["pool"]["id"].as_str().unwrap();
+        let (s, _, _) = c
+            .request(
+                "POST",
+                &format!("/v2/lbaas/pools/{pool_id}/members"),
+                Some(&json!({"member": {"address": "10.0.0.50", "protocol_port": 8080}})),
+            )
+            .unwrap();
+        assert_eq!(s, 201);
+        let (_, shown, _) = c
+            .request("GET", &format!("/v2/lbaas/pools/{pool_id}"), None)
+            .unwrap();
+        assert_eq!(shown["pool"]["members"].as_array().unwrap().len(), 1);
+        let (s, _, _) = c.request("POST", "/v2/lbaas/listeners", Some(&json!({"listener": {"loadbalancer_id": lb["id"], "protocol": "TCP", "protocol_port": 70000}}))).unwrap();
+        assert_eq!(s, 400);
+
+        // The Mizar-MP route shape, with a subnet ID where the network ID goes.
+        let (s, v, _) = c
+            .request("POST", "/project/p1/ports", Some(&json!({"port": {"id": "0b6a3d8e-0000-4000-8000-000000000001", "network_id": sub.id,
+                "veth_name": "eth0", "veth_namespace": "/var/run/netns/x", "fast_path": true, "binding:host_id": "node-1",
+                "binding:profile": null, "allowed_address_pairs": [{}], "dns_name": "myport"}})))
+            .unwrap();
+        assert_eq!(s, 201, "{v}");
+        assert_eq!(v["port"]["network_ns"], "/var/run/netns/x");
+        c.set_port_status("0b6a3d8e-0000-4000-8000-000000000001", "ACTIVE")
+            .unwrap();
+        let (_, v, _) = c
+            .request(
+                "GET",
+                "/project/p1/ports/0b6a3d8e-0000-4000-8000-000000000001",
+                None,
+            )
+            .unwrap();
+        assert_eq!(v["port"]["status"], "UP");
+        let (_, v, _) = c
+            .request("GET", &format!("/project/p1/subnets/{}", sub.id), None)
+            .unwrap();
+        assert_eq!(v["subnet"]["gateway_ip"], "10.0.0.1");
+        let (s, _, _) = c
+            .request(
+                "DELETE",
+                "/project/p1/ports/0b6a3d8e-0000-4000-8000-000000000001",
+                None,
+            )
+            .unwrap();
+        assert_eq!(s, 200);
+
+        // The API describes itself.
+        let (s, doc, _) = c.request("GET", "/openapi.json", None).unwrap();
+        assert_eq!(s, 200);
+        assert!(doc["paths"]["/v2.0/ports/{id}"]["put"].is_object());
+    });
+}
+
+#[test]
+fn watch_feed_resumes_without_gaps_and_filters_by_host() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let (net, _) = network_with_subnet(&c, "10.1.0.0/24", json!(null));
+        let (_, start) = c.list::<Port>(&[]).unwrap();
+        let mine: Port = c
+            .create(json!({"network_id": net.id, "binding:host_id": "node-1"}))
+            .unwrap();
+        let _other: Port = c
+            .create(json!({"network_id": net.id, "binding:host_id": "node-2"}))
+            .unwrap();
+        let page = c
+            .watch(start, Some("node-1"), Duration::from_secs(1))
+            .unwrap();
+        let ports: Vec<&str> = page
+            .events
+            .iter()
+            .filter(|e| e.resource == "ports")
+            .map(|e| e.id.as_str())
+            .collect();
+        assert_eq!(ports, [mine.id.as_str()]);
+        // A long poll wakes on the next change, and resuming repeats nothing.
+        let waiter = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                c.watch(page.revision, Some("node-1"), Duration::from_secs(10))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        c.delete::<Port>(&mine.id).unwrap();
+        let next = waiter.join().unwrap().unwrap();
+        assert_eq!(next.events.len(), 1, "{next:?}");
+        assert_eq!(
+            (next.events[0].kind.as_str(), next.events[0].id.as_str()),
+            ("delete", mine.id.as_str())
+        );
+        assert!(next.revision > page.revision);
+        let empty = c
+            .watch(next.revision, Some("node-1"), Duration::from_secs(0))
+            .unwrap();
+        assert!(empty.events.is_empty());
+        assert_eq!(kind(c.watch(-5, None, Duration::from_secs(0))).0, 410);
+    });
+}
+
+/// Creates ports on `net` from `n` threads at once; returns the addresses handed out and
+/// the errors.
+fn concurrent_creates(
+    clients: &[Client],
+    net: &str,
+    n: usize,
+) -> (Vec<IpAddr>, Vec<(u16, String)>) {
+    let ips = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let (c, net, ips, errors) = (
+                clients[i % clients.len()].clone(),
+                net.to_string(),
+                ips.clone(),
+                errors.clone(),
+            );
+            std::thread::spawn(move || match c.create::<Port>(json!({"network_id": net})) {
+                Ok(p) => ips.lock().unwrap().push(p.fixed_ips[0].ip_address),
+                Err(e) => errors
+                    .lock()
+                    .unwrap()
+                    .push((e.status().unwrap_or(0), e.to_string())),
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let ips = ips.lock().unwrap().clone();
+    let errors = errors.lock().unwrap().clone();
+    (ips, errors)
+}
+
+#[test]
+fn concurrent_creates_get_distinct_addresses_until_exhausted() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let (net, _) = network_with_subnet(&c, "10.2.0.0/24", json!(null));
+        let (ips, errors) = concurrent_creates(std::slice::from_ref(&c), &net.id, 200);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            ips.iter().collect::<HashSet<_>>().len(),
+            200,
+            "200 distinct addresses"
+        );
+        let (more, errors) = concurrent_creates(std::slice::from_ref(&c), &net.id, 55);
+        assert_eq!(more.len(), 54, "254 addresses in all");
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].0, 409);
+        assert!(
+            errors[0].1.contains("IpAddressGenerationFailure"),
+            "{errors:?}"
+        );
+        let all: HashSet<_> = ips.iter().chain(&more).collect();
+        assert_eq!(all.len(), 254);
+    });
+}
+
+#[test]
+fn two_controllers_on_one_etcd_never_share_an_address() {
+    let etcd = Etcd::start();
+    let spec = format!("etcd:{}", etcd.url);
+    let (a, b) = (
+        Controller::start(&spec, None),
+        Controller::start(&spec, None),
+    );
+    let net: Network = a.client().create(json!({"name": "shared"})).unwrap();
+    a.client()
+        .create::<Subnet>(json!({"network_id": net.id, "cidr": "10.3.0.0/24", "gateway_ip": null}))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let (ips, errors) = concurrent_creates(&[a.client(), b.client()], &net.id, 240);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(ips.iter().collect::<HashSet<_>>().len(), 240);
+    let (seen_by_b, _) = b.client().list::<Port>(&[("network_id", &net.id)]).unwrap();
+    assert_eq!(seen_by_b.len(), 240);
+}
+
+#[test]
+fn a_killed_controller_keeps_every_acknowledged_create() {
+    let (_dir, spec) = redb_store();
+    let etcd = Etcd::start();
+    for spec in [spec, format!("etcd:{}", etcd.url)] {
+        let mut ctl = Controller::start(&spec, None);
+        let c = ctl.client();
+        let (net, sub) = network_with_subnet(&c, "10.4.0.0/16", json!("10.4.0.1"));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let (c, net, acked) = (c.clone(), net.id.clone(), acked.clone());
+                std::thread::spawn(move || {
+                    while let Ok(p) = c.create::<Port>(json!({"network_id": net})) {
+                        acked.lock().unwrap().push(p);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(700));
+        ctl.kill9();
+        for w in writers {
+            w.join().unwrap();
+        }
+        ctl.restart();
+        let c = ctl.client();
+        let acked = acked.lock().unwrap().clone();
+        assert!(
+            acked.len() > 10,
+            "the stream made progress: {}",
+            acked.len()
+        );
+        let (stored, _) = c.list::<Port>(&[("network_id", &net.id)]).unwrap();
+        let stored_ids: HashSet<&str> = stored.iter().map(|p| p.id.as_str()).collect();
+        for p in &acked {
+            assert!(
+                stored_ids.contains(p.id.as_str()),
+                "acknowledged port {} lost",
+                p.id
+            );
+            assert_eq!(c.get::<Port>(&p.id).unwrap(), *p);
+        }
+        // Nothing half-written: every stored port holds its address and MAC, so reusing
+        // them conflicts, and a fresh create still works.
+        let any = &stored[0];
+        let reuse = c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": sub.id, "ip_address": any.fixed_ips[0].ip_address}]}));
+        assert_eq!(kind(reuse).1, "IpAddressAlreadyAllocated");
+        assert_eq!(
+            kind(c.create::<Port>(json!({"network_id": net.id, "mac_address": any.mac_address}))).1,
+            "MacAddressInUse"
+        );
+        let addrs: HashSet<IpAddr> = stored.iter().map(|p| p.fixed_ips[0].ip_address).collect();
+        assert_eq!(addrs.len(), stored.len());
+        c.create::<Port>(json!({"network_id": net.id})).unwrap();
+    }
+}
+
+#[test]
+fn a_token_is_required_when_configured() {
+    let (_dir, spec) = redb_store();
+    let ctl = Controller::start(&spec, Some("s3cret"));
+    assert!(ctl.client().list::<Network>(&[]).is_ok());
+    let anonymous = Client::new(&ctl.url);
+    assert_eq!(kind(anonymous.list::<Network>(&[])).0, 401);
+    assert_eq!(
+        kind(anonymous.clone().with_token("wrong").list::<Network>(&[])).0,
+        401
+    );
+}
