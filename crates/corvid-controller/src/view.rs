@@ -16,7 +16,7 @@ use crate::keys::{self, Parsed};
 use crate::store::{Event, KeyValue};
 
 /// How many changes the watch feed keeps for agents to resume from.
-pub const FEED_LEN: usize = 50_000;
+pub const FEED_LEN: usize = 10_000;
 
 /// The Octavia collections, stored as plain JSON objects.
 pub const LBAAS: [&str; 4] = ["loadbalancers", "listeners", "pools", "members"];

@@ -19,7 +19,9 @@ const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
 /// How many revisions of history a watch can resume from.
-const HISTORY: usize = 20_000;
+const HISTORY: usize = 5_000;
+/// redb's page cache.
+const CACHE: usize = 32 << 20;
 /// Most transactions folded into one commit.
 const MAX_BATCH: usize = 512;
 

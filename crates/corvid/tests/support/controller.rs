@@ -130,6 +130,12 @@ impl Controller {
         }
     }
 
+    /// The controller's process ID.
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -137,6 +143,7 @@ impl Controller {
     }
 
     /// Starts a new controller process on the same store.
+    #[allow(dead_code)]
     pub fn restart(&mut self) {
         self.kill9();
         let token = self.token.clone();
