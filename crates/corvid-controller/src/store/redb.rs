@@ -72,7 +72,10 @@ impl RedbStore {
             std::fs::create_dir_all(dir).map_err(backend)?;
         }
         let db = Arc::new(
-            Database::create(path)
+            // redb caches up to 1 GiB by default; the view already holds what is read often.
+            Database::builder()
+                .set_cache_size(CACHE)
+                .create(path)
                 .map_err(|e| StoreError::Backend(format!("opening {}: {e}", path.display())))?,
         );
         let wtx = db.begin_write().map_err(backend)?;
