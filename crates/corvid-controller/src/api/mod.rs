@@ -147,6 +147,28 @@ pub fn object(
     Ok(obj.clone())
 }
 
+/// The objects of a create body: one under `singular`, or a bulk list under `plural`
+/// (returned with `true`).
+pub fn objects(
+    v: &Value,
+    singular: &str,
+    plural: &str,
+    allowed: &[&str],
+) -> Result<(bool, Vec<Map<String, Value>>), NeutronError> {
+    let Some(items) = v.get(plural).and_then(Value::as_array) else {
+        return Ok((false, vec![object(v, singular, allowed)?]));
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let o = item.as_object().ok_or_else(|| {
+            NeutronError::bad_request(format!("Each of \"{plural}\" must be an object"))
+        })?;
+        check_attrs(o, allowed)?;
+        out.push(o.clone());
+    }
+    Ok((true, out))
+}
+
 /// Refuses attributes not in `allowed`, in Neutron's words.
 pub fn check_attrs(obj: &Map<String, Value>, allowed: &[&str]) -> Result<(), NeutronError> {
     let unknown: Vec<&str> = obj

@@ -15,7 +15,7 @@ use ipnet::IpNet;
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, busy, check_attrs, encode, list, lookup, object, project_of, show,
+    answer, attr, body, busy, encode, list, lookup, object, objects, project_of, show,
     update_attrs, Ctl, Query, RETRIES,
 };
 use crate::controller::Controller;
@@ -185,18 +185,7 @@ async fn create_networks(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
-    let bulk = v.get("networks").and_then(Value::as_array).is_some();
-    let objs: Vec<Map<String, Value>> = if bulk {
-        let mut out = Vec::new();
-        for o in v["networks"].as_array().into_iter().flatten() {
-            let o = o.as_object().cloned().unwrap_or_default();
-            check_attrs(&o, NETWORK_ATTRS)?;
-            out.push(o);
-        }
-        out
-    } else {
-        vec![object(&v, "network", NETWORK_ATTRS)?]
-    };
+    let (bulk, objs) = objects(&v, "network", "networks", NETWORK_ATTRS)?;
     let mut txn = Txn::default();
     let mut nets = Vec::new();
     for o in &objs {

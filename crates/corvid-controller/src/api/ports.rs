@@ -18,8 +18,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, busy, check_attrs, encode, if_match, list, lookup, merge, object,
-    project_of, show, update_with, Ctl, Query, RETRIES,
+    answer, attr, body, busy, encode, if_match, list, lookup, merge, object, objects, project_of,
+    show, update_with, Ctl, Query, RETRIES,
 };
 use crate::controller::{Controller, Pending};
 use crate::error::NeutronError;
@@ -390,18 +390,7 @@ async fn create_ports(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
-    let bulk = v.get("ports").and_then(Value::as_array).is_some();
-    let objs: Vec<Map<String, Value>> = if bulk {
-        let mut out = Vec::new();
-        for o in v["ports"].as_array().into_iter().flatten() {
-            let o = o.as_object().cloned().unwrap_or_default();
-            check_attrs(&o, PORT_ATTRS)?;
-            out.push(o);
-        }
-        out
-    } else {
-        vec![object(&v, "port", PORT_ATTRS)?]
-    };
+    let (bulk, objs) = objects(&v, "port", "ports", PORT_ATTRS)?;
     for _ in 0..RETRIES {
         let mut pending = c.pending();
         let (ports, txn, seen) = {
