@@ -125,6 +125,32 @@ impl Controller {
     }
 }
 
+/// How often a write re-reads and retries after losing a compare-and-swap race.
+const RETRIES: usize = 64;
+
+impl Controller {
+    /// The write path: `plan` reads the view and returns a transaction and what to answer
+    /// if it commits; a lost compare-and-swap race re-runs `plan` on a fresher view.
+    pub async fn transact<T>(
+        &self,
+        mut plan: impl FnMut(&View) -> Result<(Txn, T), NeutronError>,
+    ) -> Result<T, NeutronError> {
+        for _ in 0..RETRIES {
+            let (txn, out, seen) = {
+                let v = self.view();
+                let (txn, out) = plan(&v)?;
+                (txn, out, v.revision)
+            };
+            if self.commit(txn).await?.is_some() {
+                return Ok(out);
+            }
+            drop(out);
+            self.wait_past(seen, Duration::from_millis(20)).await;
+        }
+        Err(NeutronError::busy())
+    }
+}
+
 /// Applies store changes to the view for as long as the controller lives; reloads the
 /// whole view if the store no longer has the history to resume from.
 fn follow(ctl: std::sync::Weak<Controller>) {

@@ -52,6 +52,14 @@ impl NeutronError {
         )
     }
 
+    /// 409 when a write kept losing compare-and-swap races.
+    pub fn busy() -> NeutronError {
+        NeutronError::conflict(
+            "Conflict",
+            "The resource changed concurrently too often; retry.",
+        )
+    }
+
     /// 409 with a Neutron conflict type.
     pub fn conflict(kind: &str, message: impl Into<String>) -> NeutronError {
         NeutronError::new(StatusCode::CONFLICT, kind, message)

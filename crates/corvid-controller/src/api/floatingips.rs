@@ -2,7 +2,6 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -14,8 +13,8 @@ use corvid_api::{FloatingIp, Network, Port, PortDetails};
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, busy, encode, if_match, list, lookup, object, project_of, show,
-    update_with, Ctl, Query, RETRIES,
+    answer, attr, body, encode, if_match, list, lookup, object, project_of, show, update_with, Ctl,
+    Query,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -122,11 +121,10 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
         .ok_or_else(|| NeutronError::bad_request("Missing floating_network_id"))?;
     let want: Option<IpAddr> = attr(&obj, "floating_ip_address")?;
     let id = new_id();
-    for _ in 0..RETRIES {
-        let mut pending = c.pending();
-        let (fip, txn, seen) = {
-            let v = c.view();
-            let net = lookup::<Network>(&v, &net_id)?;
+    let (fip, _pending) = c
+        .transact(|v| {
+            let mut pending = c.pending();
+            let net = lookup::<Network>(v, &net_id)?;
             if !net.obj.router_external {
                 return Err(NeutronError::bad_request(format!(
                     "Bad floatingip request: Network {net_id} is not a valid external network."
@@ -183,7 +181,7 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                 revision_number: 0,
             };
             associate(
-                &v,
+                v,
                 &mut fip,
                 attr(&obj, "port_id")?,
                 attr(&obj, "fixed_ip_address")?,
@@ -203,15 +201,10 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                     Op::Put(keys::resource("floatingips", &id), encode(&fip)),
                 ],
             };
-            (fip, txn, v.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            return Ok(answer(StatusCode::CREATED, json!({ "floatingip": fip })));
-        }
-        drop(pending);
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+            Ok((txn, (fip, pending)))
+        })
+        .await?;
+    Ok(answer(StatusCode::CREATED, json!({ "floatingip": fip })))
 }
 
 async fn update(
@@ -238,35 +231,29 @@ async fn update(
 }
 
 async fn delete(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
-    for _ in 0..RETRIES {
-        let (txn, seen) = {
-            let v = c.view();
-            let e = lookup::<FloatingIp>(&v, &id)?;
-            let f = &e.obj;
-            let subnet = v
-                .subnets
-                .values()
-                .find(|s| {
-                    s.obj.network_id == f.floating_network_id
-                        && s.obj.cidr.contains(&f.floating_ip_address)
-                })
-                .map(|s| s.obj.id.clone())
-                .unwrap_or_default();
-            let key = keys::resource("floatingips", &id);
-            let txn = Txn {
-                compares: vec![Compare::ModRevision(key.clone(), e.mod_revision)],
-                ops: vec![
-                    Op::Delete(key),
-                    Op::Delete(keys::ip(&subnet, f.floating_ip_address)),
-                    Op::Delete(keys::network_user(&f.floating_network_id, &id)),
-                ],
-            };
-            (txn, v.revision)
+    c.transact(|v| {
+        let e = lookup::<FloatingIp>(v, &id)?;
+        let f = &e.obj;
+        let subnet = v
+            .subnets
+            .values()
+            .find(|s| {
+                s.obj.network_id == f.floating_network_id
+                    && s.obj.cidr.contains(&f.floating_ip_address)
+            })
+            .map(|s| s.obj.id.clone())
+            .unwrap_or_default();
+        let key = keys::resource("floatingips", &id);
+        let txn = Txn {
+            compares: vec![Compare::ModRevision(key.clone(), e.mod_revision)],
+            ops: vec![
+                Op::Delete(key),
+                Op::Delete(keys::ip(&subnet, f.floating_ip_address)),
+                Op::Delete(keys::network_user(&f.floating_network_id, &id)),
+            ],
         };
-        if c.commit(txn).await?.is_some() {
-            return Ok(StatusCode::NO_CONTENT);
-        }
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+        Ok((txn, ()))
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -4,7 +4,6 @@
 //! update two objects to stay consistent.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -15,7 +14,7 @@ use axum::Router;
 use serde_json::{json, Map, Value};
 
 use super::ports::{plan_port, port_removal};
-use super::{answer, attr, body, busy, encode, object, project_of, Ctl, Query, RETRIES};
+use super::{answer, attr, body, encode, object, project_of, Ctl, Query};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -291,15 +290,14 @@ async fn create(
     );
     o.insert("created_at".into(), json!(t));
     o.insert("updated_at".into(), json!(t));
-    for _ in 0..RETRIES {
-        let mut pending = c.pending();
-        let mut o = o.clone();
-        let (txn, seen) = {
-            let v = c.view();
-            require(&v, &o, "loadbalancer_id", &LOADBALANCER)?;
-            require(&v, &o, "listener_id", &LISTENER)?;
-            require(&v, &o, "default_pool_id", &POOL)?;
-            require(&v, &o, "pool_id", &POOL)?;
+    let (o, _pending) = c
+        .transact(|v| {
+            let mut pending = c.pending();
+            let mut o = o.clone();
+            require(v, &o, "loadbalancer_id", &LOADBALANCER)?;
+            require(v, &o, "listener_id", &LISTENER)?;
+            require(v, &o, "default_pool_id", &POOL)?;
+            require(v, &o, "pool_id", &POOL)?;
             let key = keys::resource(spec.plural, &id);
             let mut txn = Txn {
                 compares: vec![Compare::CreateRevision(key.clone(), 0)],
@@ -314,22 +312,17 @@ async fn create(
                 ));
             }
             if spec.plural == "loadbalancers" {
-                vip(&v, &mut pending, &mut o, &mut txn, headers, &id)?;
+                vip(v, &mut pending, &mut o, &mut txn, headers, &id)?;
             }
             txn.ops.push(Op::Put(key, encode(&o)));
-            (txn, v.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            let v = c.view();
-            return Ok(answer(
-                StatusCode::CREATED,
-                json!({ spec.singular: full(&v, spec, Value::Object(o)) }),
-            ));
-        }
-        drop(pending);
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+            Ok((txn, (o, pending)))
+        })
+        .await?;
+    let v = c.view();
+    Ok(answer(
+        StatusCode::CREATED,
+        json!({ spec.singular: full(&v, spec, Value::Object(o)) }),
+    ))
 }
 
 /// Gives a new load balancer its VIP: the port named by `vip_port_id`, or a new port on
@@ -400,10 +393,9 @@ async fn update(
     b: &Bytes,
 ) -> Result<Response, NeutronError> {
     let attrs = object(&body(b)?, spec.singular, spec.update)?;
-    for _ in 0..RETRIES {
-        let (o, txn, seen) = {
-            let v = c.view();
-            let (mut o, modrev) = get_obj(&v, spec, id)?;
+    let o = c
+        .transact(|v| {
+            let (mut o, modrev) = get_obj(v, spec, id)?;
             for (k, val) in &attrs {
                 o[k.as_str()] = val.clone();
             }
@@ -413,58 +405,48 @@ async fn update(
                 compares: vec![Compare::ModRevision(key.clone(), modrev)],
                 ops: vec![Op::Put(key, encode(&o))],
             };
-            (full(&v, spec, o), txn, v.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            return Ok(answer(StatusCode::OK, json!({ spec.singular: o })));
-        }
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+            Ok((txn, full(v, spec, o)))
+        })
+        .await?;
+    Ok(answer(StatusCode::OK, json!({ spec.singular: o })))
 }
 
 async fn delete(c: &Controller, spec: &Spec, id: &str) -> Result<StatusCode, NeutronError> {
-    for _ in 0..RETRIES {
-        let (txn, seen) = {
-            let v = c.view();
-            let (o, modrev) = get_obj(&v, spec, id)?;
-            let key = keys::resource(spec.plural, id);
-            let mut txn = Txn {
-                compares: vec![Compare::ModRevision(key.clone(), modrev)],
-                ops: vec![Op::Delete(key)],
-            };
-            match spec.plural {
-                "loadbalancers" => {
-                    let used = !children(&v, &LISTENER, "loadbalancer_id", id).is_empty()
-                        || !children(&v, &POOL, "loadbalancer_id", id).is_empty();
-                    if used {
-                        return Err(NeutronError::conflict(
-                            "LoadBalancerInUse",
-                            format!("Load balancer {id} still has listeners or pools."),
-                        ));
-                    }
-                    if let Some(p) = o["vip_port_id"].as_str().and_then(|p| v.ports.get(p)) {
-                        if p.obj.device_owner == "Octavia" {
-                            let removal = port_removal(p);
-                            txn.compares.extend(removal.compares);
-                            txn.ops.extend(removal.ops);
-                        }
-                    }
-                }
-                "pools" => {
-                    for m in table(&v, &MEMBER).filter(|m| m["pool_id"] == *id) {
-                        let mid = m["id"].as_str().unwrap_or("");
-                        txn.ops.push(Op::Delete(keys::resource("members", mid)));
-                    }
-                }
-                _ => {}
-            }
-            (txn, v.revision)
+    c.transact(|v| {
+        let (o, modrev) = get_obj(v, spec, id)?;
+        let key = keys::resource(spec.plural, id);
+        let mut txn = Txn {
+            compares: vec![Compare::ModRevision(key.clone(), modrev)],
+            ops: vec![Op::Delete(key)],
         };
-        if c.commit(txn).await?.is_some() {
-            return Ok(StatusCode::NO_CONTENT);
+        match spec.plural {
+            "loadbalancers" => {
+                let used = !children(v, &LISTENER, "loadbalancer_id", id).is_empty()
+                    || !children(v, &POOL, "loadbalancer_id", id).is_empty();
+                if used {
+                    return Err(NeutronError::conflict(
+                        "LoadBalancerInUse",
+                        format!("Load balancer {id} still has listeners or pools."),
+                    ));
+                }
+                if let Some(p) = o["vip_port_id"].as_str().and_then(|p| v.ports.get(p)) {
+                    if p.obj.device_owner == "Octavia" {
+                        let removal = port_removal(p);
+                        txn.compares.extend(removal.compares);
+                        txn.ops.extend(removal.ops);
+                    }
+                }
+            }
+            "pools" => {
+                for m in table(v, &MEMBER).filter(|m| m["pool_id"] == *id) {
+                    let mid = m["id"].as_str().unwrap_or("");
+                    txn.ops.push(Op::Delete(keys::resource("members", mid)));
+                }
+            }
+            _ => {}
         }
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+        Ok((txn, ()))
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
 }

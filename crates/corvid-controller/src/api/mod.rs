@@ -9,7 +9,6 @@ mod ports;
 mod watch;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 pub use axum::extract::RawQuery as Query;
@@ -33,9 +32,6 @@ use crate::view::{Entry, Table, View};
 
 /// Shared state of the handlers.
 pub type Ctl = State<Arc<Controller>>;
-
-/// How often a write re-reads and retries after losing a compare-and-swap race.
-const RETRIES: usize = 64;
 
 /// Project used when a request names none (no Keystone here).
 const DEFAULT_PROJECT: &str = "corvid";
@@ -287,45 +283,31 @@ pub async fn update_with<K: Kind>(
     expected: Option<u64>,
     mut change: impl FnMut(&View, &mut K, &mut Txn) -> Result<(), NeutronError>,
 ) -> Result<K, NeutronError> {
-    for _ in 0..RETRIES {
-        let (mut obj, mut txn, seen) = {
-            let v = ctl.view();
-            let entry = lookup::<K>(&v, id)?;
-            let mut obj = (*entry.obj).clone();
-            if let Some(want) = expected {
-                let current = *obj.stamps().0;
-                if want != current {
-                    return Err(NeutronError::new(
-                        StatusCode::PRECONDITION_FAILED,
-                        "RevisionNumberConstraintFailed",
-                        format!("Constrained to {want}, but current revision is {current}"),
-                    ));
-                }
+    ctl.transact(|v| {
+        let entry = lookup::<K>(v, id)?;
+        let mut obj = (*entry.obj).clone();
+        if let Some(want) = expected {
+            let current = *obj.stamps().0;
+            if want != current {
+                return Err(NeutronError::new(
+                    StatusCode::PRECONDITION_FAILED,
+                    "RevisionNumberConstraintFailed",
+                    format!("Constrained to {want}, but current revision is {current}"),
+                ));
             }
-            let mut txn = Txn::default();
-            change(&v, &mut obj, &mut txn)?;
-            (obj, txn, (entry.mod_revision, v.revision))
-        };
+        }
+        let mut txn = Txn::default();
+        change(v, &mut obj, &mut txn)?;
         let (rev, updated) = obj.stamps();
         *rev += 1;
         *updated = now();
         let key = keys::resource(K::PLURAL, id);
-        txn.compares.push(Compare::ModRevision(key.clone(), seen.0));
+        txn.compares
+            .push(Compare::ModRevision(key.clone(), entry.mod_revision));
         txn.ops.push(Op::Put(key, encode(&obj)));
-        if ctl.commit(txn).await?.is_some() {
-            return Ok(obj);
-        }
-        ctl.wait_past(seen.1, Duration::from_millis(20)).await;
-    }
-    Err(busy())
-}
-
-/// 409 when a write kept losing races.
-pub fn busy() -> NeutronError {
-    NeutronError::conflict(
-        "Conflict",
-        "The resource changed concurrently too often; retry.",
-    )
+        Ok((txn, obj))
+    })
+    .await
 }
 
 /// Merges `attrs` into an object through its JSON form, so each kind's field types validate.

@@ -2,7 +2,6 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -15,8 +14,8 @@ use ipnet::IpNet;
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, busy, encode, list, lookup, object, objects, project_of, show,
-    update_attrs, Ctl, Query, RETRIES,
+    answer, attr, body, encode, list, lookup, object, objects, project_of, show, update_attrs, Ctl,
+    Query,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -209,10 +208,9 @@ async fn create_networks(
 }
 
 async fn delete_network(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
-    for _ in 0..RETRIES {
-        let (txn, seen) = {
-            let v = c.view();
-            let net = lookup::<Network>(&v, &id)?;
+    c
+        .transact(|v| {
+            let net = lookup::<Network>(v, &id)?;
             let users: Vec<&str> = v
                 .ports
                 .values()
@@ -245,14 +243,10 @@ async fn delete_network(State(c): Ctl, Path(id): Path<String>) -> Result<StatusC
             for s in &net.obj.subnets {
                 txn.ops.push(Op::Delete(keys::resource("subnets", s)));
             }
-            (txn, v.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            return Ok(StatusCode::NO_CONTENT);
-        }
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+            Ok((txn, ()))
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Where a new subnet's prefix comes from.
@@ -323,12 +317,17 @@ async fn create_subnet(
         attr(&obj, "network_id")?.ok_or_else(|| NeutronError::bad_request("Missing network_id"))?;
     let pool_id: Option<String> = attr(&obj, "subnetpool_id")?;
     let id: String = attr(&obj, "id")?.unwrap_or_else(new_id);
-    for _ in 0..RETRIES {
-        let (subnet, txn, seen) = {
-            let v = c.view();
-            let net = lookup::<Network>(&v, &network_id)?;
+    let subnet = c
+        .transact(|v| {
+            if v.subnets.contains_key(&id) {
+                return Err(NeutronError::conflict(
+                    "SubnetExists",
+                    format!("Subnet {id} already exists."),
+                ));
+            }
+            let net = lookup::<Network>(v, &network_id)?;
             let pool = match &pool_id {
-                Some(p) => Some(lookup::<SubnetPool>(&v, p)?),
+                Some(p) => Some(lookup::<SubnetPool>(v, p)?),
                 None => None,
             };
             let siblings: Vec<&Subnet> = net
@@ -430,27 +429,16 @@ async fn create_subnet(
                     .push(Compare::ModRevision(key.clone(), p.mod_revision));
                 txn.ops.push(Op::Put(key, encode(&*p.obj)));
             }
-            (subnet, txn, v.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            return Ok(answer(StatusCode::CREATED, json!({ "subnet": subnet })));
-        }
-        if c.view().subnets.contains_key(&id) {
-            return Err(NeutronError::conflict(
-                "SubnetExists",
-                format!("Subnet {id} already exists."),
-            ));
-        }
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+            Ok((txn, subnet))
+        })
+        .await?;
+    Ok(answer(StatusCode::CREATED, json!({ "subnet": subnet })))
 }
 
 async fn delete_subnet(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
-    for _ in 0..RETRIES {
-        let (txn, seen) = {
-            let v = c.view();
-            let sub = lookup::<Subnet>(&v, &id)?;
+    c
+        .transact(|v| {
+            let sub = lookup::<Subnet>(v, &id)?;
             if v.ips.get(&id).is_some_and(|s| !s.is_empty()) {
                 return Err(NeutronError::conflict(
                     "SubnetInUse",
@@ -473,14 +461,10 @@ async fn delete_subnet(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCo
                     .push(Compare::ModRevision(net_key.clone(), net.mod_revision));
                 txn.ops.push(Op::Put(net_key, encode(&network)));
             }
-            (txn, v.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            return Ok(StatusCode::NO_CONTENT);
-        }
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+            Ok((txn, ()))
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn create_subnetpool(
@@ -584,6 +568,6 @@ async fn delete_subnetpool(
     };
     match c.commit(txn).await? {
         Some(_) => Ok(StatusCode::NO_CONTENT),
-        None => Err(busy()),
+        None => Err(NeutronError::busy()),
     }
 }

@@ -5,7 +5,6 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -18,8 +17,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, busy, encode, if_match, list, lookup, merge, object, objects, project_of,
-    show, update_with, Ctl, Query, RETRIES,
+    answer, attr, body, encode, if_match, list, lookup, merge, object, objects, project_of, show,
+    update_with, Ctl, Query,
 };
 use crate::controller::{Controller, Pending};
 use crate::error::NeutronError;
@@ -391,31 +390,25 @@ async fn create_ports(
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
     let (bulk, objs) = objects(&v, "port", "ports", PORT_ATTRS)?;
-    for _ in 0..RETRIES {
-        let mut pending = c.pending();
-        let (ports, txn, seen) = {
-            let view = c.view();
+    let (ports, _pending) = c
+        .transact(|view| {
+            let mut pending = c.pending();
             let mut ports = Vec::new();
             let mut txn = Txn::default();
             for o in &objs {
-                let plan = plan_port(&view, &mut pending, o, &headers)?;
+                let plan = plan_port(view, &mut pending, o, &headers)?;
                 txn.compares.extend(plan.txn.compares);
                 txn.ops.extend(plan.txn.ops);
                 ports.push(plan.port);
             }
-            (ports, txn, view.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            return Ok(if bulk {
-                answer(StatusCode::CREATED, json!({ "ports": ports }))
-            } else {
-                answer(StatusCode::CREATED, json!({ "port": ports[0] }))
-            });
-        }
-        drop(pending);
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+            Ok((txn, (ports, pending)))
+        })
+        .await?;
+    Ok(if bulk {
+        answer(StatusCode::CREATED, json!({ "ports": ports }))
+    } else {
+        answer(StatusCode::CREATED, json!({ "port": ports[0] }))
+    })
 }
 
 async fn update_port(
@@ -472,36 +465,30 @@ pub(super) fn port_removal(e: &Entry<Port>) -> Txn {
 
 /// Deletes a port with its addresses and MAC; floating IPs on it are disassociated.
 pub async fn delete_port(c: &Controller, id: &str) -> Result<(), NeutronError> {
-    for _ in 0..RETRIES {
-        let (txn, seen) = {
-            let v = c.view();
-            let e = lookup::<Port>(&v, id)?;
-            let mut txn = port_removal(&e);
-            for fip in v
-                .floatingips
-                .values()
-                .filter(|f| f.obj.port_id.as_deref() == Some(id))
-            {
-                let mut f = (*fip.obj).clone();
-                f.port_id = None;
-                f.fixed_ip_address = None;
-                f.port_details = None;
-                f.router_id = None;
-                f.revision_number += 1;
-                f.updated_at = now();
-                let k = keys::resource("floatingips", &f.id);
-                txn.compares
-                    .push(Compare::ModRevision(k.clone(), fip.mod_revision));
-                txn.ops.push(Op::Put(k, encode(&f)));
-            }
-            (txn, v.revision)
-        };
-        if c.commit(txn).await?.is_some() {
-            return Ok(());
+    c.transact(|v| {
+        let e = lookup::<Port>(v, id)?;
+        let mut txn = port_removal(&e);
+        for fip in v
+            .floatingips
+            .values()
+            .filter(|f| f.obj.port_id.as_deref() == Some(id))
+        {
+            let mut f = (*fip.obj).clone();
+            f.port_id = None;
+            f.fixed_ip_address = None;
+            f.port_details = None;
+            f.router_id = None;
+            f.revision_number += 1;
+            f.updated_at = now();
+            let k = keys::resource("floatingips", &f.id);
+            txn.compares
+                .push(Compare::ModRevision(k.clone(), fip.mod_revision));
+            txn.ops.push(Op::Put(k, encode(&f)));
         }
-        c.wait_past(seen, Duration::from_millis(20)).await;
-    }
-    Err(busy())
+        Ok((txn, ()))
+    })
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]
