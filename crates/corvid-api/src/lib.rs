@@ -1,5 +1,5 @@
 //! The network controller's resource model in Neutron v2.0 JSON shape (networks, subnets,
-//! subnetpools, ports, floating IPs, the watch feed) and the typed HTTP client that every
+//! subnetpools, ports, floating IPs, hosts, the watch feed) and the typed HTTP client that every
 //! adapter (CNI plugin, Docker driver, agent) uses to reach the controller.
 
 #![deny(missing_docs)]
@@ -9,6 +9,6 @@ pub mod model;
 
 pub use client::{ApiError, Client};
 pub use model::{
-    AllocationPool, FixedIp, FloatingIp, HostRoute, Network, Port, PortDetails, Resource, Subnet,
+    AllocationPool, FixedIp, FloatingIp, Host, HostRoute, Network, Port, PortDetails, Resource, Subnet,
     SubnetPool, WatchEvent, WatchPage,
 };

@@ -57,6 +57,19 @@ pub struct Network {
     pub updated_at: String,
     /// Bumped on every change; `If-Match: revision_number=N` guards updates.
     pub revision_number: u64,
+    /// How the network crosses hosts: always `vxlan`.
+    #[serde(rename = "provider:network_type", default = "vxlan")]
+    pub network_type: String,
+    /// The VXLAN network identifier the controller allocated (1 to 16777215).
+    #[serde(rename = "provider:segmentation_id", default)]
+    pub segmentation_id: u32,
+    /// Agents masquerade traffic that leaves the network's subnets from their host.
+    #[serde(rename = "corvid:masquerade", default)]
+    pub masquerade: bool,
+}
+
+fn vxlan() -> String {
+    "vxlan".into()
 }
 
 impl Resource for Network {
@@ -333,6 +346,35 @@ pub struct FloatingIp {
 impl Resource for FloatingIp {
     const SINGULAR: &'static str = "floatingip";
     const PLURAL: &'static str = "floatingips";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// A host running an agent: where its overlay tunnels end.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Host {
+    /// The host ID ports name in `binding:host_id`.
+    pub id: String,
+    /// The address other hosts send VXLAN traffic to.
+    pub underlay_ip: IpAddr,
+    /// Free-form description.
+    #[serde(default)]
+    pub description: String,
+    /// Tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change.
+    pub revision_number: u64,
+}
+
+impl Resource for Host {
+    const SINGULAR: &'static str = "host";
+    const PLURAL: &'static str = "hosts";
     fn id(&self) -> &str {
         &self.id
     }

@@ -35,6 +35,11 @@ pub fn network_users(network: &str) -> String {
     format!("{ROOT}netuse/{network}/")
 }
 
+/// A VXLAN segment ID taken by a network: `/corvid/vni/<id>` (value: the network's ID).
+pub fn vni(id: u32) -> String {
+    format!("{ROOT}vni/{id}")
+}
+
 /// What a key names.
 #[derive(Debug, PartialEq)]
 pub enum Parsed<'a> {

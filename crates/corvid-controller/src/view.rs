@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use corvid_api::{FloatingIp, Network, Port, Subnet, SubnetPool};
+use corvid_api::{FloatingIp, Host, Network, Port, Subnet, SubnetPool};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -132,6 +132,8 @@ pub struct View {
     pub ports: Table<Port>,
     /// Floating IPs.
     pub floatingips: Table<FloatingIp>,
+    /// Hosts with an agent.
+    pub hosts: Table<Host>,
     /// Octavia objects by collection.
     pub lbaas: HashMap<&'static str, Table<Value>>,
     /// Taken addresses by subnet.
@@ -252,6 +254,7 @@ impl View {
             "subnets" => plain!(self.subnets),
             "subnetpools" => plain!(self.subnetpools),
             "floatingips" => plain!(self.floatingips),
+            "hosts" => plain!(self.hosts),
             "ports" => {
                 let mut hosts = Vec::new();
                 let old = self.ports.remove(id).map(|e| {

@@ -73,6 +73,10 @@ pub struct PortSpec<'a> {
     pub vlan: Option<u16>,
     /// Keep VLAN 1 on a tagged port.
     pub keep_default_vlan: bool,
+    /// MAC of the container end; the kernel picks one when none.
+    pub mac: Option<&'a str>,
+    /// Name of the host end; a random `vethXXXXXXXX` when none.
+    pub host_name: Option<&'a str>,
 }
 
 /// A plugged port: the host end on the bridge, the container end in the namespace.
@@ -99,8 +103,8 @@ fn random_suffix() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Creates a veth pair: a fresh `vethXXXXXXXX` on the bridge, up, and `spec.ifname`
-/// inside `netns`, up. The caller has checked that `spec.ifname` is free there.
+/// Creates a veth pair: the host end (`spec.host_name` or a fresh `vethXXXXXXXX`) on
+/// the bridge, up, and `spec.ifname` inside `netns`, up. The caller has checked that `spec.ifname` is free there.
 pub fn plug(
     host: &mut Netlink,
     container: &mut Netlink,
@@ -110,9 +114,19 @@ pub fn plug(
 ) -> Result<Port> {
     let mut attempt = 0;
     let host_name = loop {
-        let name = format!("veth{}", random_suffix());
-        match host.add_veth(&name, Some(bridge.index), spec.ifname, netns, spec.mtu) {
-            Err(e) if e.errno() == Some(libc::EEXIST) && attempt < 3 => {
+        let name = match spec.host_name {
+            Some(n) => n.to_string(),
+            None => format!("veth{}", random_suffix()),
+        };
+        match host.add_veth(
+            &name,
+            Some(bridge.index),
+            spec.ifname,
+            netns,
+            spec.mtu,
+            spec.mac,
+        ) {
+            Err(e) if e.errno() == Some(libc::EEXIST) && attempt < 3 && spec.host_name.is_none() => {
                 if container.link_by_name(spec.ifname)?.is_some() {
                     return Err(e);
                 }

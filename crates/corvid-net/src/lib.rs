@@ -9,6 +9,7 @@ pub mod link;
 pub mod netlink;
 pub mod netns;
 pub mod nft;
+pub mod overlay;
 pub mod route;
 pub mod sysctl;
 

@@ -20,6 +20,8 @@ pub enum LinkKind {
     Veth,
     /// A VLAN sub-interface.
     Vlan,
+    /// A VXLAN tunnel device.
+    Vxlan,
     /// Anything else (loopback, physical, ...), with the kernel's kind name if any.
     Other(String),
 }
@@ -56,6 +58,15 @@ pub fn format_mac(bytes: &[u8]) -> String {
         .join(":")
 }
 
+/// Parses `aa:bb:cc:dd:ee:ff` into six bytes.
+pub fn parse_mac(s: &str) -> Option<Vec<u8>> {
+    let bytes: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16).ok().filter(|_| p.len() == 2))
+        .collect::<Option<_>>()?;
+    (bytes.len() == 6).then_some(bytes)
+}
+
 impl Link {
     fn from_message(m: LinkMessage) -> Link {
         let mut link = Link {
@@ -83,6 +94,7 @@ impl Link {
                                 InfoKind::Bridge => LinkKind::Bridge,
                                 InfoKind::Veth => LinkKind::Veth,
                                 InfoKind::Vlan => LinkKind::Vlan,
+                                InfoKind::Vxlan => LinkKind::Vxlan,
                                 other => LinkKind::Other(other.to_string()),
                             };
                         }
@@ -96,7 +108,7 @@ impl Link {
 }
 
 /// A request for a new link named `name`, administratively up, with an optional MTU.
-fn new_up_link(name: &str, mtu: Option<u32>) -> LinkMessage {
+pub(crate) fn new_up_link(name: &str, mtu: Option<u32>) -> LinkMessage {
     let mut m = LinkMessage::default();
     m.header.flags = LinkFlags::Up;
     m.header.change_mask = LinkFlags::Up;
@@ -189,7 +201,8 @@ impl Netlink {
     }
 
     /// Creates a veth pair in one request: `name` here, up and attached to `master`;
-    /// `peer_name` directly inside `peer_ns`, down. Either both ends exist or neither.
+    /// `peer_name` directly inside `peer_ns`, down, with `peer_mac` when given. Either
+    /// both ends exist or neither.
     pub fn add_veth(
         &mut self,
         name: &str,
@@ -197,6 +210,7 @@ impl Netlink {
         peer_name: &str,
         peer_ns: &Netns,
         mtu: Option<u32>,
+        peer_mac: Option<&str>,
     ) -> Result<()> {
         // The peer cannot be set up in this request: the kernel opens it before the two
         // ends are joined and refuses (ENOTCONN). The caller brings it up afterwards.
@@ -204,6 +218,13 @@ impl Netlink {
         peer.attributes
             .push(LinkAttribute::IfName(peer_name.to_string()));
         peer.attributes.push(LinkAttribute::NetNsFd(peer_ns.fd()));
+        if let Some(mac) = peer_mac {
+            let bytes = parse_mac(mac).ok_or_else(|| crate::Error::Netlink {
+                op: format!("create veth {name}: bad MAC {mac}"),
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            })?;
+            peer.attributes.push(LinkAttribute::Address(bytes));
+        }
         let mut m = new_up_link(name, mtu);
         if let Some(mtu) = mtu {
             peer.attributes.push(LinkAttribute::Mtu(mtu));

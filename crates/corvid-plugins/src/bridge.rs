@@ -141,6 +141,8 @@ fn ensure_bridge_and_plug(
             hairpin: conf.hairpin_mode,
             vlan: (conf.vlan != 0).then_some(conf.vlan),
             keep_default_vlan: conf.preserve_default_vlan.unwrap_or(true),
+            mac: None,
+            host_name: None,
         },
     )
     .map_err(errors::net)?;

@@ -2,6 +2,7 @@
 //! update, tags). Each resource's own rules live in its module.
 
 mod floatingips;
+mod hosts;
 mod lbaas;
 mod networks;
 mod openapi;
@@ -19,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use corvid_api::client::{REVISION_HEADER, TOKEN_HEADER};
-use corvid_api::{FloatingIp, Network, Port, Resource, Subnet, SubnetPool};
+use corvid_api::{FloatingIp, Host, Network, Port, Resource, Subnet, SubnetPool};
 use serde_json::{json, Map, Value};
 
 use crate::controller::Controller;
@@ -69,6 +70,7 @@ kind!(Subnet, "Subnet", subnets);
 kind!(SubnetPool, "SubnetPool", subnetpools);
 kind!(Port, "Port", ports);
 kind!(FloatingIp, "FloatingIP", floatingips);
+kind!(Host, "Host", hosts);
 
 /// The API's router over one controller.
 pub fn router(ctl: Arc<Controller>) -> Router {
@@ -79,6 +81,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .merge(networks::routes())
         .merge(ports::routes())
         .merge(floatingips::routes())
+        .merge(hosts::routes())
         .merge(lbaas::routes())
         .merge(tag_routes::<Network>())
         .merge(tag_routes::<Subnet>())

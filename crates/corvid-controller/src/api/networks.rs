@@ -36,8 +36,12 @@ const NETWORK_ATTRS: &[&str] = &[
     "tags",
     "project_id",
     "tenant_id",
+    "provider:network_type",
+    "provider:segmentation_id",
+    "corvid:masquerade",
 ];
 const NETWORK_UPDATE: &[&str] = &[
+    "corvid:masquerade",
     "name",
     "admin_state_up",
     "shared",
@@ -174,7 +178,30 @@ fn new_network(obj: &Map<String, Value>, headers: &HeaderMap) -> Result<Network,
         created_at: t.clone(),
         updated_at: t,
         revision_number: 1,
+        network_type: "vxlan".into(),
+        segmentation_id: 0,
+        masquerade: attr(obj, "corvid:masquerade")?.unwrap_or(false),
     })
+}
+
+/// Highest VXLAN network identifier (24 bits).
+const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// The segment ID a new network asks for, checked; `None` lets the controller pick.
+fn requested_vni(obj: &Map<String, Value>) -> Result<Option<u32>, NeutronError> {
+    if let Some(t) = attr::<String>(obj, "provider:network_type")? {
+        if t != "vxlan" {
+            return Err(NeutronError::invalid_input(format!(
+                "provider:network_type {t} is not supported: corvid networks are vxlan"
+            )));
+        }
+    }
+    match attr::<u32>(obj, "provider:segmentation_id")? {
+        Some(id) if id == 0 || id > MAX_VNI => Err(NeutronError::invalid_input(format!(
+            "provider:segmentation_id {id} is outside 1-{MAX_VNI}"
+        ))),
+        id => Ok(id),
+    }
 }
 
 /// POST of one network or of `{"networks": [...]}`, all in one transaction.
@@ -185,21 +212,51 @@ async fn create_networks(
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
     let (bulk, objs) = objects(&v, "network", "networks", NETWORK_ATTRS)?;
-    let mut txn = Txn::default();
-    let mut nets = Vec::new();
+    let mut asked = Vec::new();
     for o in &objs {
-        let n = new_network(o, &headers)?;
-        let key = keys::resource("networks", &n.id);
-        txn.compares.push(Compare::CreateRevision(key.clone(), 0));
-        txn.ops.push(Op::Put(key, encode(&n)));
-        nets.push(n);
+        asked.push((new_network(o, &headers)?, requested_vni(o)?));
     }
-    if c.commit(txn).await?.is_none() {
-        return Err(NeutronError::conflict(
-            "NetworkExists",
-            "A network with this id already exists.",
-        ));
-    }
+    let nets = c
+        .transact(|v| {
+            let mut used: std::collections::HashSet<u32> =
+                v.networks.values().map(|n| n.obj.segmentation_id).collect();
+            let mut txn = Txn::default();
+            let mut nets = Vec::new();
+            for (n, vni) in &asked {
+                let mut n = n.clone();
+                if v.networks.contains_key(&n.id) || nets.iter().any(|o: &Network| o.id == n.id) {
+                    return Err(NeutronError::conflict(
+                        "NetworkExists",
+                        format!("A network with id {} already exists.", n.id),
+                    ));
+                }
+                n.segmentation_id = match vni {
+                    Some(id) if used.contains(id) => {
+                        return Err(NeutronError::conflict(
+                            "SegmentationIdInUse",
+                            format!("provider:segmentation_id {id} is used by another network."),
+                        ))
+                    }
+                    Some(id) => *id,
+                    None => loop {
+                        let id = 1 + crate::util::random_below(MAX_VNI as u128) as u32;
+                        if !used.contains(&id) {
+                            break id;
+                        }
+                    },
+                };
+                used.insert(n.segmentation_id);
+                let key = keys::resource("networks", &n.id);
+                let vni_key = keys::vni(n.segmentation_id);
+                txn.compares.push(Compare::CreateRevision(key.clone(), 0));
+                txn.compares.push(Compare::CreateRevision(vni_key.clone(), 0));
+                txn.ops.push(Op::Put(key, encode(&n)));
+                txn.ops.push(Op::Put(vni_key, n.id.clone().into_bytes()));
+                nets.push(n);
+            }
+            Ok((txn, nets))
+        })
+        .await?;
     Ok(if bulk {
         answer(StatusCode::CREATED, json!({ "networks": nets }))
     } else {
@@ -238,7 +295,7 @@ async fn delete_network(State(c): Ctl, Path(id): Path<String>) -> Result<StatusC
                     Compare::ModRevision(key.clone(), net.mod_revision),
                     Compare::PrefixEmpty(keys::network_users(&id)),
                 ],
-                ops: vec![Op::Delete(key)],
+                ops: vec![Op::Delete(key), Op::Delete(keys::vni(net.obj.segmentation_id))],
             };
             for s in &net.obj.subnets {
                 txn.ops.push(Op::Delete(keys::resource("subnets", s)));

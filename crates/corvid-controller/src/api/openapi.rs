@@ -78,6 +78,19 @@ pub async fn document() -> Json<Value> {
             );
         }
     }
+    paths.insert(
+        "/v2.0/hosts".into(),
+        json!({"get": op("List the hosts agents registered".into(), "200", false)}),
+    );
+    paths.insert(
+        "/v2.0/hosts/{id}".into(),
+        json!({
+            "parameters": [id_param("id")],
+            "get": op("Show a host".into(), "200", false),
+            "put": op("Register a host and its underlay_ip (idempotent)".into(), "200", true),
+            "delete": op("Forget a host".into(), "204", false),
+        }),
+    );
     paths.insert("/v2.0/watch".into(), json!({"get": {
         "summary": "Changes after a revision (long poll), optionally only ports bound to one host",
         "parameters": [

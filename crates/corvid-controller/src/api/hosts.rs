@@ -1,0 +1,127 @@
+//! Hosts: each agent registers its host ID and underlay address with an idempotent PUT,
+//! so every other agent learns where to send that host's overlay traffic.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use corvid_api::Host;
+use serde_json::json;
+
+use super::{answer, attr, body, encode, list, object, show, Ctl, Query};
+use crate::controller::Controller;
+use crate::error::NeutronError;
+use crate::keys;
+use crate::store::{Compare, Op, Txn};
+use crate::util::now;
+
+const HOST_ATTRS: &[&str] = &["underlay_ip", "description", "tags"];
+
+pub fn routes() -> Router<Arc<Controller>> {
+    Router::new()
+        .route(
+            "/v2.0/hosts",
+            get(|State(c): Ctl, Query(q)| async move { list::<Host>(&c, q.as_deref(), None) }),
+        )
+        .route(
+            "/v2.0/hosts/{id}",
+            get(
+                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
+                    show::<Host>(&c, &id, q.as_deref())
+                },
+            )
+            .put(register)
+            .delete(unregister),
+        )
+}
+
+/// Creates or updates a host; a re-registration with the same address changes nothing.
+async fn register(
+    State(c): Ctl,
+    Path(id): Path<String>,
+    b: Bytes,
+) -> Result<Response, NeutronError> {
+    let attrs = object(&body(&b)?, "host", HOST_ATTRS)?;
+    let underlay_ip: IpAddr = attr(&attrs, "underlay_ip")?
+        .ok_or_else(|| NeutronError::bad_request("A host needs an underlay_ip"))?;
+    let description: Option<String> = attr(&attrs, "description")?;
+    let tags: Option<Vec<String>> = attr(&attrs, "tags")?;
+    if id.is_empty() || id.len() > 255 {
+        return Err(NeutronError::invalid_input(
+            "A host ID is 1 to 255 characters",
+        ));
+    }
+    if let Some(e) = c.view().hosts.get(&id) {
+        let same = e.obj.underlay_ip == underlay_ip
+            && description.as_ref().is_none_or(|d| *d == e.obj.description)
+            && tags.as_ref().is_none_or(|t| *t == e.obj.tags);
+        if same {
+            return Ok(answer(StatusCode::OK, json!({ "host": &*e.obj })));
+        }
+    }
+    let (host, created) = c
+        .transact(|v| {
+            let key = keys::resource("hosts", &id);
+            let t = now();
+            let (mut host, compare, created) = match v.hosts.get(&id) {
+                Some(e) => (
+                    (*e.obj).clone(),
+                    Compare::ModRevision(key.clone(), e.mod_revision),
+                    false,
+                ),
+                None => (
+                    Host {
+                        id: id.clone(),
+                        underlay_ip,
+                        description: String::new(),
+                        tags: Vec::new(),
+                        created_at: t.clone(),
+                        updated_at: t.clone(),
+                        revision_number: 0,
+                    },
+                    Compare::CreateRevision(key.clone(), 0),
+                    true,
+                ),
+            };
+            host.underlay_ip = underlay_ip;
+            if let Some(d) = &description {
+                host.description = d.clone();
+            }
+            if let Some(tags) = &tags {
+                host.tags = tags.clone();
+            }
+            host.revision_number += 1;
+            host.updated_at = t;
+            let txn = Txn {
+                compares: vec![compare],
+                ops: vec![Op::Put(key, encode(&host))],
+            };
+            Ok((txn, (host, created)))
+        })
+        .await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(answer(status, json!({ "host": host })))
+}
+
+async fn unregister(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
+    c.transact(|v| {
+        let entry = super::lookup::<Host>(v, &id)?;
+        let key = keys::resource("hosts", &id);
+        let txn = Txn {
+            compares: vec![Compare::ModRevision(key.clone(), entry.mod_revision)],
+            ops: vec![Op::Delete(key)],
+        };
+        Ok((txn, ()))
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,244 @@
+//! The VXLAN overlay between hosts: one vxlan device per network on its bridge, with
+//! static forwarding (FDB) and neighbour entries instead of multicast or learning, so
+//! every remote MAC and address is known before the first frame leaves.
+
+use crate::link::{parse_mac, Link};
+use crate::netlink::Netlink;
+use crate::{netlink_err, Result};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
+};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use std::collections::BTreeSet;
+use std::io;
+use std::net::IpAddr;
+
+/// The IANA VXLAN port.
+pub const VXLAN_PORT: u16 = 4789;
+
+/// The MAC of an FDB entry that floods broadcast and unknown frames to a remote host.
+pub const FLOOD_MAC: &str = "00:00:00:00:00:00";
+
+/// A vxlan device to create.
+#[derive(Debug, Clone)]
+pub struct VxlanSpec<'a> {
+    /// Device name.
+    pub name: &'a str,
+    /// VXLAN network identifier.
+    pub vni: u32,
+    /// This host's underlay address (the tunnels' source).
+    pub local: IpAddr,
+    /// The bridge the device is a port of.
+    pub master: u32,
+    /// MTU; the kernel derives one when none.
+    pub mtu: Option<u32>,
+}
+
+/// One static forwarding entry: frames for `mac` go to the host at `dst`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FdbEntry {
+    /// Destination MAC, `FLOOD_MAC` for the flood list.
+    pub mac: String,
+    /// The remote host's underlay address.
+    pub dst: IpAddr,
+}
+
+/// One static neighbour entry: `ip` answers at `mac` (the vxlan device replies to ARP for it).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NeighbourEntry {
+    /// The remote port's address.
+    pub ip: IpAddr,
+    /// Its MAC.
+    pub mac: String,
+}
+
+fn address(ip: IpAddr) -> NeighbourAddress {
+    match ip {
+        IpAddr::V4(v) => NeighbourAddress::Inet(v),
+        IpAddr::V6(v) => NeighbourAddress::Inet6(v),
+    }
+}
+
+fn from_address(a: &NeighbourAddress) -> Option<IpAddr> {
+    match a {
+        NeighbourAddress::Inet(v) => Some(IpAddr::V4(*v)),
+        NeighbourAddress::Inet6(v) => Some(IpAddr::V6(*v)),
+        _ => None,
+    }
+}
+
+fn invalid(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what)
+}
+
+fn fdb_message(link: &Link, e: &FdbEntry) -> io::Result<NeighbourMessage> {
+    let mac = parse_mac(&e.mac).ok_or_else(|| invalid(format!("bad MAC {}", e.mac)))?;
+    let mut m = NeighbourMessage::default();
+    m.header.family = AddressFamily::Bridge;
+    m.header.ifindex = link.index;
+    m.header.state = NeighbourState::Permanent;
+    m.header.flags = NeighbourFlags::Own;
+    m.attributes.push(NeighbourAttribute::LinkLayerAddress(mac));
+    m.attributes
+        .push(NeighbourAttribute::Destination(address(e.dst)));
+    Ok(m)
+}
+
+fn neighbour_message(link: &Link, e: &NeighbourEntry) -> io::Result<NeighbourMessage> {
+    let mac = parse_mac(&e.mac).ok_or_else(|| invalid(format!("bad MAC {}", e.mac)))?;
+    let mut m = NeighbourMessage::default();
+    m.header.family = if e.ip.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    m.header.ifindex = link.index;
+    m.header.state = NeighbourState::Permanent;
+    m.attributes
+        .push(NeighbourAttribute::Destination(address(e.ip)));
+    m.attributes.push(NeighbourAttribute::LinkLayerAddress(mac));
+    Ok(m)
+}
+
+/// Deletes are fine when the entry is already gone.
+fn gone_ok(r: io::Result<Vec<RouteNetlinkMessage>>) -> io::Result<()> {
+    match r {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => r.map(drop),
+    }
+}
+
+impl Netlink {
+    /// Creates a vxlan device, up, on `spec.master`, with learning off and ARP answered
+    /// from its neighbour entries; fails with EEXIST when the name is taken.
+    pub fn add_vxlan(&mut self, spec: &VxlanSpec) -> Result<()> {
+        let mut m = crate::link::new_up_link(spec.name, spec.mtu);
+        m.attributes.push(LinkAttribute::Controller(spec.master));
+        let local = match spec.local {
+            IpAddr::V4(v) => InfoVxlan::Local(v),
+            IpAddr::V6(v) => InfoVxlan::Local6(v),
+        };
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Vxlan),
+            LinkInfo::Data(InfoData::Vxlan(vec![
+                InfoVxlan::Id(spec.vni),
+                local,
+                InfoVxlan::Port(VXLAN_PORT),
+                InfoVxlan::Learning(false),
+                InfoVxlan::Proxy(true),
+            ])),
+        ]));
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!(
+            "create vxlan {} (vni {})",
+            spec.name, spec.vni
+        )))
+    }
+
+    /// Adds an FDB entry on a vxlan device; flood entries to several hosts coexist.
+    pub fn add_fdb(&mut self, vxlan: &Link, e: &FdbEntry) -> Result<()> {
+        let op = || format!("add fdb {} dst {} on {}", e.mac, e.dst, vxlan.name);
+        let m = fdb_message(vxlan, e).map_err(netlink_err(op()))?;
+        let flags = if e.mac == FLOOD_MAC {
+            NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK
+        } else {
+            NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK
+        };
+        match self.request(RouteNetlinkMessage::NewNeighbour(m), flags) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            r => r.map(drop).map_err(netlink_err(op())),
+        }
+    }
+
+    /// Removes an FDB entry; one that is already gone is fine.
+    pub fn delete_fdb(&mut self, vxlan: &Link, e: &FdbEntry) -> Result<()> {
+        let op = || format!("delete fdb {} dst {} on {}", e.mac, e.dst, vxlan.name);
+        let m = fdb_message(vxlan, e).map_err(netlink_err(op()))?;
+        gone_ok(self.request(RouteNetlinkMessage::DelNeighbour(m), NLM_F_ACK))
+            .map_err(netlink_err(op()))
+    }
+
+    /// The static FDB entries of a vxlan device (those with a remote destination).
+    pub fn fdb(&mut self, vxlan: &Link) -> Result<BTreeSet<FdbEntry>> {
+        let mut m = NeighbourMessage::default();
+        m.header.family = AddressFamily::Bridge;
+        let replies = self
+            .request(RouteNetlinkMessage::GetNeighbour(m), NLM_F_DUMP)
+            .map_err(netlink_err(format!("list fdb of {}", vxlan.name)))?;
+        Ok(neighbours(replies, vxlan.index)
+            .filter_map(|(mac, dst)| Some(FdbEntry { mac, dst: dst? }))
+            .collect())
+    }
+
+    /// Adds or replaces a permanent neighbour entry on a device.
+    pub fn set_neighbour(&mut self, link: &Link, e: &NeighbourEntry) -> Result<()> {
+        let op = || format!("set neighbour {} at {} on {}", e.ip, e.mac, link.name);
+        let m = neighbour_message(link, e).map_err(netlink_err(op()))?;
+        self.request(
+            RouteNetlinkMessage::NewNeighbour(m),
+            NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(op()))
+    }
+
+    /// Removes a neighbour entry; one that is already gone is fine.
+    pub fn delete_neighbour(&mut self, link: &Link, e: &NeighbourEntry) -> Result<()> {
+        let op = || format!("delete neighbour {} on {}", e.ip, link.name);
+        let m = neighbour_message(link, e).map_err(netlink_err(op()))?;
+        gone_ok(self.request(RouteNetlinkMessage::DelNeighbour(m), NLM_F_ACK))
+            .map_err(netlink_err(op()))
+    }
+
+    /// The permanent neighbour entries of a device.
+    pub fn neighbours(&mut self, link: &Link) -> Result<BTreeSet<NeighbourEntry>> {
+        let mut out = BTreeSet::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut m = NeighbourMessage::default();
+            m.header.family = family;
+            let replies = self
+                .request(RouteNetlinkMessage::GetNeighbour(m), NLM_F_DUMP)
+                .map_err(netlink_err(format!("list neighbours of {}", link.name)))?;
+            out.extend(
+                neighbours(replies, link.index)
+                    .filter_map(|(mac, ip)| Some(NeighbourEntry { ip: ip?, mac })),
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// (MAC, address) of the permanent entries on `index` in a neighbour dump.
+fn neighbours(
+    replies: Vec<RouteNetlinkMessage>,
+    index: u32,
+) -> impl Iterator<Item = (String, Option<IpAddr>)> {
+    replies.into_iter().filter_map(move |r| {
+        let RouteNetlinkMessage::NewNeighbour(m) = r else {
+            return None;
+        };
+        if m.header.ifindex != index || m.header.state != NeighbourState::Permanent {
+            return None;
+        }
+        let mut mac = None;
+        let mut dst = None;
+        for a in &m.attributes {
+            match a {
+                NeighbourAttribute::LinkLayerAddress(b) => {
+                    mac = Some(crate::link::format_mac(b))
+                }
+                NeighbourAttribute::Destination(d) => dst = from_address(d),
+                _ => {}
+            }
+        }
+        Some((mac?, dst))
+    })
+}
