@@ -195,6 +195,21 @@ impl Client {
             .map(drop)
     }
 
+    /// Registers (or re-registers) a host and the underlay address its tunnels end at.
+    pub fn register_host(
+        &self,
+        id: &str,
+        underlay_ip: std::net::IpAddr,
+    ) -> Result<crate::Host, ApiError> {
+        let path = format!("/v2.0/hosts/{}", encode(id));
+        let v = self.call(
+            "PUT",
+            &path,
+            Some(&json!({ "host": { "underlay_ip": underlay_ip } })),
+        )?;
+        Self::decode(v["host"].clone())
+    }
+
     /// Waits up to `timeout` for changes after revision `since`, optionally only those
     /// concerning ports bound to `host_id`. A 410 means the revision is too old: list again.
     pub fn watch(

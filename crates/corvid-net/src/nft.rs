@@ -40,11 +40,19 @@ impl MasqueradeTag {
         ))
     }
 
+    /// The tag of a whole network's masquerade, programmed by the agent of a host.
+    pub fn network(network: &str) -> MasqueradeTag {
+        MasqueradeTag(format!("{AGENT_PREFIX}{:016x}", fnv1a(&[network])))
+    }
+
     /// The comment text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
+
+/// Comments of network-wide rules start with this.
+const AGENT_PREFIX: &str = "corvid-net:";
 
 fn network_prefix(network: &str) -> String {
     format!("corvid:{:016x}:", fnv1a(&[network]))
@@ -123,20 +131,43 @@ fn run_nft(args: &[&str], stdin: Option<&str>, lock: &File) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Masquerades traffic from `sources` leaving their own subnet (and not multicast).
+/// Masquerades traffic from the addresses `sources` leaving their own subnet (and not
+/// multicast).
 pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
+    let sources: Vec<(String, IpNet)> = sources.iter().map(|s| (s.addr().to_string(), *s)).collect();
+    masquerade(tag, &sources)
+}
+
+/// Masquerades traffic from anywhere in `subnets` leaving them; replaces the tag's rules.
+pub fn set_subnet_masquerade(tag: &MasqueradeTag, subnets: &[IpNet]) -> Result<()> {
+    delete_masquerade(tag)?;
+    let sources: Vec<(String, IpNet)> = subnets.iter().map(|s| (s.trunc().to_string(), *s)).collect();
+    masquerade(tag, &sources)
+}
+
+/// Removes every network-wide rule whose tag is not in `keep`.
+pub fn gc_network_masquerade(keep: &[MasqueradeTag]) -> Result<()> {
+    let lock = lock()?;
+    let handles: Vec<u64> = rules(&lock)?
+        .into_iter()
+        .filter(|(_, c)| c.starts_with(AGENT_PREFIX) && !keep.iter().any(|k| k.as_str() == c))
+        .map(|(h, _)| h)
+        .collect();
+    delete_handles(&handles, &lock)
+}
+
+fn masquerade(tag: &MasqueradeTag, sources: &[(String, IpNet)]) -> Result<()> {
     let mut script = format!(
         "add table inet {TABLE}\n\
          add chain inet {TABLE} {CHAIN} {{ type nat hook postrouting priority srcnat; policy accept; }}\n"
     );
-    for src in sources {
+    for (saddr, src) in sources {
         let (proto, multicast) = match src {
             IpNet::V4(_) => ("ip", "224.0.0.0/4"),
             IpNet::V6(_) => ("ip6", "ff00::/8"),
         };
         script.push_str(&format!(
-            "add rule inet {TABLE} {CHAIN} {proto} saddr {} {proto} daddr != {} {proto} daddr != {multicast} masquerade comment \"{}\"\n",
-            src.addr(),
+            "add rule inet {TABLE} {CHAIN} {proto} saddr {saddr} {proto} daddr != {} {proto} daddr != {multicast} masquerade comment \"{}\"\n",
             src.trunc(),
             tag.as_str()
         ));

@@ -24,6 +24,29 @@ enum Command {
     Cni(cni::CniArgs),
     /// Run the network controller: the Neutron-shaped REST API over redb or etcd.
     Controller(ControllerArgs),
+    /// Run this host's agent: plug the ports bound to it, link it into the overlay.
+    Agent(AgentArgs),
+}
+
+/// Arguments of `corvid agent`.
+#[derive(clap::Args)]
+struct AgentArgs {
+    /// This host's ID, as ports name it in binding:host_id.
+    #[arg(long, env = "CORVID_HOST_ID")]
+    host_id: String,
+    /// The controller's URL.
+    #[arg(long, env = "CORVID_CONTROLLER", default_value = "http://127.0.0.1:9696")]
+    controller: String,
+    /// The controller's token.
+    #[arg(long, env = "CORVID_TOKEN")]
+    token: Option<String>,
+    /// The address other hosts reach this one at (found from the route to the controller
+    /// when not given).
+    #[arg(long, env = "CORVID_UNDERLAY_IP")]
+    underlay_ip: Option<std::net::IpAddr>,
+    /// Seconds between full comparisons of the host with the controller.
+    #[arg(long, default_value_t = 60)]
+    resync: u64,
 }
 
 /// Arguments of `corvid controller`.
@@ -57,6 +80,22 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corvid controller: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Agent(a) => {
+            let config = corvid_agent::Config {
+                host_id: a.host_id,
+                controller: a.controller,
+                token: a.token,
+                underlay_ip: a.underlay_ip,
+                resync: std::time::Duration::from_secs(a.resync.max(1)),
+            };
+            match corvid_agent::Agent::new(config) {
+                Ok(mut agent) => agent.run(),
+                Err(e) => {
+                    eprintln!("corvid agent: {e}");
                     ExitCode::FAILURE
                 }
             }

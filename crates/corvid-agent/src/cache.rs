@@ -1,0 +1,160 @@
+//! The agent's copy of what the controller knows and this host needs: networks, subnets,
+//! ports and hosts, loaded by listing and kept current by the watch feed.
+
+use std::collections::{BTreeSet, HashMap};
+
+use corvid_api::{ApiError, Client, Host, Network, Port, Resource, Subnet, WatchEvent};
+use serde_json::Value;
+
+/// Controller objects by ID, current at `revision`.
+#[derive(Debug, Default, Clone)]
+pub struct Cache {
+    /// The revision to resume the watch from.
+    pub revision: i64,
+    /// Networks.
+    pub networks: HashMap<String, Network>,
+    /// Subnets.
+    pub subnets: HashMap<String, Subnet>,
+    /// Ports of every host (remote ones feed the overlay).
+    pub ports: HashMap<String, Port>,
+    /// Hosts with an agent.
+    pub hosts: HashMap<String, Host>,
+}
+
+/// Which networks a batch of changes touched.
+#[derive(Debug, Default, PartialEq)]
+pub enum Dirty {
+    /// Nothing this host cares about.
+    #[default]
+    None,
+    /// These networks.
+    Networks(BTreeSet<String>),
+    /// Everything (a host moved or left).
+    All,
+}
+
+impl Dirty {
+    fn network(&mut self, id: &str) {
+        match self {
+            Dirty::All => {}
+            Dirty::Networks(set) => {
+                set.insert(id.to_string());
+            }
+            Dirty::None => *self = Dirty::Networks(BTreeSet::from([id.to_string()])),
+        }
+    }
+}
+
+fn list<R: Resource>(client: &Client) -> Result<(HashMap<String, R>, i64), ApiError> {
+    let (objs, revision) = client.list::<R>(&[])?;
+    Ok((
+        objs.into_iter().map(|o| (o.id().to_string(), o)).collect(),
+        revision,
+    ))
+}
+
+fn upsert<R: Resource>(table: &mut HashMap<String, R>, e: &WatchEvent) -> Option<R> {
+    if e.kind == "delete" {
+        return table.remove(&e.id);
+    }
+    match serde_json::from_value::<R>(e.object.clone()) {
+        Ok(obj) => table.insert(e.id.clone(), obj),
+        Err(_) => None,
+    }
+}
+
+fn network_of(v: &Value) -> Option<&str> {
+    v.get("network_id").and_then(Value::as_str)
+}
+
+impl Cache {
+    /// Lists everything; the watch resumes from the oldest list's revision, so a change
+    /// made between two lists is replayed rather than missed.
+    pub fn load(client: &Client) -> Result<Cache, ApiError> {
+        let (networks, r1) = list(client)?;
+        let (subnets, r2) = list(client)?;
+        let (ports, r3) = list(client)?;
+        let (hosts, r4) = list(client)?;
+        Ok(Cache {
+            revision: r1.min(r2).min(r3).min(r4),
+            networks,
+            subnets,
+            ports,
+            hosts,
+        })
+    }
+
+    /// Applies watch events and reports what they touched.
+    pub fn apply(&mut self, events: &[WatchEvent]) -> Dirty {
+        let mut dirty = Dirty::None;
+        for e in events {
+            match e.resource.as_str() {
+                "networks" => {
+                    upsert(&mut self.networks, e);
+                    dirty.network(&e.id);
+                }
+                "subnets" => {
+                    let old = upsert(&mut self.subnets, e);
+                    if let Some(n) = network_of(&e.object) {
+                        dirty.network(n);
+                    }
+                    if let Some(old) = old {
+                        dirty.network(&old.network_id);
+                    }
+                }
+                "ports" => {
+                    let old = upsert(&mut self.ports, e);
+                    if let Some(n) = network_of(&e.object) {
+                        dirty.network(n);
+                    }
+                    if let Some(old) = old {
+                        dirty.network(&old.network_id);
+                    }
+                }
+                "hosts" => {
+                    upsert(&mut self.hosts, e);
+                    dirty = Dirty::All;
+                }
+                _ => {}
+            }
+        }
+        dirty
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(kind: &str, resource: &str, id: &str, object: Value) -> WatchEvent {
+        WatchEvent {
+            revision: 1,
+            kind: kind.into(),
+            resource: resource.into(),
+            id: id.into(),
+            object,
+        }
+    }
+
+    #[test]
+    fn port_events_dirty_their_network_and_hosts_dirty_everything() {
+        let mut c = Cache::default();
+        let d = c.apply(&[event(
+            "put",
+            "ports",
+            "p1",
+            json!({"id": "p1", "network_id": "n1"}),
+        )]);
+        assert_eq!(d, Dirty::Networks(BTreeSet::from(["n1".to_string()])));
+        let d = c.apply(&[event(
+            "put",
+            "hosts",
+            "h",
+            json!({"id": "h", "underlay_ip": "10.0.0.1", "created_at": "", "updated_at": "", "revision_number": 1}),
+        )]);
+        assert_eq!(d, Dirty::All);
+        assert!(c.hosts.contains_key("h"));
+        assert_eq!(c.apply(&[event("put", "loadbalancers", "x", json!({}))]), Dirty::None);
+    }
+}

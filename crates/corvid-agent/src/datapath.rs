@@ -1,0 +1,175 @@
+//! Makes the kernel match a plan, through corvid-net only: the same binding functions
+//! the bridge plugin uses, plus the overlay's vxlan device, FDB and neighbour entries.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use corvid_net::bridge::{configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, PortSpec};
+use corvid_net::link::{Link, LinkKind};
+use corvid_net::nft::{self, MasqueradeTag};
+use corvid_net::overlay::VxlanSpec;
+use corvid_net::route::RouteSpec;
+use corvid_net::{sysctl, Error, Netlink, Netns, Result};
+use ipnet::IpNet;
+
+use crate::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
+use crate::plan::{NetworkPlan, PortPlan};
+
+/// This host's datapath: a netlink socket and what masquerade rules were last written.
+pub struct Datapath {
+    nl: Netlink,
+    local: IpAddr,
+    masquerade: Option<BTreeSet<(String, Vec<IpNet>)>>,
+}
+
+fn missing(what: String) -> Error {
+    Error::Netlink {
+        op: what,
+        source: std::io::Error::from_raw_os_error(libc::ENODEV),
+    }
+}
+
+impl Datapath {
+    /// Opens the datapath of the calling thread's namespace; `local` is the underlay address.
+    pub fn open(local: IpAddr) -> Result<Datapath> {
+        Ok(Datapath {
+            nl: Netlink::open()?,
+            local,
+            masquerade: None,
+        })
+    }
+
+    /// The links the agent owns (bridges, vxlan devices, host ends of ports) by name.
+    pub fn owned_links(&mut self) -> Result<HashMap<String, Link>> {
+        Ok(self
+            .nl
+            .links()?
+            .into_iter()
+            .filter(|l| {
+                [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX]
+                    .iter()
+                    .any(|p| l.name.starts_with(p) && l.name.len() == 15)
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|l| (l.name.clone(), l))
+            .collect())
+    }
+
+    /// Deletes a link the agent owns (a veth's peer in its namespace goes with it).
+    pub fn remove(&mut self, link: &Link) -> Result<()> {
+        self.nl.delete_link(link)
+    }
+
+    /// Makes the network's bridge, vxlan device, gateways, FDB and neighbours match the
+    /// plan; returns the bridge.
+    pub fn sync_network(&mut self, n: &NetworkPlan) -> Result<Link> {
+        let bridge = ensure_bridge(
+            &mut self.nl,
+            &BridgeSpec {
+                name: &n.bridge,
+                mtu: Some(n.mtu),
+                vlan_filtering: false,
+                promisc: false,
+            },
+        )?;
+        let vxlan = match self.nl.link_by_name(&n.vxlan)? {
+            Some(l) if l.kind == LinkKind::Vxlan => l,
+            other => {
+                if let Some(stale) = other {
+                    self.nl.delete_link(&stale)?;
+                }
+                self.nl.add_vxlan(&VxlanSpec {
+                    name: &n.vxlan,
+                    vni: n.vni,
+                    local: self.local,
+                    master: bridge.index,
+                    mtu: Some(n.mtu),
+                })?;
+                self.nl
+                    .link_by_name(&n.vxlan)?
+                    .ok_or_else(|| missing(format!("find vxlan {} after creating it", n.vxlan)))?
+            }
+        };
+        for gw in &n.gateways {
+            ensure_gateway(&mut self.nl, &bridge, *gw, true)?;
+        }
+        if n.gateways.iter().any(|g| g.addr().is_ipv4())
+            && sysctl::get("net/ipv4/ip_forward")?.trim() != "1"
+        {
+            sysctl::set("net/ipv4/ip_forward", "1")?;
+        }
+        let fdb = self.nl.fdb(&vxlan)?;
+        for e in fdb.difference(&n.fdb) {
+            self.nl.delete_fdb(&vxlan, e)?;
+        }
+        for e in n.fdb.difference(&fdb) {
+            self.nl.add_fdb(&vxlan, e)?;
+        }
+        let neighbours = self.nl.neighbours(&vxlan)?;
+        for e in neighbours.difference(&n.neighbours) {
+            self.nl.delete_neighbour(&vxlan, e)?;
+        }
+        for e in n.neighbours.difference(&neighbours) {
+            self.nl.set_neighbour(&vxlan, e)?;
+        }
+        Ok(bridge)
+    }
+
+    /// Binds a port: its veth pair on the bridge, MAC, addresses and routes in its
+    /// namespace. Nothing is left behind when a step fails.
+    pub fn plug(&mut self, bridge: &Link, mtu: u32, p: &PortPlan) -> Result<()> {
+        let ns = Netns::open(&p.netns)?;
+        let mut container = Netlink::open_in(&ns)?;
+        if container.link_by_name(&p.ifname)?.is_some() {
+            return Err(Error::Netlink {
+                op: format!("plug port {}: {} already exists in {}", p.id, p.ifname, p.netns),
+                source: std::io::Error::from_raw_os_error(libc::EEXIST),
+            });
+        }
+        let port = plug(
+            &mut self.nl,
+            &mut container,
+            &ns,
+            bridge,
+            &PortSpec {
+                ifname: &p.ifname,
+                mtu: Some(mtu),
+                hairpin: false,
+                vlan: None,
+                keep_default_vlan: true,
+                mac: Some(&p.mac),
+                host_name: Some(&p.host_veth),
+            },
+        )?;
+        let routes: Vec<RouteSpec> = p
+            .routes
+            .iter()
+            .map(|(dst, gw)| RouteSpec::new(*dst, *gw, port.container.index))
+            .collect();
+        configure(&mut container, &port.container, &p.addrs, &routes)
+            .inspect_err(|_| drop(self.nl.delete_link(&port.host)))
+    }
+
+    /// Writes the masquerade rules of every network that asks for one, when they changed.
+    pub fn sync_masquerade(&mut self, plans: &[&NetworkPlan]) -> Result<()> {
+        let want: BTreeSet<(String, Vec<IpNet>)> = plans
+            .iter()
+            .filter(|n| !n.masquerade.is_empty())
+            .map(|n| (n.id.clone(), n.masquerade.clone()))
+            .collect();
+        if self.masquerade.as_ref() == Some(&want) {
+            return Ok(());
+        }
+        let tags: Vec<MasqueradeTag> = want
+            .iter()
+            .map(|(id, _)| MasqueradeTag::network(id))
+            .collect();
+        nft::gc_network_masquerade(&tags)?;
+        for ((_, subnets), tag) in want.iter().zip(&tags) {
+            nft::set_subnet_masquerade(tag, subnets)?;
+        }
+        self.masquerade = Some(want);
+        Ok(())
+    }
+}

@@ -1,0 +1,277 @@
+//! The per-host agent: registers its host with the controller, follows the watch feed,
+//! and makes this host's datapath match the ports bound to it: plugs and unplugs them,
+//! links the host to the others with a VXLAN overlay, masquerades egress, and reports
+//! each plugged port ACTIVE (UP on the Mizar routes).
+
+#![deny(missing_docs)]
+
+pub mod cache;
+pub mod datapath;
+pub mod names;
+pub mod plan;
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::time::{Duration, Instant};
+
+use corvid_api::{ApiError, Client};
+
+use crate::cache::{Cache, Dirty};
+use crate::datapath::Datapath;
+use crate::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
+
+/// How an agent is started.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The ID ports name in `binding:host_id`.
+    pub host_id: String,
+    /// The controller's base URL.
+    pub controller: String,
+    /// The controller's token, if it has one.
+    pub token: Option<String>,
+    /// This host's underlay address; found from the route to the controller when none.
+    pub underlay_ip: Option<IpAddr>,
+    /// How often the whole host is compared with the controller even without changes.
+    pub resync: Duration,
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The configuration cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// The host's datapath could not be opened.
+    #[error("datapath: {0}")]
+    Net(#[from] corvid_net::Error),
+}
+
+/// How long one watch request waits for changes.
+const WATCH_WAIT: Duration = Duration::from_secs(20);
+
+/// An agent bound to one host.
+pub struct Agent {
+    cfg: Config,
+    client: Client,
+    dp: Datapath,
+    cache: Cache,
+    underlay: IpAddr,
+    /// Ports whose plug failed, with the revision that failed: retried once they change.
+    failed: HashMap<String, u64>,
+}
+
+/// The local address this host uses to reach `url`'s host (no packet is sent); the
+/// default route's source when that is loopback, so a one-host setup still has an
+/// address other hosts could reach.
+pub fn detect_underlay(url: &str) -> Option<IpAddr> {
+    let authority = url
+        .split("://")
+        .nth(1)
+        .unwrap_or(url)
+        .split('/')
+        .next()?;
+    let with_port = if authority.contains(':') && !authority.ends_with(']') {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let target: SocketAddr = with_port.to_socket_addrs().ok()?.next()?;
+    let local = |to: SocketAddr| -> Option<IpAddr> {
+        let bind = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+        let s = UdpSocket::bind(bind).ok()?;
+        s.connect(to).ok()?;
+        Some(s.local_addr().ok()?.ip())
+    };
+    let ip = local(target)?;
+    if ip.is_loopback() {
+        // TEST-NET-1: only the routing decision is made, nothing is sent.
+        return local("192.0.2.1:4789".parse().ok()?).or(Some(ip));
+    }
+    Some(ip)
+}
+
+impl Agent {
+    /// An agent for `cfg` on the calling thread's network namespace.
+    pub fn new(cfg: Config) -> Result<Agent, AgentError> {
+        if cfg.host_id.is_empty() {
+            return Err(AgentError::Config("a host ID is required".into()));
+        }
+        let underlay = match cfg.underlay_ip {
+            Some(ip) => ip,
+            None => detect_underlay(&cfg.controller).ok_or_else(|| {
+                AgentError::Config(format!(
+                    "cannot find this host's address towards {}: pass --underlay-ip",
+                    cfg.controller
+                ))
+            })?,
+        };
+        let mut client = Client::new(&cfg.controller);
+        if let Some(t) = &cfg.token {
+            client = client.with_token(t);
+        }
+        Ok(Agent {
+            dp: Datapath::open(underlay)?,
+            client,
+            cfg,
+            cache: Cache::default(),
+            underlay,
+            failed: HashMap::new(),
+        })
+    }
+
+    /// Runs until the process ends: registers, lists, reconciles, then follows the
+    /// watch. A lost controller is waited for; a watch that fell behind lists again.
+    pub fn run(&mut self) -> ! {
+        loop {
+            self.sync();
+            self.follow();
+        }
+    }
+
+    /// Registers the host and loads the controller's state, retrying until it answers.
+    fn sync(&mut self) {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let loaded = self
+                .client
+                .register_host(&self.cfg.host_id, self.underlay)
+                .and_then(|_| Cache::load(&self.client));
+            match loaded {
+                Ok(cache) => {
+                    self.cache = cache;
+                    self.reconcile(&Dirty::All);
+                    return;
+                }
+                Err(e) => {
+                    log(&format!("cannot reach the controller: {e}; retrying"));
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Applies the watch feed until it must list again (410, or the host vanished).
+    fn follow(&mut self) {
+        let mut last_full = Instant::now();
+        let mut failures = 0u32;
+        loop {
+            let wait = WATCH_WAIT.min(self.cfg.resync.saturating_sub(last_full.elapsed()));
+            match self
+                .client
+                .watch(self.cache.revision, None, wait.max(Duration::from_secs(1)))
+            {
+                Ok(page) => {
+                    failures = 0;
+                    let dirty = self.cache.apply(&page.events);
+                    self.cache.revision = page.revision;
+                    if !self.cache.hosts.contains_key(&self.cfg.host_id) {
+                        return;
+                    }
+                    if last_full.elapsed() >= self.cfg.resync {
+                        last_full = Instant::now();
+                        self.reconcile(&Dirty::All);
+                    } else if dirty != Dirty::None {
+                        self.reconcile(&dirty);
+                    }
+                }
+                Err(ApiError::Neutron { status: 410, .. }) => return,
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 {
+                        log(&format!("watch failed: {e}; retrying"));
+                    }
+                    std::thread::sleep(Duration::from_millis(100 * u64::from(failures.min(20))));
+                }
+            }
+        }
+    }
+
+    /// One pass: unplug what is no longer bound here, bring up the networks `dirty`
+    /// names (and any whose bridge is missing), plug missing ports, report status.
+    pub fn reconcile(&mut self, dirty: &Dirty) {
+        if let Err(e) = self.try_reconcile(dirty) {
+            log(&format!("reconcile: {e}"));
+        }
+    }
+
+    fn try_reconcile(&mut self, dirty: &Dirty) -> Result<(), corvid_net::Error> {
+        let plans = plan::plan(&self.cache, &self.cfg.host_id);
+        let mut links = self.dp.owned_links()?;
+        let wanted: HashSet<String> = plans
+            .values()
+            .flat_map(|n| {
+                [n.bridge.clone(), n.vxlan.clone()]
+                    .into_iter()
+                    .chain(n.ports.iter().map(|p| p.host_veth.clone()))
+            })
+            .collect();
+        for prefix in [VETH_PREFIX, VXLAN_PREFIX, BRIDGE_PREFIX] {
+            let stale: Vec<String> = links
+                .keys()
+                .filter(|n| n.starts_with(prefix) && !wanted.contains(*n))
+                .cloned()
+                .collect();
+            for name in stale {
+                if let Some(l) = links.remove(&name) {
+                    self.dp.remove(&l)?;
+                }
+            }
+        }
+        let mut reports = Vec::new();
+        for n in plans.values() {
+            let needs_sync = match dirty {
+                Dirty::All => true,
+                Dirty::Networks(set) => set.contains(&n.id),
+                Dirty::None => false,
+            } || !links.contains_key(&n.bridge)
+                || !links.contains_key(&n.vxlan);
+            let bridge = if needs_sync {
+                match self.dp.sync_network(n) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        log(&format!("network {}: {e}", n.id));
+                        continue;
+                    }
+                }
+            } else {
+                links[&n.bridge].clone()
+            };
+            for p in &n.ports {
+                if !links.contains_key(&p.host_veth) {
+                    if self.failed.get(&p.id) == Some(&p.revision) {
+                        continue;
+                    }
+                    if let Err(e) = self.dp.plug(&bridge, n.mtu, p) {
+                        log(&format!("port {}: {e}", p.id));
+                        self.failed.insert(p.id.clone(), p.revision);
+                        if p.status != "ERROR" {
+                            reports.push((p.id.clone(), "ERROR"));
+                        }
+                        continue;
+                    }
+                    self.failed.remove(&p.id);
+                }
+                if p.status != "ACTIVE" {
+                    reports.push((p.id.clone(), "ACTIVE"));
+                }
+            }
+        }
+        let all: Vec<_> = plans.values().collect();
+        if let Err(e) = self.dp.sync_masquerade(&all) {
+            log(&format!("masquerade: {e}"));
+        }
+        self.failed.retain(|id, _| self.cache.ports.contains_key(id));
+        for (id, status) in reports {
+            match self.client.set_port_status(&id, status) {
+                Ok(()) | Err(ApiError::Neutron { status: 404, .. }) => {}
+                Err(e) => log(&format!("report port {id} {status}: {e}")),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn log(msg: &str) {
+    eprintln!("corvid-agent: {msg}");
+}

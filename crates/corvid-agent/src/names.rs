@@ -1,0 +1,52 @@
+//! Device names derived from controller IDs, so a restarted agent (or the Docker driver)
+//! finds what it made without keeping any state of its own. Each is at most 15 bytes.
+
+fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn name(prefix: &str, id: &str) -> String {
+    format!("{prefix}{:012x}", fnv1a(id) & 0xffff_ffff_ffff)
+}
+
+/// Prefix of the bridges the agent owns.
+pub const BRIDGE_PREFIX: &str = "cvb";
+/// Prefix of the vxlan devices the agent owns.
+pub const VXLAN_PREFIX: &str = "cvx";
+/// Prefix of the host ends of plugged ports.
+pub const VETH_PREFIX: &str = "cvp";
+
+/// The bridge of a network on every host.
+pub fn bridge(network: &str) -> String {
+    name(BRIDGE_PREFIX, network)
+}
+
+/// The vxlan device of a network.
+pub fn vxlan(network: &str) -> String {
+    name(VXLAN_PREFIX, network)
+}
+
+/// The host end of a port's veth pair.
+pub fn host_veth(port: &str) -> String {
+    name(VETH_PREFIX, port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_and_differ() {
+        let id = "3dda2801-d675-4688-a63f-dcda8d327f50";
+        for n in [bridge(id), vxlan(id), host_veth(id)] {
+            assert_eq!(n.len(), 15);
+        }
+        assert_eq!(bridge(id), bridge(id));
+        assert_ne!(bridge(id), bridge("3dda2801-d675-4688-a63f-dcda8d327f51"));
+    }
+}

@@ -1,0 +1,281 @@
+//! What this host's datapath should look like, computed from the cache alone: pure, so
+//! every reconcile decision is unit-tested without root.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use corvid_api::{Network, Port};
+use corvid_net::overlay::{FdbEntry, NeighbourEntry};
+use ipnet::IpNet;
+
+use crate::cache::Cache;
+use crate::names;
+
+/// A port this agent plugs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PortPlan {
+    /// Port ID.
+    pub id: String,
+    /// Its revision, so a failed plug is retried only once the port changes.
+    pub revision: u64,
+    /// Host end of the veth pair.
+    pub host_veth: String,
+    /// Interface name inside the namespace.
+    pub ifname: String,
+    /// The namespace path.
+    pub netns: String,
+    /// MAC of the container end.
+    pub mac: String,
+    /// Addresses with their subnet's prefix.
+    pub addrs: Vec<IpNet>,
+    /// Routes: the default via the gateway, then the subnets' host routes.
+    pub routes: Vec<(IpNet, Option<IpAddr>)>,
+    /// The status the controller shows.
+    pub status: String,
+}
+
+/// One network's datapath on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkPlan {
+    /// Network ID.
+    pub id: String,
+    /// The Linux bridge.
+    pub bridge: String,
+    /// The vxlan device on it.
+    pub vxlan: String,
+    /// VXLAN network identifier.
+    pub vni: u32,
+    /// MTU of the bridge ports.
+    pub mtu: u32,
+    /// Gateway addresses the bridge holds.
+    pub gateways: Vec<IpNet>,
+    /// Subnets to masquerade (empty unless the network asks for it).
+    pub masquerade: Vec<IpNet>,
+    /// Where each remote port's MAC lives.
+    pub fdb: BTreeSet<FdbEntry>,
+    /// Each remote port's addresses, answered by the vxlan device.
+    pub neighbours: BTreeSet<NeighbourEntry>,
+    /// Ports to plug here.
+    pub ports: Vec<PortPlan>,
+}
+
+/// The datapath of every network with a port bound to `host`.
+pub fn plan(cache: &Cache, host: &str) -> BTreeMap<String, NetworkPlan> {
+    let mut out = BTreeMap::new();
+    for p in cache.ports.values().filter(|p| p.binding_host_id == host) {
+        let Some(net) = cache.networks.get(&p.network_id) else {
+            continue;
+        };
+        if !out.contains_key(&net.id) {
+            out.insert(net.id.clone(), network_plan(cache, net, host));
+        }
+    }
+    out
+}
+
+/// The datapath of one network, whether or not it has local ports.
+pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
+    let subnets: Vec<_> = net
+        .subnets
+        .iter()
+        .filter_map(|id| cache.subnets.get(id))
+        .collect();
+    let gateways = subnets
+        .iter()
+        .filter_map(|s| IpNet::new(s.gateway_ip?, s.cidr.prefix_len()).ok())
+        .collect();
+    let masquerade = if net.masquerade {
+        subnets.iter().map(|s| s.cidr).collect()
+    } else {
+        Vec::new()
+    };
+    let mut plan = NetworkPlan {
+        id: net.id.clone(),
+        bridge: names::bridge(&net.id),
+        vxlan: names::vxlan(&net.id),
+        vni: net.segmentation_id,
+        mtu: net.mtu,
+        gateways,
+        masquerade,
+        fdb: BTreeSet::new(),
+        neighbours: BTreeSet::new(),
+        ports: Vec::new(),
+    };
+    let mut ports: Vec<&Port> = cache
+        .ports
+        .values()
+        .filter(|p| p.network_id == net.id && !p.binding_host_id.is_empty())
+        .collect();
+    ports.sort_by(|a, b| a.id.cmp(&b.id));
+    for p in ports {
+        if p.binding_host_id != host {
+            let Some(remote) = cache.hosts.get(&p.binding_host_id) else {
+                continue;
+            };
+            plan.fdb.insert(FdbEntry {
+                mac: p.mac_address.to_ascii_lowercase(),
+                dst: remote.underlay_ip,
+            });
+            for ip in &p.fixed_ips {
+                plan.neighbours.insert(NeighbourEntry {
+                    ip: ip.ip_address,
+                    mac: p.mac_address.to_ascii_lowercase(),
+                });
+            }
+            continue;
+        }
+        let (Some(ifname), Some(netns)) = (&p.veth_name, &p.network_ns) else {
+            continue;
+        };
+        let mut addrs = Vec::new();
+        let mut routes = Vec::new();
+        for ip in &p.fixed_ips {
+            let Some(s) = cache.subnets.get(&ip.subnet_id) else {
+                continue;
+            };
+            if let Ok(a) = IpNet::new(ip.ip_address, s.cidr.prefix_len()) {
+                addrs.push(a);
+            }
+            if let Some(gw) = s.gateway_ip {
+                let default: IpNet = if gw.is_ipv4() {
+                    IpNet::V4(Default::default())
+                } else {
+                    IpNet::V6(Default::default())
+                };
+                if !routes.iter().any(|(d, _)| *d == default) {
+                    routes.push((default, Some(gw)));
+                }
+            }
+            for r in &s.host_routes {
+                routes.push((r.destination, Some(r.nexthop)));
+            }
+        }
+        plan.ports.push(PortPlan {
+            id: p.id.clone(),
+            revision: p.revision_number,
+            host_veth: names::host_veth(&p.id),
+            ifname: ifname.clone(),
+            netns: netns.clone(),
+            mac: p.mac_address.to_ascii_lowercase(),
+            addrs,
+            routes,
+            status: p.status.clone(),
+        });
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corvid_api::{FixedIp, Host, Subnet};
+    use serde_json::json;
+
+    fn port(id: &str, host: &str, ip: &str, ns: Option<&str>) -> Port {
+        serde_json::from_value(json!({
+            "id": id, "name": "", "network_id": "n1", "tenant_id": "p", "project_id": "p",
+            "mac_address": format!("FA:16:3E:00:00:{}", &id[1..]), "admin_state_up": true,
+            "status": "DOWN", "device_id": "", "device_owner": "",
+            "fixed_ips": [FixedIp { subnet_id: "s1".into(), ip_address: ip.parse().unwrap() }],
+            "binding:host_id": host, "binding:profile": {}, "binding:vnic_type": "normal",
+            "binding:vif_type": "ovs", "binding:vif_details": {}, "port_security_enabled": false,
+            "security_groups": [], "allowed_address_pairs": [], "extra_dhcp_opts": [],
+            "ip_allocation": "immediate", "description": "", "tags": [],
+            "veth_name": ns.map(|_| "eth0"), "network_ns": ns,
+            "created_at": "", "updated_at": "", "revision_number": 3
+        }))
+        .unwrap()
+    }
+
+    fn cache() -> Cache {
+        let mut c = Cache::default();
+        let net: Network = serde_json::from_value(json!({
+            "id": "n1", "name": "", "tenant_id": "p", "project_id": "p", "admin_state_up": true,
+            "mtu": 1450, "status": "ACTIVE", "subnets": ["s1"], "shared": false,
+            "router:external": false, "port_security_enabled": true, "description": "",
+            "tags": [], "created_at": "", "updated_at": "", "revision_number": 1,
+            "provider:segmentation_id": 42, "corvid:masquerade": true
+        }))
+        .unwrap();
+        let subnet: Subnet = serde_json::from_value(json!({
+            "id": "s1", "name": "", "tenant_id": "p", "project_id": "p", "network_id": "n1",
+            "ip_version": 4, "subnetpool_id": null, "enable_dhcp": true, "ipv6_ra_mode": null,
+            "ipv6_address_mode": null, "gateway_ip": "10.1.0.1", "cidr": "10.1.0.0/24",
+            "allocation_pools": [], "host_routes": [{"destination": "10.9.0.0/16", "nexthop": "10.1.0.254"}],
+            "dns_nameservers": [], "description": "", "service_types": [], "tags": [],
+            "created_at": "", "updated_at": "", "revision_number": 1
+        }))
+        .unwrap();
+        c.networks.insert("n1".into(), net);
+        c.subnets.insert("s1".into(), subnet);
+        for (id, host) in [("h1", "10.99.0.1"), ("h2", "10.99.0.2")] {
+            c.hosts.insert(
+                id.into(),
+                Host {
+                    id: id.into(),
+                    underlay_ip: host.parse().unwrap(),
+                    description: String::new(),
+                    tags: vec![],
+                    created_at: String::new(),
+                    updated_at: String::new(),
+                    revision_number: 1,
+                },
+            );
+        }
+        for p in [
+            port("p01", "h1", "10.1.0.5", Some("/run/netns/a")),
+            port("p02", "h2", "10.1.0.6", Some("/run/netns/b")),
+            port("p03", "h1", "10.1.0.7", None),
+            port("p04", "h3", "10.1.0.8", Some("/run/netns/c")),
+            port("p05", "", "10.1.0.9", None),
+        ] {
+            c.ports.insert(p.id.clone(), p);
+        }
+        c
+    }
+
+    #[test]
+    fn local_ports_are_plugged_and_remote_ones_tunnelled() {
+        let plans = plan(&cache(), "h1");
+        let n = &plans["n1"];
+        assert_eq!(n.vni, 42);
+        assert_eq!(n.gateways, vec!["10.1.0.1/24".parse::<IpNet>().unwrap()]);
+        assert_eq!(n.masquerade, vec!["10.1.0.0/24".parse::<IpNet>().unwrap()]);
+        // p03 has no namespace (a Docker endpoint): it keeps the network here but is not plugged.
+        assert_eq!(n.ports.len(), 1);
+        let p = &n.ports[0];
+        assert_eq!(p.id, "p01");
+        assert_eq!(p.mac, "fa:16:3e:00:00:01");
+        assert_eq!(p.addrs, vec!["10.1.0.5/24".parse::<IpNet>().unwrap()]);
+        assert_eq!(
+            p.routes,
+            vec![
+                ("0.0.0.0/0".parse().unwrap(), Some("10.1.0.1".parse().unwrap())),
+                ("10.9.0.0/16".parse().unwrap(), Some("10.1.0.254".parse().unwrap())),
+            ]
+        );
+        // Only p02: p04's host never registered, p05 is bound nowhere.
+        assert_eq!(
+            n.fdb,
+            BTreeSet::from([FdbEntry {
+                mac: "fa:16:3e:00:00:02".into(),
+                dst: "10.99.0.2".parse().unwrap()
+            }])
+        );
+        assert_eq!(
+            n.neighbours,
+            BTreeSet::from([NeighbourEntry {
+                ip: "10.1.0.6".parse().unwrap(),
+                mac: "fa:16:3e:00:00:02".into()
+            }])
+        );
+    }
+
+    #[test]
+    fn a_host_without_ports_has_no_datapath() {
+        assert!(plan(&cache(), "h9").is_empty());
+        let mut c = cache();
+        c.ports.retain(|_, p| p.binding_host_id != "h1");
+        assert!(plan(&c, "h1").is_empty());
+    }
+}
