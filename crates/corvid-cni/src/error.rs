@@ -39,6 +39,14 @@ pub enum ErrorCode {
     CheckFailed = 104,
     /// 105: a delegated plugin could not be run or gave no valid answer.
     Delegate = 105,
+    /// 106: the network controller could not be reached.
+    ControllerUnreachable = 106,
+    /// 107: the port did not come UP in time (no agent on this host plugged it).
+    PortTimeout = 107,
+    /// 108: the controller refused the request.
+    ControllerRefused = 108,
+    /// 109: the host's agent could not plug the port.
+    PortFailed = 109,
     /// 999: a failure inside the plugin itself (the reference plugins' generic code).
     Internal = 999,
 }

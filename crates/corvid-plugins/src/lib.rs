@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod bridge;
+pub mod controller;
 pub mod delegate;
 pub mod errors;
 pub mod host_local;
@@ -13,12 +14,13 @@ pub mod loopback;
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 3] = ["bridge", "host-local", "loopback"];
+pub const PLUGIN_NAMES: [&str; 4] = ["bridge", "corvid", "host-local", "loopback"];
 
 /// The plugin behind a name, if this binary has one.
 pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
     match name {
         "bridge" => Some(&bridge::Bridge),
+        "corvid" => Some(&controller::Controller),
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         _ => None,
