@@ -155,6 +155,9 @@ mod tests {
         )]);
         assert_eq!(d, Dirty::All);
         assert!(c.hosts.contains_key("h"));
-        assert_eq!(c.apply(&[event("put", "loadbalancers", "x", json!({}))]), Dirty::None);
+        assert_eq!(
+            c.apply(&[event("put", "loadbalancers", "x", json!({}))]),
+            Dirty::None
+        );
     }
 }

@@ -123,7 +123,10 @@ impl Datapath {
         let mut container = Netlink::open_in(&ns)?;
         if container.link_by_name(&p.ifname)?.is_some() {
             return Err(Error::Netlink {
-                op: format!("plug port {}: {} already exists in {}", p.id, p.ifname, p.netns),
+                op: format!(
+                    "plug port {}: {} already exists in {}",
+                    p.id, p.ifname, p.netns
+                ),
                 source: std::io::Error::from_raw_os_error(libc::EEXIST),
             });
         }

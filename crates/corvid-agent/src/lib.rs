@@ -64,12 +64,7 @@ pub struct Agent {
 /// default route's source when that is loopback, so a one-host setup still has an
 /// address other hosts could reach.
 pub fn detect_underlay(url: &str) -> Option<IpAddr> {
-    let authority = url
-        .split("://")
-        .nth(1)
-        .unwrap_or(url)
-        .split('/')
-        .next()?;
+    let authority = url.split("://").nth(1).unwrap_or(url).split('/').next()?;
     let with_port = if authority.contains(':') && !authority.ends_with(']') {
         authority.to_string()
     } else {
@@ -261,7 +256,8 @@ impl Agent {
         if let Err(e) = self.dp.sync_masquerade(&all) {
             log(&format!("masquerade: {e}"));
         }
-        self.failed.retain(|id, _| self.cache.ports.contains_key(id));
+        self.failed
+            .retain(|id, _| self.cache.ports.contains_key(id));
         for (id, status) in reports {
             match self.client.set_port_status(&id, status) {
                 Ok(()) | Err(ApiError::Neutron { status: 404, .. }) => {}

@@ -250,8 +250,14 @@ mod tests {
         assert_eq!(
             p.routes,
             vec![
-                ("0.0.0.0/0".parse().unwrap(), Some("10.1.0.1".parse().unwrap())),
-                ("10.9.0.0/16".parse().unwrap(), Some("10.1.0.254".parse().unwrap())),
+                (
+                    "0.0.0.0/0".parse().unwrap(),
+                    Some("10.1.0.1".parse().unwrap())
+                ),
+                (
+                    "10.9.0.0/16".parse().unwrap(),
+                    Some("10.1.0.254".parse().unwrap())
+                ),
             ]
         );
         // Only p02: p04's host never registered, p05 is bound nowhere.

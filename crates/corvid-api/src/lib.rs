@@ -9,6 +9,6 @@ pub mod model;
 
 pub use client::{ApiError, Client};
 pub use model::{
-    AllocationPool, FixedIp, FloatingIp, Host, HostRoute, Network, Port, PortDetails, Resource, Subnet,
-    SubnetPool, WatchEvent, WatchPage,
+    AllocationPool, FixedIp, FloatingIp, Host, HostRoute, Network, Port, PortDetails, Resource,
+    Subnet, SubnetPool, WatchEvent, WatchPage,
 };

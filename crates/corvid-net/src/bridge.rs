@@ -126,7 +126,9 @@ pub fn plug(
             spec.mtu,
             spec.mac,
         ) {
-            Err(e) if e.errno() == Some(libc::EEXIST) && attempt < 3 && spec.host_name.is_none() => {
+            Err(e)
+                if e.errno() == Some(libc::EEXIST) && attempt < 3 && spec.host_name.is_none() =>
+            {
                 if container.link_by_name(spec.ifname)?.is_some() {
                     return Err(e);
                 }

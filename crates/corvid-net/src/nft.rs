@@ -134,14 +134,18 @@ fn run_nft(args: &[&str], stdin: Option<&str>, lock: &File) -> Result<String> {
 /// Masquerades traffic from the addresses `sources` leaving their own subnet (and not
 /// multicast).
 pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
-    let sources: Vec<(String, IpNet)> = sources.iter().map(|s| (s.addr().to_string(), *s)).collect();
+    let sources: Vec<(String, IpNet)> =
+        sources.iter().map(|s| (s.addr().to_string(), *s)).collect();
     masquerade(tag, &sources)
 }
 
 /// Masquerades traffic from anywhere in `subnets` leaving them; replaces the tag's rules.
 pub fn set_subnet_masquerade(tag: &MasqueradeTag, subnets: &[IpNet]) -> Result<()> {
     delete_masquerade(tag)?;
-    let sources: Vec<(String, IpNet)> = subnets.iter().map(|s| (s.trunc().to_string(), *s)).collect();
+    let sources: Vec<(String, IpNet)> = subnets
+        .iter()
+        .map(|s| (s.trunc().to_string(), *s))
+        .collect();
     masquerade(tag, &sources)
 }
 

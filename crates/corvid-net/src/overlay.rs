@@ -67,6 +67,12 @@ fn from_address(a: &NeighbourAddress) -> Option<IpAddr> {
     match a {
         NeighbourAddress::Inet(v) => Some(IpAddr::V4(*v)),
         NeighbourAddress::Inet6(v) => Some(IpAddr::V6(*v)),
+        // FDB dumps (family AF_BRIDGE) carry the remote address as raw bytes.
+        NeighbourAddress::Other(b) => match b.len() {
+            4 => <[u8; 4]>::try_from(&b[..]).ok().map(IpAddr::from),
+            16 => <[u8; 16]>::try_from(&b[..]).ok().map(IpAddr::from),
+            _ => None,
+        },
         _ => None,
     }
 }
@@ -232,9 +238,7 @@ fn neighbours(
         let mut dst = None;
         for a in &m.attributes {
             match a {
-                NeighbourAttribute::LinkLayerAddress(b) => {
-                    mac = Some(crate::link::format_mac(b))
-                }
+                NeighbourAttribute::LinkLayerAddress(b) => mac = Some(crate::link::format_mac(b)),
                 NeighbourAttribute::Destination(d) => dst = from_address(d),
                 _ => {}
             }

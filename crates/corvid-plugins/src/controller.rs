@@ -114,7 +114,10 @@ fn api(e: ApiError, conf: &Conf, doing: &str) -> Error {
         )
         .with_details(message.clone()),
         ApiError::Neutron {
-            status, kind, message, ..
+            status,
+            kind,
+            message,
+            ..
         } => Error::new(
             ErrorCode::ControllerRefused,
             format!("{doing}: the controller answered {status} {kind}"),
@@ -139,7 +142,12 @@ fn port_path(conf: &Conf, id: &str) -> String {
 }
 
 /// Sends one request and turns an error status into `ApiError`.
-fn call(client: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ApiError> {
+fn call(
+    client: &Client,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value, ApiError> {
     let (status, v, _) = client.request(method, path, body)?;
     if status < 400 {
         return Ok(v);
@@ -158,7 +166,13 @@ fn call(client: &Client, method: &str, path: &str, body: Option<&Value>) -> Resu
 }
 
 /// Creates the port, or finds the one a repeated ADD made before.
-fn create_port(client: &Client, conf: &Conf, args: &CmdArgs, id: &str, netns: &str) -> Result<(), ApiError> {
+fn create_port(
+    client: &Client,
+    conf: &Conf,
+    args: &CmdArgs,
+    id: &str,
+    netns: &str,
+) -> Result<(), ApiError> {
     let body = json!({"port": {
         "project_id": conf.project,
         "id": id,
@@ -173,8 +187,15 @@ fn create_port(client: &Client, conf: &Conf, args: &CmdArgs, id: &str, netns: &s
         "binding:vnic_type": "normal",
         "fast_path": true,
     }});
-    match call(client, "POST", &format!("/project/{}/ports", conf.project), Some(&body)) {
-        Err(ApiError::Neutron { status: 409, kind, .. }) if kind == "PortExists" => Ok(()),
+    match call(
+        client,
+        "POST",
+        &format!("/project/{}/ports", conf.project),
+        Some(&body),
+    ) {
+        Err(ApiError::Neutron {
+            status: 409, kind, ..
+        }) if kind == "PortExists" => Ok(()),
         r => r.map(drop),
     }
 }
@@ -275,7 +296,13 @@ fn encode(s: &str) -> String {
 }
 
 /// The CNI result of an UP port: its interface, addresses and the subnet's gateway.
-fn result_of(client: &Client, conf: &Conf, port: &Port, args: &CmdArgs, netns: &str) -> Result<CniResult, Error> {
+fn result_of(
+    client: &Client,
+    conf: &Conf,
+    port: &Port,
+    args: &CmdArgs,
+    netns: &str,
+) -> Result<CniResult, Error> {
     let subnet = call(
         client,
         "GET",
@@ -298,7 +325,11 @@ fn result_of(client: &Client, conf: &Conf, port: &Port, args: &CmdArgs, netns: &
         }],
         ..CniResult::default()
     };
-    for ip in port.fixed_ips.iter().filter(|ip| cidr.contains(&ip.ip_address)) {
+    for ip in port
+        .fixed_ips
+        .iter()
+        .filter(|ip| cidr.contains(&ip.ip_address))
+    {
         result.ips.push(IpConfig {
             address: IpNet::new(ip.ip_address, cidr.prefix_len()).expect("prefix of a valid cidr"),
             gateway,
@@ -352,7 +383,8 @@ impl Plugin for Controller {
         let netns = netns_of(args)?;
         Netns::open(&netns).map_err(errors::net)?;
         let id = port_id(&args.conf.name, &args.container_id, &args.ifname);
-        create_port(&client, &conf, args, &id, &netns).map_err(|e| api(e, &conf, "create the port"))?;
+        create_port(&client, &conf, args, &id, &netns)
+            .map_err(|e| api(e, &conf, "create the port"))?;
         let done = wait_up(&client, &conf, &id)
             .and_then(|port| result_of(&client, &conf, &port, args, &netns));
         if done.is_err() {
@@ -379,7 +411,10 @@ impl Plugin for Controller {
         let port: Port = serde_json::from_value(v["port"].clone())
             .map_err(|e| api(ApiError::Decode(e.to_string()), &conf, "read the port"))?;
         if v["port"]["status"] != "UP" {
-            return Err(fail(format!("port {id} is {}, not UP", v["port"]["status"])));
+            return Err(fail(format!(
+                "port {id} is {}, not UP",
+                v["port"]["status"]
+            )));
         }
         let ns = Netns::open(netns_of(args)?).map_err(errors::net)?;
         let mut nl = Netlink::open_in(&ns).map_err(errors::net)?;
@@ -467,6 +502,9 @@ mod tests {
             [8, 4, 4, 4, 12]
         );
         assert!(parts[2].starts_with('8'));
-        assert!(matches!(parts[3].chars().next(), Some('8' | '9' | 'a' | 'b')));
+        assert!(matches!(
+            parts[3].chars().next(),
+            Some('8' | '9' | 'a' | 'b')
+        ));
     }
 }

@@ -35,7 +35,11 @@ struct AgentArgs {
     #[arg(long, env = "CORVID_HOST_ID")]
     host_id: String,
     /// The controller's URL.
-    #[arg(long, env = "CORVID_CONTROLLER", default_value = "http://127.0.0.1:9696")]
+    #[arg(
+        long,
+        env = "CORVID_CONTROLLER",
+        default_value = "http://127.0.0.1:9696"
+    )]
     controller: String,
     /// The controller's token.
     #[arg(long, env = "CORVID_TOKEN")]

@@ -249,7 +249,8 @@ async fn create_networks(
                 let key = keys::resource("networks", &n.id);
                 let vni_key = keys::vni(n.segmentation_id);
                 txn.compares.push(Compare::CreateRevision(key.clone(), 0));
-                txn.compares.push(Compare::CreateRevision(vni_key.clone(), 0));
+                txn.compares
+                    .push(Compare::CreateRevision(vni_key.clone(), 0));
                 txn.ops.push(Op::Put(key, encode(&n)));
                 txn.ops.push(Op::Put(vni_key, n.id.clone().into_bytes()));
                 nets.push(n);

@@ -1,0 +1,587 @@
+//! Two simulated hosts, one controller: pods attached with the `corvid` CNI plugin reach
+//! each other on one host and across the VXLAN overlay; agents and the controller survive
+//! restarts; a killed ADD leaves nothing after DEL or GC. Runs as root, in namespaces only:
+//! a "lan" namespace holds the underlay bridge and the controller, each host namespace
+//! runs its own agent, and each pod is a namespace of its own.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use corvid_api::{Client, Network, Port, Subnet};
+use corvid_net::{Netlink, Netns};
+use serde_json::{json, Value};
+
+const CONTROLLER_PORT: u16 = 9696;
+
+/// A namespace `cvt<pid>-<name>`, deleted on drop.
+struct Ns {
+    path: PathBuf,
+}
+
+impl Ns {
+    fn new(tag: &str, name: &str) -> Ns {
+        Ns {
+            path: Netns::create_named(&format!("{tag}-{name}")).expect("create namespace"),
+        }
+    }
+
+    fn name(&self) -> String {
+        self.path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn open(&self) -> Netns {
+        Netns::open(&self.path).unwrap()
+    }
+
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        self.open().apply_to(&mut cmd).unwrap();
+        cmd
+    }
+
+    fn ip(&self, args: &str) {
+        let out = Command::new("ip")
+            .arg("-n")
+            .arg(self.name())
+            .args(args.split_whitespace())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ip -n {} {args}: {out:?}",
+            self.name()
+        );
+    }
+
+    fn ping(&self, addr: &str) -> bool {
+        self.command("ping")
+            .args(["-c", "1", "-W", "2", addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    fn netlink(&self) -> Netlink {
+        Netlink::open_in(&self.open()).unwrap()
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Netns::delete_path(&self.path);
+    }
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Proc {
+    fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The simulated cluster: lan (underlay + controller), two hosts with agents.
+struct Cluster {
+    tag: String,
+    lan: Ns,
+    hosts: Vec<Ns>,
+    controller: Option<Proc>,
+    agents: Vec<Option<Proc>>,
+    store: String,
+    _state: tempfile::TempDir,
+    bin: tempfile::TempDir,
+    conf: tempfile::TempDir,
+    cache: tempfile::TempDir,
+}
+
+fn underlay_ip(host: usize) -> String {
+    format!("10.99.0.{}", host + 1)
+}
+
+fn url() -> String {
+    format!("http://10.99.0.254:{CONTROLLER_PORT}")
+}
+
+impl Cluster {
+    fn new(name: &str) -> Cluster {
+        assert!(unsafe { libc::geteuid() } == 0, "run as root");
+        let tag = format!("cvt{}{name}", std::process::id());
+        let lan = Ns::new(&tag, "lan");
+        lan.ip("link add cvtul type bridge");
+        lan.ip("addr add 10.99.0.254/24 dev cvtul");
+        lan.ip("link set cvtul up");
+        lan.ip("link set lo up");
+        let mut hosts = Vec::new();
+        for i in 0..2 {
+            let h = Ns::new(&tag, &format!("h{}", i + 1));
+            lan.ip(&format!(
+                "link add cvtu{i} type veth peer name eth0 netns {}",
+                h.name()
+            ));
+            lan.ip(&format!("link set cvtu{i} master cvtul up"));
+            h.ip(&format!("addr add {}/24 dev eth0", underlay_ip(i)));
+            h.ip("link set eth0 up");
+            h.ip("link set lo up");
+            hosts.push(h);
+        }
+        let state = tempfile::Builder::new()
+            .prefix("cvt-state")
+            .tempdir()
+            .unwrap();
+        let store = format!("redb:{}", state.path().join("state.redb").display());
+        let bin = tempfile::Builder::new()
+            .prefix("cvt-bin")
+            .tempdir()
+            .unwrap();
+        let plugins = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
+        assert!(
+            plugins.exists(),
+            "{} is missing: build the workspace (cargo test --workspace)",
+            plugins.display()
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_corvid"))
+            .args(["cni", "install", "--dir"])
+            .arg(bin.path())
+            .args(["--from"])
+            .arg(&plugins)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "install: {out:?}");
+        let mut c = Cluster {
+            tag,
+            lan,
+            hosts,
+            controller: None,
+            agents: vec![None, None],
+            store,
+            _state: state,
+            bin,
+            conf: tempfile::Builder::new()
+                .prefix("cvt-conf")
+                .tempdir()
+                .unwrap(),
+            cache: tempfile::Builder::new()
+                .prefix("cvt-cache")
+                .tempdir()
+                .unwrap(),
+        };
+        c.start_controller();
+        c.start_agent(0);
+        c.start_agent(1);
+        c
+    }
+
+    fn start_controller(&mut self) {
+        let child = self
+            .lan
+            .command(env!("CARGO_BIN_EXE_corvid"))
+            .args(["controller", "--listen"])
+            .arg(format!("10.99.0.254:{CONTROLLER_PORT}"))
+            .args(["--store", &self.store])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.controller = Some(Proc(child));
+        wait_until("the controller", Duration::from_secs(20), || {
+            self.api(|c| c.request("GET", "/", None)).is_ok()
+        });
+    }
+
+    fn start_agent(&mut self, i: usize) {
+        let child = self.hosts[i]
+            .command(env!("CARGO_BIN_EXE_corvid"))
+            .args(["agent", "--host-id", &format!("h{}", i + 1)])
+            .args(["--controller", &url()])
+            .args(["--underlay-ip", &underlay_ip(i)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        self.agents[i] = Some(Proc(child));
+    }
+
+    /// Runs `f` with a client whose sockets live in the lan namespace.
+    fn api<T>(&self, f: impl FnOnce(&Client) -> T) -> T {
+        let client = Client::new(&url());
+        self.lan.open().run(|| f(&client)).unwrap()
+    }
+
+    /// A network with one /24 subnet, and its CNI configuration list in the conf dir.
+    fn network(&self, name: &str, cidr: &str, masquerade: bool) -> (Network, Subnet) {
+        let (net, subnet) = self.api(|c| {
+            let net: Network = c
+                .create(json!({"name": name, "corvid:masquerade": masquerade}))
+                .unwrap();
+            let subnet: Subnet = c
+                .create(json!({"network_id": net.id, "cidr": cidr, "ip_version": 4}))
+                .unwrap();
+            (net, subnet)
+        });
+        for (i, _) in self.hosts.iter().enumerate() {
+            let conf = json!({
+                "cniVersion": "1.1.0",
+                "name": format!("{name}-h{}", i + 1),
+                "plugins": [{
+                    "type": "corvid",
+                    "mpurl": url(),
+                    "project": "corvid",
+                    "subnet": subnet.id,
+                    "hostId": format!("h{}", i + 1),
+                    "timeout": 20
+                }]
+            });
+            std::fs::write(
+                self.conf.path().join(format!("{name}-h{}.conflist", i + 1)),
+                conf.to_string(),
+            )
+            .unwrap();
+        }
+        (net, subnet)
+    }
+
+    fn cni(&self, host: usize, args: &[&str]) -> Command {
+        let mut cmd = self.hosts[host].command(env!("CARGO_BIN_EXE_corvid"));
+        cmd.arg("cni")
+            .arg("--json")
+            .arg("--conf-dir")
+            .arg(self.conf.path())
+            .arg("--cni-path")
+            .arg(self.bin.path())
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args);
+        cmd
+    }
+
+    /// `corvid cni <verb>` of pod `pod` (a namespace) on host `host` to network `net`.
+    fn attach(&self, verb: &str, host: usize, net: &str, pod: &Ns) -> Command {
+        let network = format!("{net}-h{}", host + 1);
+        self.cni(host, &[verb, &network, &pod.path.display().to_string()])
+    }
+
+    fn add(&self, host: usize, net: &str, pod: &Ns) -> Output {
+        self.attach("add", host, net, pod).output().unwrap()
+    }
+
+    fn del(&self, host: usize, net: &str, pod: &Ns) -> Output {
+        self.attach("del", host, net, pod).output().unwrap()
+    }
+
+    /// The `corvid` plugin run directly, as a runtime would, with `conf` on stdin.
+    fn plugin(&self, host: usize, command: &str, container: &str, pod: &Ns, conf: &Value) -> Child {
+        let mut child = self.hosts[host]
+            .command(self.bin.path().join("corvid"))
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container)
+            .env("CNI_NETNS", &pod.path)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", self.bin.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        child
+    }
+
+    fn pod(&self, name: &str) -> Ns {
+        let p = Ns::new(&self.tag, name);
+        p.ip("link set lo up");
+        p
+    }
+
+    fn ports(&self) -> Vec<Port> {
+        self.api(|c| c.list::<Port>(&[])).unwrap().0
+    }
+}
+
+fn result(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "ADD failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON result")
+}
+
+fn ip_of(result: &Value) -> String {
+    result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn mac_in(pod: &Ns, ifname: &str) -> Option<String> {
+    pod.netlink().link_by_name(ifname).unwrap().map(|l| l.mac)
+}
+
+/// MACs the host's overlay devices forward to a remote host.
+fn fdb_macs(host: &Ns) -> Vec<String> {
+    let mut nl = host.netlink();
+    let mut out = Vec::new();
+    for l in nl.links().unwrap() {
+        if l.kind == corvid_net::link::LinkKind::Vxlan {
+            out.extend(nl.fdb(&l).unwrap().into_iter().map(|e| e.mac));
+        }
+    }
+    out
+}
+
+#[test]
+fn pods_reach_each_other_on_one_host_and_across_hosts() {
+    let cluster = Cluster::new("ov");
+    let (_net, subnet) = cluster.network("blue", "10.50.0.0/24", false);
+    let a1 = cluster.pod("a1");
+    let a2 = cluster.pod("a2");
+    let b1 = cluster.pod("b1");
+    let ra1 = result(&cluster.add(0, "blue", &a1));
+    let ra2 = result(&cluster.add(0, "blue", &a2));
+    let rb1 = result(&cluster.add(1, "blue", &b1));
+    let (ip_a1, ip_a2, ip_b1) = (ip_of(&ra1), ip_of(&ra2), ip_of(&rb1));
+    assert_eq!(ra1["ips"][0]["gateway"], "10.50.0.1");
+    assert_eq!(ra1["routes"][0]["dst"], "0.0.0.0/0");
+    assert_eq!(
+        ra1["interfaces"][0]["sandbox"],
+        a1.path.display().to_string()
+    );
+    // The interface in the pod has the controller's MAC and address.
+    let ports = cluster.ports();
+    let port_a1 = ports
+        .iter()
+        .find(|p| {
+            p.fixed_ips
+                .iter()
+                .any(|f| f.ip_address.to_string() == ip_a1)
+        })
+        .expect("a1's port");
+    assert_eq!(port_a1.status, "ACTIVE");
+    assert_eq!(port_a1.binding_host_id, "h1");
+    assert_eq!(port_a1.fixed_ips[0].subnet_id, subnet.id);
+    assert_eq!(mac_in(&a1, "eth0").unwrap(), port_a1.mac_address);
+    assert_eq!(ra1["interfaces"][0]["mac"], port_a1.mac_address.as_str());
+
+    assert!(a1.ping(&ip_a2), "same host");
+    assert!(a1.ping(&ip_b1), "across hosts");
+    assert!(b1.ping(&ip_a2), "across hosts, the other way");
+    assert!(a1.ping("10.50.0.1"), "the gateway on the host's bridge");
+    // No masquerade asked: the underlay has no route back to the pods.
+    assert!(!a1.ping("10.99.0.254"));
+
+    // DEL of b1: its interface is gone, its address released, h1 forgets its MAC.
+    let mac_b1 = mac_in(&b1, "eth0").unwrap();
+    assert!(
+        fdb_macs(&cluster.hosts[0]).contains(&mac_b1),
+        "{mac_b1} not in {:?}",
+        fdb_macs(&cluster.hosts[0])
+    );
+    let out = cluster.del(1, "blue", &b1);
+    assert!(out.status.success(), "DEL: {out:?}");
+    wait_until("b1's interface to go", Duration::from_secs(10), || {
+        mac_in(&b1, "eth0").is_none()
+    });
+    assert!(!cluster.ports().iter().any(|p| p
+        .fixed_ips
+        .iter()
+        .any(|f| f.ip_address.to_string() == ip_b1)));
+    wait_until(
+        "h1 to drop b1 from its FDB",
+        Duration::from_secs(10),
+        || !fdb_macs(&cluster.hosts[0]).contains(&mac_b1),
+    );
+    assert!(!a1.ping(&ip_b1));
+    // A second DEL of the same pod is fine.
+    assert!(cluster.del(1, "blue", &b1).status.success());
+    // h2 has no port left: its bridge and vxlan device are gone.
+    wait_until(
+        "h2's datapath to be removed",
+        Duration::from_secs(10),
+        || {
+            cluster.hosts[1]
+                .netlink()
+                .links()
+                .unwrap()
+                .iter()
+                .all(|l| !l.name.starts_with("cv"))
+        },
+    );
+
+    // Masquerade on: pods reach the underlay through their host's address.
+    let (_green, _) = cluster.network("green", "10.51.0.0/24", true);
+    let g1 = cluster.pod("g1");
+    result(&cluster.add(0, "green", &g1));
+    assert!(g1.ping("10.99.0.254"), "egress is masqueraded");
+    for (pod, net, host) in [(&a1, "blue", 0), (&a2, "blue", 0), (&g1, "green", 0)] {
+        assert!(cluster.del(host, net, pod).status.success());
+    }
+    assert!(cluster.ports().is_empty());
+}
+
+#[test]
+fn agents_and_the_controller_restart_without_losing_pods() {
+    let mut cluster = Cluster::new("rs");
+    cluster.network("red", "10.52.0.0/24", false);
+    let a1 = cluster.pod("a1");
+    let a2 = cluster.pod("a2");
+    let b1 = cluster.pod("b1");
+    let ip_a1 = ip_of(&result(&cluster.add(0, "red", &a1)));
+    result(&cluster.add(0, "red", &a2));
+    let ip_b1 = ip_of(&result(&cluster.add(1, "red", &b1)));
+
+    // h1's agent is down while a pod is created and another deleted.
+    cluster.agents[0].take().unwrap().kill9();
+    let a3 = cluster.pod("a3");
+    let pending = cluster
+        .cni(0, &["add", "red-h1", &a3.path.display().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(cluster.del(0, "red", &a2).status.success());
+    assert!(
+        mac_in(&a2, "eth0").is_some(),
+        "nobody unplugs while the agent is down"
+    );
+    cluster.start_agent(0);
+    let ip_a3 = ip_of(&result(&pending.wait_with_output().unwrap()));
+    wait_until("a2 to be unplugged", Duration::from_secs(10), || {
+        mac_in(&a2, "eth0").is_none()
+    });
+    assert!(a3.ping(&ip_b1), "a3, plugged after the restart, reaches h2");
+    assert!(a1.ping(&ip_b1), "a1 kept its network through the restart");
+
+    // The controller restarts: agents resume and serve new pods.
+    cluster.controller.take().unwrap().kill9();
+    cluster.start_controller();
+    let b2 = cluster.pod("b2");
+    let ip_b2 = ip_of(&result(&cluster.add(1, "red", &b2)));
+    assert!(b2.ping(&ip_a1));
+    assert!(a3.ping(&ip_b2), "h1 learned b2 through the resumed watch");
+
+    // A plugin killed between POST and UP: DEL (or GC) removes its port.
+    cluster.agents[1].take().unwrap().kill9();
+    let b3 = cluster.pod("b3");
+    let conf: Value = serde_json::from_slice(
+        &std::fs::read(cluster.conf.path().join("red-h2.conflist")).unwrap(),
+    )
+    .unwrap();
+    let mut plugin_conf = conf["plugins"][0].clone();
+    plugin_conf["cniVersion"] = conf["cniVersion"].clone();
+    plugin_conf["name"] = conf["name"].clone();
+    let mut plugin = cluster.plugin(1, "ADD", "killed-add", &b3, &plugin_conf);
+    let before = cluster.ports().len();
+    wait_until("the killed ADD's port", Duration::from_secs(10), || {
+        cluster.ports().len() == before + 1
+    });
+    let _ = plugin.kill();
+    let _ = plugin.wait();
+    let mut del = cluster.plugin(1, "DEL", "killed-add", &b3, &plugin_conf);
+    assert!(del.wait().unwrap().success());
+    assert_eq!(
+        cluster.ports().len(),
+        before,
+        "DEL removed the half-made port"
+    );
+
+    // The same through GC: a killed ADD, then GC keeping only the cached attachments.
+    let b4 = cluster.pod("b4");
+    let mut pending = cluster
+        .cni(1, &["add", "red-h2", &b4.path.display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the second killed ADD's port",
+        Duration::from_secs(10),
+        || cluster.ports().len() == before + 1,
+    );
+    let _ = pending.kill();
+    let _ = pending.wait();
+    cluster.start_agent(1);
+    let out = cluster.cni(1, &["gc", "red-h2"]).output().unwrap();
+    assert!(out.status.success(), "GC: {out:?}");
+    wait_until("GC to remove the orphan", Duration::from_secs(10), || {
+        cluster.ports().len() == before
+    });
+    assert!(b2.ping(&ip_a3), "GC kept the cached attachment b2");
+    let _ = ip_a3;
+}
+
+#[test]
+fn bad_configurations_and_a_missing_agent_are_clear_cni_errors() {
+    let cluster = Cluster::new("er");
+    let (_, subnet) = cluster.network("gray", "10.53.0.0/30", false);
+    let pod = cluster.pod("p");
+    let run = |conf: Value, host: usize| -> Value {
+        let child = cluster.plugin(host, "ADD", "c-err", &pod, &conf);
+        let out = child.wait_with_output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if out.status.success() {
+            return json!({"ok": v});
+        }
+        v
+    };
+    let base = json!({"cniVersion": "1.0.0", "name": "gray", "type": "corvid",
+        "mpurl": url(), "project": "corvid", "subnet": subnet.id, "hostId": "h1", "timeout": 2});
+    let with = |k: &str, v: Value| {
+        let mut c = base.clone();
+        c[k] = v;
+        c
+    };
+    assert_eq!(run(with("mpurl", json!("ftp://x")), 0)["code"], 7);
+    assert_eq!(run(with("subnet", json!("")), 0)["code"], 7);
+    let unreachable = run(with("mpurl", json!("http://10.99.0.254:1")), 0);
+    assert_eq!(unreachable["code"], 106, "{unreachable}");
+    assert!(unreachable["msg"].as_str().unwrap().contains("unreachable"));
+    let unknown = run(with("subnet", json!("no-such-subnet")), 0);
+    assert_eq!(unknown["code"], 108, "{unknown}");
+    // No agent for host h9: the ADD times out, says why, and leaves no port behind.
+    let timeout = run(with("hostId", json!("h9")), 0);
+    assert_eq!(timeout["code"], 107, "{timeout}");
+    assert!(timeout["msg"].as_str().unwrap().contains("corvid agent"));
+    assert!(cluster.ports().is_empty());
+    assert!(mac_in(&pod, "eth0").is_none());
+    // A /30 has two addresses after the gateway... one: the second pod is refused.
+    let ok = run(base.clone(), 0);
+    assert!(ok.get("ok").is_some(), "{ok}");
+    let other = cluster.pod("q");
+    let out = cluster.add(0, "gray", &other);
+    assert!(!out.status.success());
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], 100, "{err}");
+    assert_eq!(cluster.ports().len(), 1);
+}
