@@ -1,6 +1,7 @@
 //! The corvid command line: argument parsing only; the work is done by the libraries.
 
 mod cni;
+mod up;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -26,6 +27,8 @@ enum Command {
     Controller(ControllerArgs),
     /// Run this host's agent: plug the ports bound to it, link it into the overlay.
     Agent(AgentArgs),
+    /// Run everything on this machine: controller, agent and a default network.
+    Up(up::UpArgs),
 }
 
 /// Arguments of `corvid agent`.
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Up(a) => up::run(a),
         Command::Agent(a) => {
             let config = corvid_agent::Config {
                 host_id: a.host_id,

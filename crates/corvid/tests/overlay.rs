@@ -4,104 +4,18 @@
 //! a "lan" namespace holds the underlay bridge and the controller, each host namespace
 //! runs its own agent, and each pod is a namespace of its own.
 
-use std::path::{Path, PathBuf};
+#[path = "support/ns.rs"]
+mod ns;
+
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use corvid_api::{Client, Network, Port, Subnet};
-use corvid_net::{Netlink, Netns};
+use ns::{wait_until, Ns, Proc};
 use serde_json::{json, Value};
 
 const CONTROLLER_PORT: u16 = 9696;
-
-/// A namespace `cvt<pid>-<name>`, deleted on drop.
-struct Ns {
-    path: PathBuf,
-}
-
-impl Ns {
-    fn new(tag: &str, name: &str) -> Ns {
-        Ns {
-            path: Netns::create_named(&format!("{tag}-{name}")).expect("create namespace"),
-        }
-    }
-
-    fn name(&self) -> String {
-        self.path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned()
-    }
-
-    fn open(&self) -> Netns {
-        Netns::open(&self.path).unwrap()
-    }
-
-    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new(program);
-        self.open().apply_to(&mut cmd).unwrap();
-        cmd
-    }
-
-    fn ip(&self, args: &str) {
-        let out = Command::new("ip")
-            .arg("-n")
-            .arg(self.name())
-            .args(args.split_whitespace())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ip -n {} {args}: {out:?}",
-            self.name()
-        );
-    }
-
-    fn ping(&self, addr: &str) -> bool {
-        self.command("ping")
-            .args(["-c", "1", "-W", "2", addr])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap()
-            .success()
-    }
-
-    fn netlink(&self) -> Netlink {
-        Netlink::open_in(&self.open()).unwrap()
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Netns::delete_path(&self.path);
-    }
-}
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Proc {
-    fn kill9(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// The simulated cluster: lan (underlay + controller), two hosts with agents.
 struct Cluster {

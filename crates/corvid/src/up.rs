@@ -1,0 +1,147 @@
+//! `corvid up`: the whole stack on one machine. The controller on the embedded store, an
+//! agent for this host, and a default network with masquerade; then it prints the CNI
+//! configuration that attaches containers to that network and stays in the foreground.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use corvid_api::{Client, Network, Subnet};
+use serde_json::json;
+
+/// Arguments of `corvid up`.
+#[derive(Args)]
+pub struct UpArgs {
+    /// Address the controller listens on.
+    #[arg(long, env = "CORVID_LISTEN", default_value = "127.0.0.1:9696")]
+    listen: SocketAddr,
+    /// Where the controller keeps its state.
+    #[arg(long, default_value = "/var/lib/corvid")]
+    state_dir: PathBuf,
+    /// This host's ID; the hostname by default.
+    #[arg(long, env = "CORVID_HOST_ID")]
+    host_id: Option<String>,
+    /// Name of the default network (and of its CNI configuration).
+    #[arg(long, default_value = "corvid")]
+    network: String,
+    /// The default network's subnet.
+    #[arg(long, default_value = "10.77.0.0/16")]
+    subnet: ipnet::IpNet,
+    /// Where the CNI configuration list is written.
+    #[arg(long, env = "NETCONFPATH", default_value = "/etc/cni/net.d")]
+    conf_dir: PathBuf,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// The default network and its subnet, created on the first run and found afterwards.
+fn default_network(client: &Client, name: &str, cidr: ipnet::IpNet) -> Result<Subnet, String> {
+    let err = |e: corvid_api::ApiError| e.to_string();
+    let (nets, _) = client.list::<Network>(&[("name", name)]).map_err(err)?;
+    let net = match nets.into_iter().next() {
+        Some(n) => n,
+        None => client
+            .create::<Network>(json!({"name": name, "corvid:masquerade": true}))
+            .map_err(err)?,
+    };
+    if let Some(id) = net.subnets.first() {
+        return client.get::<Subnet>(id).map_err(err);
+    }
+    client
+        .create::<Subnet>(json!({"network_id": net.id, "name": name, "cidr": cidr.trunc()}))
+        .map_err(err)
+}
+
+/// Runs the stack until SIGINT or SIGTERM.
+pub fn run(a: UpArgs) -> ExitCode {
+    match up(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("corvid up: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn up(a: UpArgs) -> Result<(), String> {
+    std::fs::create_dir_all(&a.state_dir)
+        .map_err(|e| format!("create {}: {e}", a.state_dir.display()))?;
+    let config = corvid_controller::Config {
+        listen: a.listen,
+        store: format!("redb:{}", a.state_dir.join("state.redb").display()),
+        token: None,
+    };
+    let controller = std::thread::spawn(move || corvid_controller::run(config));
+    let url = format!("http://{}", a.listen);
+    let client = Client::new(&url);
+    let start = Instant::now();
+    while client.request("GET", "/", None).is_err() {
+        if controller.is_finished() {
+            return match controller.join() {
+                Ok(Err(e)) => Err(format!("the controller stopped: {e}")),
+                _ => Err("the controller stopped".into()),
+            };
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err(format!("the controller did not answer on {url}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let subnet = default_network(&client, &a.network, a.subnet)?;
+    let host_id = a.host_id.unwrap_or_else(hostname);
+    let mut agent = corvid_agent::Agent::new(corvid_agent::Config {
+        host_id: host_id.clone(),
+        controller: url.clone(),
+        token: None,
+        underlay_ip: None,
+        resync: Duration::from_secs(60),
+    })
+    .map_err(|e| format!("agent: {e}"))?;
+    std::thread::spawn(move || agent.run());
+
+    let conflist = json!({
+        "cniVersion": "1.1.0",
+        "name": a.network,
+        "plugins": [{
+            "type": "corvid",
+            "mpurl": url,
+            "project": subnet.project_id,
+            "subnet": subnet.id,
+            "hostId": host_id,
+        }]
+    });
+    let path = a.conf_dir.join(format!("{}.conflist", a.network));
+    std::fs::create_dir_all(&a.conf_dir)
+        .and_then(|_| {
+            std::fs::write(
+                &path,
+                serde_json::to_string_pretty(&conflist).unwrap_or_default() + "\n",
+            )
+        })
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
+    println!(
+        "corvid is up: controller {url}, agent for host {host_id}, network {} ({}).\n\
+         CNI configuration written to {}.\n\n\
+         Attach two namespaces and ping (install the plugins once with `corvid cni install`):\n  \
+         corvid cni netns add a && corvid cni netns add b\n  \
+         corvid cni add {net} /run/netns/a && corvid cni add {net} /run/netns/b\n  \
+         ip netns exec a ping <the address b got>\n\n\
+         Stop with Ctrl-C.",
+        a.network,
+        subnet.cidr,
+        path.display(),
+        net = a.network,
+    );
+    match controller.join() {
+        Ok(r) => r,
+        Err(_) => Err("the controller thread panicked".into()),
+    }
+}

@@ -1,0 +1,97 @@
+//! Test support: namespaces and processes that clean up after themselves.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corvid_net::{Netlink, Netns};
+
+/// A namespace `cvt<pid>-<name>`, deleted on drop.
+pub struct Ns {
+    pub path: PathBuf,
+}
+
+impl Ns {
+    pub fn new(tag: &str, name: &str) -> Ns {
+        Ns {
+            path: Netns::create_named(&format!("{tag}-{name}")).expect("create namespace"),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    pub fn open(&self) -> Netns {
+        Netns::open(&self.path).unwrap()
+    }
+
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        self.open().apply_to(&mut cmd).unwrap();
+        cmd
+    }
+
+    pub fn ip(&self, args: &str) {
+        let out = Command::new("ip")
+            .arg("-n")
+            .arg(self.name())
+            .args(args.split_whitespace())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ip -n {} {args}: {out:?}",
+            self.name()
+        );
+    }
+
+    pub fn ping(&self, addr: &str) -> bool {
+        self.command("ping")
+            .args(["-c", "1", "-W", "2", addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    pub fn netlink(&self) -> Netlink {
+        Netlink::open_in(&self.open()).unwrap()
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Netns::delete_path(&self.path);
+    }
+}
+
+/// A child process killed on drop.
+pub struct Proc(pub Child);
+
+impl Proc {
+    pub fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
