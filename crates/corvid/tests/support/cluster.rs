@@ -1,0 +1,246 @@
+//! A simulated cluster for tests and benchmarks: a "lan" namespace with the underlay bridge
+//! and the controller, two host namespaces each running an agent, the plugins installed in
+//! a temporary CNI bin directory.
+#![allow(dead_code)]
+
+#[path = "ns.rs"]
+pub mod ns;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use corvid_api::{Client, Network, Port, Subnet};
+use ns::{wait_until, Ns, Proc};
+use serde_json::{json, Value};
+
+const CONTROLLER_PORT: u16 = 9696;
+
+/// The simulated cluster: lan (underlay + controller), two hosts with agents.
+pub struct Cluster {
+    pub tag: String,
+    pub lan: Ns,
+    pub hosts: Vec<Ns>,
+    pub controller: Option<Proc>,
+    pub agents: Vec<Option<Proc>>,
+    pub store: String,
+    pub _state: tempfile::TempDir,
+    pub bin: tempfile::TempDir,
+    pub conf: tempfile::TempDir,
+    pub cache: tempfile::TempDir,
+}
+
+pub fn underlay_ip(host: usize) -> String {
+    format!("10.99.0.{}", host + 1)
+}
+
+pub fn url() -> String {
+    format!("http://10.99.0.254:{CONTROLLER_PORT}")
+}
+
+impl Cluster {
+    pub fn new(name: &str) -> Cluster {
+        assert!(unsafe { libc::geteuid() } == 0, "run as root");
+        let tag = format!("cvt{}{name}", std::process::id());
+        let lan = Ns::new(&tag, "lan");
+        lan.ip("link add cvtul type bridge");
+        lan.ip("addr add 10.99.0.254/24 dev cvtul");
+        lan.ip("link set cvtul up");
+        lan.ip("link set lo up");
+        let mut hosts = Vec::new();
+        for i in 0..2 {
+            let h = Ns::new(&tag, &format!("h{}", i + 1));
+            lan.ip(&format!(
+                "link add cvtu{i} type veth peer name eth0 netns {}",
+                h.name()
+            ));
+            lan.ip(&format!("link set cvtu{i} master cvtul up"));
+            h.ip(&format!("addr add {}/24 dev eth0", underlay_ip(i)));
+            h.ip("link set eth0 up");
+            h.ip("link set lo up");
+            hosts.push(h);
+        }
+        let state = tempfile::Builder::new()
+            .prefix("cvt-state")
+            .tempdir()
+            .unwrap();
+        let store = format!("redb:{}", state.path().join("state.redb").display());
+        let bin = tempfile::Builder::new()
+            .prefix("cvt-bin")
+            .tempdir()
+            .unwrap();
+        let plugins = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
+        assert!(
+            plugins.exists(),
+            "{} is missing: build the workspace (cargo test --workspace)",
+            plugins.display()
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_corvid"))
+            .args(["cni", "install", "--dir"])
+            .arg(bin.path())
+            .args(["--from"])
+            .arg(&plugins)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "install: {out:?}");
+        let mut c = Cluster {
+            tag,
+            lan,
+            hosts,
+            controller: None,
+            agents: vec![None, None],
+            store,
+            _state: state,
+            bin,
+            conf: tempfile::Builder::new()
+                .prefix("cvt-conf")
+                .tempdir()
+                .unwrap(),
+            cache: tempfile::Builder::new()
+                .prefix("cvt-cache")
+                .tempdir()
+                .unwrap(),
+        };
+        c.start_controller();
+        c.start_agent(0);
+        c.start_agent(1);
+        c
+    }
+
+    pub fn start_controller(&mut self) {
+        let child = self
+            .lan
+            .command(env!("CARGO_BIN_EXE_corvid"))
+            .args(["controller", "--listen"])
+            .arg(format!("10.99.0.254:{CONTROLLER_PORT}"))
+            .args(["--store", &self.store])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.controller = Some(Proc(child));
+        wait_until("the controller", Duration::from_secs(20), || {
+            self.api(|c| c.request("GET", "/", None)).is_ok()
+        });
+    }
+
+    pub fn start_agent(&mut self, i: usize) {
+        let child = self.hosts[i]
+            .command(env!("CARGO_BIN_EXE_corvid"))
+            .args(["agent", "--host-id", &format!("h{}", i + 1)])
+            .args(["--controller", &url()])
+            .args(["--underlay-ip", &underlay_ip(i)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        self.agents[i] = Some(Proc(child));
+    }
+
+    /// Runs `f` with a client whose sockets live in the lan namespace.
+    pub fn api<T>(&self, f: impl FnOnce(&Client) -> T) -> T {
+        let client = Client::new(&url());
+        self.lan.open().run(|| f(&client)).unwrap()
+    }
+
+    /// A network with one /24 subnet, and its CNI configuration list in the conf dir.
+    pub fn network(&self, name: &str, cidr: &str, masquerade: bool) -> (Network, Subnet) {
+        let (net, subnet) = self.api(|c| {
+            let net: Network = c
+                .create(json!({"name": name, "corvid:masquerade": masquerade}))
+                .unwrap();
+            let subnet: Subnet = c
+                .create(json!({"network_id": net.id, "cidr": cidr, "ip_version": 4}))
+                .unwrap();
+            (net, subnet)
+        });
+        for (i, _) in self.hosts.iter().enumerate() {
+            let conf = json!({
+                "cniVersion": "1.1.0",
+                "name": format!("{name}-h{}", i + 1),
+                "plugins": [{
+                    "type": "corvid",
+                    "mpurl": url(),
+                    "project": "corvid",
+                    "subnet": subnet.id,
+                    "hostId": format!("h{}", i + 1),
+                    "timeout": 20
+                }]
+            });
+            std::fs::write(
+                self.conf.path().join(format!("{name}-h{}.conflist", i + 1)),
+                conf.to_string(),
+            )
+            .unwrap();
+        }
+        (net, subnet)
+    }
+
+    pub fn cni(&self, host: usize, args: &[&str]) -> Command {
+        let mut cmd = self.hosts[host].command(env!("CARGO_BIN_EXE_corvid"));
+        cmd.arg("cni")
+            .arg("--json")
+            .arg("--conf-dir")
+            .arg(self.conf.path())
+            .arg("--cni-path")
+            .arg(self.bin.path())
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args);
+        cmd
+    }
+
+    /// `corvid cni <verb>` of pod `pod` (a namespace) on host `host` to network `net`.
+    pub fn attach(&self, verb: &str, host: usize, net: &str, pod: &Ns) -> Command {
+        let network = format!("{net}-h{}", host + 1);
+        self.cni(host, &[verb, &network, &pod.path.display().to_string()])
+    }
+
+    pub fn add(&self, host: usize, net: &str, pod: &Ns) -> Output {
+        self.attach("add", host, net, pod).output().unwrap()
+    }
+
+    pub fn del(&self, host: usize, net: &str, pod: &Ns) -> Output {
+        self.attach("del", host, net, pod).output().unwrap()
+    }
+
+    /// The `corvid` plugin run directly, as a runtime would, with `conf` on stdin.
+    pub fn plugin(
+        &self,
+        host: usize,
+        command: &str,
+        container: &str,
+        pod: &Ns,
+        conf: &Value,
+    ) -> Child {
+        let mut child = self.hosts[host]
+            .command(self.bin.path().join("corvid"))
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container)
+            .env("CNI_NETNS", &pod.path)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", self.bin.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        child
+    }
+
+    pub fn pod(&self, name: &str) -> Ns {
+        let p = Ns::new(&self.tag, name);
+        p.ip("link set lo up");
+        p
+    }
+
+    pub fn ports(&self) -> Vec<Port> {
+        self.api(|c| c.list::<Port>(&[])).unwrap().0
+    }
+}
