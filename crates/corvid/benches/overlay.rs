@@ -9,55 +9,25 @@
 #[path = "../tests/support/cluster.rs"]
 mod cluster;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cluster::ns::Ns;
-use cluster::Cluster;
+use cluster::{Cluster, PluginCall};
 use serde_json::{json, Value};
 
-/// One plugin run in a host namespace.
-struct Call<'a> {
-    host: usize,
-    plugin: &'a str,
-    cmd: &'a str,
-    id: &'a str,
-    ifname: &'a str,
-}
-
-/// Runs one plugin with `conf` on stdin; panics unless it succeeds.
-fn invoke(cluster: &Cluster, c: Call, pod: &Ns, conf: &Value) -> Duration {
-    let Call {
-        host,
-        plugin,
-        cmd,
-        id,
-        ifname,
-    } = c;
-    let mut command = Command::new(cluster.bin.path().join(plugin));
-    command
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", id)
-        .env("CNI_NETNS", &pod.path)
-        .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", cluster.bin.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    cluster.hosts[host].open().apply_to(&mut command).unwrap();
+/// Runs one plugin and times it from spawn to exit; panics unless it succeeds.
+fn invoke(cluster: &Cluster, c: PluginCall, pod: &Ns, conf: &Value) -> Duration {
     let start = Instant::now();
-    let mut child = command.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
+    let out = cluster
+        .run_plugin(&c, pod, conf)
+        .wait_with_output()
         .unwrap();
-    let out = child.wait_with_output().unwrap();
     let took = start.elapsed();
     assert!(
         out.status.success(),
-        "{plugin} {cmd}: {}",
+        "{} {}: {}",
+        c.plugin,
+        c.command,
         String::from_utf8_lossy(&out.stdout)
     );
     took
@@ -99,11 +69,11 @@ fn main() {
         let host = i % 2;
         let pod = cluster.pod(&format!("p{i}"));
         let id = format!("bench-{i}");
-        let call = |plugin, ifname, id| Call {
+        let call = |plugin, ifname, container| PluginCall {
             host,
             plugin,
-            cmd: "ADD",
-            id,
+            command: "ADD",
+            container,
             ifname,
         };
         let t = invoke(
@@ -138,11 +108,11 @@ fn main() {
         pct(&remote, 0.5) / pct(&local, 0.5)
     );
     for (host, id, pod) in &pods {
-        let call = Call {
+        let call = PluginCall {
             host: *host,
             plugin: "corvid",
-            cmd: "DEL",
-            id,
+            command: "DEL",
+            container: id,
             ifname: "eth0",
         };
         invoke(&cluster, call, pod, &controller_conf(*host));

@@ -17,6 +17,20 @@ use serde_json::{json, Value};
 const CONTROLLER_PORT: u16 = 9696;
 
 /// The simulated cluster: lan (underlay + controller), two hosts with agents.
+/// One direct plugin run.
+pub struct PluginCall<'a> {
+    /// Index of the host namespace it runs in.
+    pub host: usize,
+    /// The installed plugin's name.
+    pub plugin: &'a str,
+    /// CNI_COMMAND.
+    pub command: &'a str,
+    /// CNI_CONTAINERID.
+    pub container: &'a str,
+    /// CNI_IFNAME.
+    pub ifname: &'a str,
+}
+
 pub struct Cluster {
     pub tag: String,
     pub lan: Ns,
@@ -213,12 +227,27 @@ impl Cluster {
         pod: &Ns,
         conf: &Value,
     ) -> Child {
-        let mut child = self.hosts[host]
-            .command(self.bin.path().join("corvid"))
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", container)
+        self.run_plugin(
+            &PluginCall {
+                host,
+                plugin: "corvid",
+                command,
+                container,
+                ifname: "eth0",
+            },
+            pod,
+            conf,
+        )
+    }
+
+    /// Any installed plugin run directly, with `conf` on stdin.
+    pub fn run_plugin(&self, c: &PluginCall, pod: &Ns, conf: &Value) -> Child {
+        let mut child = self.hosts[c.host]
+            .command(self.bin.path().join(c.plugin))
+            .env("CNI_COMMAND", c.command)
+            .env("CNI_CONTAINERID", c.container)
             .env("CNI_NETNS", &pod.path)
-            .env("CNI_IFNAME", "eth0")
+            .env("CNI_IFNAME", c.ifname)
             .env("CNI_PATH", self.bin.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
