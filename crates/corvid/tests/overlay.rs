@@ -227,7 +227,19 @@ fn agents_and_the_controller_restart_without_losing_pods() {
         cluster.ports().len() == before
     });
     assert!(b2.ping(&ip_a3), "GC kept the cached attachment b2");
-    let _ = ip_a3;
+
+    // A host that leaves (its agent gone, its record deleted) leaves every FDB.
+    let mac_b2 = mac_in(&b2, "eth0").unwrap();
+    assert!(fdb_macs(&cluster.hosts[0]).contains(&mac_b2));
+    cluster.agents[1].take().unwrap().kill9();
+    let (status, _, _) = cluster
+        .api(|c| c.request("DELETE", "/v2.0/hosts/h2", None))
+        .unwrap();
+    assert_eq!(status, 204);
+    wait_until("h1 to forget h2's ports", Duration::from_secs(10), || {
+        !fdb_macs(&cluster.hosts[0]).contains(&mac_b2)
+    });
+    assert!(!a3.ping(&ip_b2));
 }
 
 #[test]
