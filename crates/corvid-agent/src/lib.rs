@@ -199,6 +199,7 @@ impl Agent {
                 [n.bridge.clone(), n.vxlan.clone()]
                     .into_iter()
                     .chain(n.ports.iter().map(|p| p.host_veth.clone()))
+                    .chain(n.external.iter().cloned())
             })
             .collect();
         for prefix in [VETH_PREFIX, VXLAN_PREFIX, BRIDGE_PREFIX] {

@@ -57,6 +57,8 @@ pub struct NetworkPlan {
     pub neighbours: BTreeSet<NeighbourEntry>,
     /// Ports to plug here.
     pub ports: Vec<PortPlan>,
+    /// Host ends of ports bound here that another adapter plugs (Docker's Join): kept.
+    pub external: Vec<String>,
 }
 
 /// The datapath of every network with a port bound to `host`.
@@ -100,6 +102,7 @@ pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
         fdb: BTreeSet::new(),
         neighbours: BTreeSet::new(),
         ports: Vec::new(),
+        external: Vec::new(),
     };
     let mut ports: Vec<&Port> = cache
         .ports
@@ -125,6 +128,7 @@ pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
             continue;
         }
         let (Some(ifname), Some(netns)) = (&p.veth_name, &p.network_ns) else {
+            plan.external.push(names::host_veth(&p.id));
             continue;
         };
         let mut addrs = Vec::new();
@@ -241,8 +245,10 @@ mod tests {
         assert_eq!(n.vni, 42);
         assert_eq!(n.gateways, vec!["10.1.0.1/24".parse::<IpNet>().unwrap()]);
         assert_eq!(n.masquerade, vec!["10.1.0.0/24".parse::<IpNet>().unwrap()]);
-        // p03 has no namespace (a Docker endpoint): it keeps the network here but is not plugged.
+        // p03 has no namespace (a Docker endpoint): it keeps the network here, and its
+        // host end (made by the Docker driver) is kept, but the agent does not plug it.
         assert_eq!(n.ports.len(), 1);
+        assert_eq!(n.external, vec![names::host_veth("p03")]);
         let p = &n.ports[0];
         assert_eq!(p.id, "p01");
         assert_eq!(p.mac, "fa:16:3e:00:00:01");
