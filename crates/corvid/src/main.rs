@@ -29,6 +29,38 @@ enum Command {
     Agent(AgentArgs),
     /// Run everything on this machine: controller, agent and a default network.
     Up(up::UpArgs),
+    /// Run the Docker network and IPAM driver on a unix socket.
+    DockerPlugin(DockerPluginArgs),
+}
+
+/// Arguments of `corvid docker-plugin`.
+#[derive(clap::Args)]
+struct DockerPluginArgs {
+    /// This host's ID (the agent's --host-id).
+    #[arg(long, env = "CORVID_HOST_ID")]
+    host_id: String,
+    /// The controller's URL.
+    #[arg(
+        long,
+        env = "CORVID_CONTROLLER",
+        default_value = "http://127.0.0.1:9696"
+    )]
+    controller: String,
+    /// The controller's token.
+    #[arg(long, env = "CORVID_TOKEN")]
+    token: Option<String>,
+    /// The socket Docker finds the plugin at.
+    #[arg(long, default_value = "/run/docker/plugins/corvid.sock")]
+    socket: std::path::PathBuf,
+    /// Capability scope: local or global.
+    #[arg(long, default_value = "local", value_parser = ["local", "global"])]
+    scope: String,
+    /// Range that pools for networks created without --subnet are carved from.
+    #[arg(long, default_value = "10.213.0.0/16")]
+    default_range: ipnet::IpNet,
+    /// Prefix length of those pools.
+    #[arg(long, default_value_t = 24)]
+    default_prefix: u8,
 }
 
 /// Arguments of `corvid agent`.
@@ -92,6 +124,24 @@ fn main() -> ExitCode {
             }
         }
         Command::Up(a) => up::run(a),
+        Command::DockerPlugin(a) => {
+            let driver = corvid_docker::Driver::new(corvid_docker::Config {
+                controller: a.controller,
+                token: a.token,
+                host_id: a.host_id,
+                scope: a.scope,
+                default_range: a.default_range,
+                default_prefix: a.default_prefix,
+                dst_prefix: "eth".into(),
+            });
+            match corvid_docker::server::serve(driver, &a.socket) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("corvid docker-plugin: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Agent(a) => {
             let config = corvid_agent::Config {
                 host_id: a.host_id,

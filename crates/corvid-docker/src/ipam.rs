@@ -1,0 +1,243 @@
+//! IpamDriver: Docker's pools are controller subnetpools, its addresses unbound ports.
+//! Docker asks for the pool and the gateway before the network exists, so the gateway is
+//! remembered on the subnetpool (a tag) until CreateNetwork makes the subnet.
+
+use std::net::IpAddr;
+
+use corvid_api::{Port, Subnet, SubnetPool};
+use ipnet::IpNet;
+use serde_json::{json, Value};
+
+use crate::{field, Driver, DriverError, Result};
+
+/// Tag of every subnetpool the driver made.
+pub const POOL_TAG: &str = "docker-pool";
+/// Tag prefix naming a pool's `--ip-range`.
+pub const SUBPOOL_TAG: &str = "docker-subpool:";
+/// Tag prefix naming a pool's reserved gateway.
+pub const GATEWAY_TAG: &str = "docker-gateway:";
+/// Tag prefix linking a subnet to its pool.
+pub const SUBNET_POOL_TAG: &str = "docker-pool:";
+/// Tag of the ports RequestAddress made.
+pub const ADDRESS_TAG: &str = "docker-address";
+
+fn tag_value<'a>(tags: &'a [String], prefix: &str) -> Option<&'a str> {
+    tags.iter().find_map(|t| t.strip_prefix(prefix))
+}
+
+impl Driver {
+    pub(crate) fn pool(&self, id: &str) -> Result<SubnetPool> {
+        match self.client.get::<SubnetPool>(id) {
+            Ok(p) if p.tags.iter().any(|t| t == POOL_TAG) => Ok(p),
+            Ok(_) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => {
+                Err(DriverError::new(format!("unknown pool {id}")))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The subnet CreateNetwork made from a pool, if the network exists yet.
+    pub(crate) fn pool_subnet(&self, pool: &str) -> Result<Option<Subnet>> {
+        let tag = format!("{SUBNET_POOL_TAG}{pool}");
+        Ok(self
+            .client
+            .list::<Subnet>(&[("tags", &tag)])?
+            .0
+            .into_iter()
+            .next())
+    }
+
+    /// Every prefix already in use: the driver's pools and every subnet.
+    fn taken(&self) -> Result<Vec<IpNet>> {
+        let pools = self.client.list::<SubnetPool>(&[("tags", POOL_TAG)])?.0;
+        let subnets = self.client.list::<Subnet>(&[])?.0;
+        Ok(pools
+            .into_iter()
+            .flat_map(|p| p.prefixes)
+            .chain(subnets.into_iter().map(|s| s.cidr))
+            .collect())
+    }
+
+    /// RequestPool: a subnetpool for the asked pool, or a free one from the default range.
+    pub(crate) fn request_pool(&self, req: &Value) -> Result<Value> {
+        if req["V6"].as_bool() == Some(true) && field(req, "Pool").is_empty() {
+            return Err(DriverError::new(
+                "IPv6 pools must be given with --subnet: corvid has no default IPv6 range",
+            ));
+        }
+        let taken = self.taken()?;
+        let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+        let pool: IpNet = match field(req, "Pool") {
+            "" => self
+                .cfg
+                .default_range
+                .subnets(self.cfg.default_prefix)
+                .map_err(|e| DriverError::new(format!("default range: {e}")))?
+                .find(|c| !taken.iter().any(|t| overlaps(t, c)))
+                .ok_or_else(|| {
+                    DriverError::new(format!(
+                        "no free /{} left in the default range {}: give --subnet",
+                        self.cfg.default_prefix, self.cfg.default_range
+                    ))
+                })?,
+            p => {
+                let pool: IpNet = p
+                    .parse()
+                    .map_err(|_| DriverError::new(format!("Pool {p} is not a CIDR")))?;
+                if let Some(t) = taken.iter().find(|t| overlaps(t, &pool)) {
+                    return Err(DriverError::new(format!(
+                        "pool {pool} overlaps {t}, which is already in use"
+                    )));
+                }
+                pool.trunc()
+            }
+        };
+        let mut tags = vec![POOL_TAG.to_string()];
+        match field(req, "SubPool") {
+            "" => {}
+            s => {
+                let sub: IpNet = s
+                    .parse()
+                    .map_err(|_| DriverError::new(format!("SubPool {s} is not a CIDR")))?;
+                if !pool.contains(&sub) {
+                    return Err(DriverError::new(format!(
+                        "--ip-range {sub} is not inside the pool {pool}"
+                    )));
+                }
+                tags.push(format!("{SUBPOOL_TAG}{}", sub.trunc()));
+            }
+        }
+        let created: SubnetPool = self.client.create(json!({
+            "name": format!("docker-{pool}"),
+            "prefixes": [pool],
+            "default_prefixlen": pool.prefix_len(),
+            "min_prefixlen": pool.prefix_len(),
+            "max_prefixlen": pool.max_prefix_len(),
+            "tags": tags,
+        }))?;
+        Ok(json!({"PoolID": created.id, "Pool": pool, "Data": {}}))
+    }
+
+    /// ReleasePool: the subnetpool goes (Docker sends it before DeleteNetwork).
+    pub(crate) fn release_pool(&self, req: &Value) -> Result<Value> {
+        let id = field(req, "PoolID");
+        match self.client.delete::<SubnetPool>(id) {
+            Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(json!({})),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// RequestAddress: the gateway is reserved on the pool; any other address is an
+    /// unbound port holding it (the asked one, or the next free one).
+    pub(crate) fn request_address(&self, req: &Value) -> Result<Value> {
+        let pool = self.pool(field(req, "PoolID"))?;
+        let prefix = pool.prefixes[0];
+        let asked = match field(req, "Address") {
+            "" => None,
+            a => Some(
+                a.split('/')
+                    .next()
+                    .unwrap_or(a)
+                    .parse::<IpAddr>()
+                    .map_err(|_| DriverError::new(format!("Address {a} is not an IP address")))?,
+            ),
+        };
+        if let Some(a) = asked {
+            if !prefix.contains(&a) {
+                return Err(DriverError::new(format!(
+                    "address {a} is outside the pool {prefix}"
+                )));
+            }
+        }
+        let options = &req["Options"];
+        if options["RequestAddressType"] == "com.docker.network.gateway" {
+            let gw = match asked {
+                Some(a) => a,
+                None => prefix.hosts().next().ok_or_else(|| {
+                    DriverError::new(format!("pool {prefix} has no host address"))
+                })?,
+            };
+            let tag = format!("{GATEWAY_TAG}{gw}");
+            self.client.add_tag::<SubnetPool>(&pool.id, &tag)?;
+            return Ok(
+                json!({"Address": IpNet::new(gw, prefix.prefix_len()).map_err(|e| DriverError::new(e.to_string()))?, "Data": {}}),
+            );
+        }
+        let subnet = self.pool_subnet(&pool.id)?.ok_or_else(|| {
+            DriverError::new(format!(
+                "pool {} has no network yet: create the network before its endpoints",
+                pool.id
+            ))
+        })?;
+        let mut fixed = json!({"subnet_id": subnet.id});
+        if let Some(a) = asked {
+            fixed["ip_address"] = json!(a);
+        }
+        let mut attrs = json!({
+            "network_id": subnet.network_id,
+            "fixed_ips": [fixed],
+            "device_owner": "docker",
+            "tags": [ADDRESS_TAG],
+        });
+        if let Some(mac) = options["com.docker.network.endpoint.macaddress"].as_str() {
+            attrs["mac_address"] = json!(crate::network::decode_mac(mac)?);
+        }
+        let port: Port = self.client.create(attrs)?;
+        let ip = port
+            .fixed_ips
+            .first()
+            .map(|f| f.ip_address)
+            .ok_or_else(|| DriverError::new("the controller gave the port no address"))?;
+        Ok(
+            json!({"Address": IpNet::new(ip, subnet.cidr.prefix_len()).map_err(|e| DriverError::new(e.to_string()))?, "Data": {}}),
+        )
+    }
+
+    /// ReleaseAddress: the gateway's reservation, or the port holding the address; an
+    /// address nobody holds (already released with its endpoint) is fine.
+    pub(crate) fn release_address(&self, req: &Value) -> Result<Value> {
+        let pool = match self.pool(field(req, "PoolID")) {
+            Ok(p) => p,
+            Err(_) => return Ok(json!({})),
+        };
+        let address = field(req, "Address");
+        let address = address.split('/').next().unwrap_or(address);
+        if tag_value(&pool.tags, GATEWAY_TAG) == Some(address) {
+            let tag = format!("{GATEWAY_TAG}{address}");
+            let path = format!("/v2.0/subnetpools/{}/tags/{tag}", pool.id);
+            self.client.request("DELETE", &path, None)?;
+            return Ok(json!({}));
+        }
+        if let Some(subnet) = self.pool_subnet(&pool.id)? {
+            let filter = format!("ip_address={address}");
+            let ports = self
+                .client
+                .list::<Port>(&[("fixed_ips", &filter), ("network_id", &subnet.network_id)])?
+                .0;
+            for p in ports
+                .iter()
+                .filter(|p| p.tags.iter().any(|t| t == ADDRESS_TAG))
+            {
+                self.delete_port(&p.id)?;
+            }
+        }
+        Ok(json!({}))
+    }
+
+    pub(crate) fn delete_port(&self, id: &str) -> Result<()> {
+        match self.client.delete::<Port>(id) {
+            Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The gateway reserved on a pool, if any.
+    pub(crate) fn pool_gateway(pool: &SubnetPool) -> Option<IpAddr> {
+        tag_value(&pool.tags, GATEWAY_TAG).and_then(|g| g.parse().ok())
+    }
+
+    /// The `--ip-range` of a pool, if any.
+    pub(crate) fn pool_subpool(pool: &SubnetPool) -> Option<IpNet> {
+        tag_value(&pool.tags, SUBPOOL_TAG).and_then(|g| g.parse().ok())
+    }
+}

@@ -1,0 +1,130 @@
+//! corvid's Docker plugin: a libnetwork remote NetworkDriver and IpamDriver on a unix
+//! socket, mapped onto the controller as Kuryr maps Docker onto Neutron. Everything it
+//! knows lives in the controller (tags), so a restarted driver loses nothing.
+
+#![deny(missing_docs)]
+
+pub mod ipam;
+pub mod network;
+pub mod server;
+
+use corvid_api::Client;
+use ipnet::IpNet;
+use serde_json::{json, Value};
+
+/// How the driver is started.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The controller's base URL.
+    pub controller: String,
+    /// The controller's token, if any.
+    pub token: Option<String>,
+    /// This host's ID (ports joined here are bound to it).
+    pub host_id: String,
+    /// `local` or `global`, answered in GetCapabilities.
+    pub scope: String,
+    /// Where pools for `docker network create` without `--subnet` are carved from.
+    pub default_range: IpNet,
+    /// The prefix length of those pools.
+    pub default_prefix: u8,
+    /// Prefix of the interface name inside the container.
+    pub dst_prefix: String,
+}
+
+/// A driver failure: answered as `{"Err": "..."}` with a non-200 status.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DriverError(String);
+
+impl DriverError {
+    /// An error with a message.
+    pub fn new(msg: impl Into<String>) -> DriverError {
+        DriverError(msg.into())
+    }
+}
+
+impl From<corvid_api::ApiError> for DriverError {
+    fn from(e: corvid_api::ApiError) -> Self {
+        DriverError(format!("corvid controller: {e}"))
+    }
+}
+
+impl From<corvid_net::Error> for DriverError {
+    fn from(e: corvid_net::Error) -> Self {
+        DriverError(format!("datapath: {e}"))
+    }
+}
+
+/// Results of driver calls.
+pub type Result<T> = std::result::Result<T, DriverError>;
+
+/// The driver: a controller client and its configuration.
+pub struct Driver {
+    client: Client,
+    cfg: Config,
+}
+
+/// A string field of a request, empty when absent.
+pub(crate) fn field<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or_default()
+}
+
+impl Driver {
+    /// A driver for `cfg`.
+    pub fn new(cfg: Config) -> Driver {
+        let mut client = Client::new(&cfg.controller);
+        if let Some(t) = &cfg.token {
+            client = client.with_token(t);
+        }
+        Driver { client, cfg }
+    }
+
+    /// Answers one call: `method` is the path without its slash (`NetworkDriver.Join`),
+    /// `body` the request's JSON.
+    pub fn call(&self, method: &str, body: &[u8]) -> Result<Value> {
+        let req: Value = if body.iter().all(u8::is_ascii_whitespace) {
+            json!({})
+        } else {
+            serde_json::from_slice(body)
+                .map_err(|e| DriverError::new(format!("{method}: malformed JSON: {e}")))?
+        };
+        if !req.is_object() {
+            return Err(DriverError::new(format!(
+                "{method}: the body must be a JSON object"
+            )));
+        }
+        match method {
+            "Plugin.Activate" => Ok(json!({"Implements": ["NetworkDriver", "IpamDriver"]})),
+            "NetworkDriver.GetCapabilities" => Ok(json!({
+                "Scope": self.cfg.scope,
+                "ConnectivityScope": self.cfg.scope,
+            })),
+            "NetworkDriver.CreateNetwork" => self.create_network(&req),
+            "NetworkDriver.DeleteNetwork" => self.delete_network(&req),
+            "NetworkDriver.CreateEndpoint" => self.create_endpoint(&req),
+            "NetworkDriver.DeleteEndpoint" => self.delete_endpoint(&req),
+            "NetworkDriver.EndpointOperInfo" => self.endpoint_info(&req),
+            "NetworkDriver.Join" => self.join(&req),
+            "NetworkDriver.Leave" => self.leave(&req),
+            "NetworkDriver.AllocateNetwork" => Ok(json!({"Options": {}})),
+            "NetworkDriver.FreeNetwork"
+            | "NetworkDriver.DiscoverNew"
+            | "NetworkDriver.DiscoverDelete"
+            | "NetworkDriver.ProgramExternalConnectivity"
+            | "NetworkDriver.RevokeExternalConnectivity" => Ok(json!({})),
+            "IpamDriver.GetCapabilities" => Ok(json!({
+                "RequiresMACAddress": false,
+                "RequiresRequestReplay": false,
+            })),
+            "IpamDriver.GetDefaultAddressSpaces" => Ok(json!({
+                "LocalDefaultAddressSpace": "corvid-local",
+                "GlobalDefaultAddressSpace": "corvid-global",
+            })),
+            "IpamDriver.RequestPool" => self.request_pool(&req),
+            "IpamDriver.ReleasePool" => self.release_pool(&req),
+            "IpamDriver.RequestAddress" => self.request_address(&req),
+            "IpamDriver.ReleaseAddress" => self.release_address(&req),
+            other => Err(DriverError::new(format!("unknown method {other}"))),
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! NetworkDriver: Docker networks are controller networks tagged with Docker's NetworkID,
+//! endpoints are ports tagged with the EndpointID, and Join binds the port on this host
+//! with the same corvid-net functions the agent and the bridge plugin use.
+
+use base64::Engine;
+use corvid_api::{Network, Port, Subnet};
+use corvid_net::bridge::{ensure_bridge, plug, BridgeSpec, PortSpec};
+use corvid_net::{Netlink, Netns};
+use ipnet::IpNet;
+use serde_json::{json, Value};
+
+use crate::ipam::SUBNET_POOL_TAG;
+use crate::{field, Driver, DriverError, Result};
+
+/// Tag of a network the driver adopted rather than created: DeleteNetwork leaves it.
+pub const ADOPTED_TAG: &str = "docker-adopted";
+/// Generic option naming an existing controller network to adopt, by name.
+pub const NET_NAME_OPTION: &str = "corvid.net.name";
+/// Generic option naming an existing controller network to adopt, by ID.
+pub const NET_ID_OPTION: &str = "corvid.net.id";
+
+/// Docker sends `--mac-address` in the options as base64 of the six bytes.
+pub fn decode_mac(b64: &str) -> Result<String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|_| DriverError::new(format!("MAC option {b64} is not base64")))?;
+    if bytes.len() != 6 {
+        return Err(DriverError::new(format!(
+            "MAC option decodes to {} bytes, not 6",
+            bytes.len()
+        )));
+    }
+    Ok(corvid_net::link::format_mac(&bytes))
+}
+
+/// The name Docker gets for the container end until it moves it into the sandbox.
+pub fn container_veth(port: &str) -> String {
+    let host = corvid_agent::names::host_veth(port);
+    format!("cvc{}", &host[3..])
+}
+
+impl Driver {
+    /// The controller network behind a Docker NetworkID.
+    pub(crate) fn network(&self, docker_id: &str) -> Result<Network> {
+        self.client
+            .list::<Network>(&[("tags", docker_id)])?
+            .0
+            .into_iter()
+            .next()
+            .ok_or_else(|| DriverError::new(format!("unknown network {docker_id}")))
+    }
+
+    /// The port behind a Docker EndpointID.
+    pub(crate) fn endpoint(&self, endpoint_id: &str) -> Result<Port> {
+        self.client
+            .list::<Port>(&[("tags", endpoint_id)])?
+            .0
+            .into_iter()
+            .next()
+            .ok_or_else(|| DriverError::new(format!("unknown endpoint {endpoint_id}")))
+    }
+
+    /// CreateNetwork: adopt the network an option names, or create a network and a subnet
+    /// for each IPAM pool Docker got.
+    pub(crate) fn create_network(&self, req: &Value) -> Result<Value> {
+        let id = docker_id(req, "NetworkID")?;
+        if self.network(id).is_ok() {
+            return Ok(json!({}));
+        }
+        let generic = &req["Options"]["com.docker.network.generic"];
+        let adopt = match (
+            generic[NET_ID_OPTION].as_str(),
+            generic[NET_NAME_OPTION].as_str(),
+        ) {
+            (Some(net), _) => Some(self.client.get::<Network>(net).map_err(|_| {
+                DriverError::new(format!("{NET_ID_OPTION}={net}: no such corvid network"))
+            })?),
+            (None, Some(name)) => Some(
+                self.client
+                    .list::<Network>(&[("name", name)])?
+                    .0
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| {
+                        DriverError::new(format!(
+                            "{NET_NAME_OPTION}={name}: no such corvid network"
+                        ))
+                    })?,
+            ),
+            (None, None) => None,
+        };
+        if let Some(net) = adopt {
+            self.client.add_tag::<Network>(&net.id, id)?;
+            self.client.add_tag::<Network>(&net.id, ADOPTED_TAG)?;
+            return Ok(json!({}));
+        }
+        let pools: Vec<&Value> = req["IPv4Data"]
+            .as_array()
+            .into_iter()
+            .chain(req["IPv6Data"].as_array())
+            .flatten()
+            .collect();
+        let net: Network = self.client.create(json!({
+            "name": format!("docker-{}", &id[..12.min(id.len())]),
+            "tags": [id],
+        }))?;
+        let made = (|| -> Result<()> {
+            for data in pools {
+                let cidr: IpNet = field(data, "Pool")
+                    .parse()
+                    .map_err(|_| DriverError::new(format!("bad pool {}", data["Pool"])))?;
+                let pool = self.find_pool(&cidr)?;
+                let gateway = match field(data, "Gateway") {
+                    "" => pool.as_ref().and_then(Driver::pool_gateway),
+                    g => Some(
+                        g.split('/')
+                            .next()
+                            .unwrap_or(g)
+                            .parse()
+                            .map_err(|_| DriverError::new(format!("bad gateway {g}")))?,
+                    ),
+                };
+                let mut attrs = json!({
+                    "network_id": net.id,
+                    "cidr": cidr,
+                    "ip_version": if cidr.addr().is_ipv4() { 4 } else { 6 },
+                    "gateway_ip": gateway,
+                });
+                if let Some(p) = &pool {
+                    attrs["tags"] = json!([format!("{SUBNET_POOL_TAG}{}", p.id)]);
+                    if let Some(sub) = Driver::pool_subpool(p) {
+                        let mut hosts = sub.hosts();
+                        if let (Some(start), Some(end)) = (hosts.next(), sub.hosts().last()) {
+                            attrs["allocation_pools"] = json!([{"start": start, "end": end}]);
+                        }
+                    }
+                }
+                self.client.create::<Subnet>(attrs)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            self.delete_network_fully(&net)?;
+            return Err(e);
+        }
+        Ok(json!({}))
+    }
+
+    fn find_pool(&self, cidr: &IpNet) -> Result<Option<corvid_api::SubnetPool>> {
+        Ok(self
+            .client
+            .list::<corvid_api::SubnetPool>(&[("tags", crate::ipam::POOL_TAG)])?
+            .0
+            .into_iter()
+            .find(|p| p.prefixes.first() == Some(cidr)))
+    }
+
+    fn delete_network_fully(&self, net: &Network) -> Result<()> {
+        for s in &net.subnets {
+            match self.client.delete::<Subnet>(s) {
+                Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match self.client.delete::<Network>(&net.id) {
+            Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// DeleteNetwork: an adopted network is only untagged; one the driver made goes, with
+    /// its subnets. An unknown network is already gone.
+    pub(crate) fn delete_network(&self, req: &Value) -> Result<Value> {
+        let id = docker_id(req, "NetworkID")?;
+        let Ok(net) = self.network(id) else {
+            return Ok(json!({}));
+        };
+        if net.tags.iter().any(|t| t == ADOPTED_TAG) {
+            for tag in [id, ADOPTED_TAG] {
+                let path = format!("/v2.0/networks/{}/tags/{tag}", net.id);
+                self.client.request("DELETE", &path, None)?;
+            }
+        } else {
+            self.delete_network_fully(&net)?;
+        }
+        Ok(json!({}))
+    }
+
+    /// CreateEndpoint: the port RequestAddress made for this address, bound to this host
+    /// and tagged with the EndpointID; a new port when the address came from elsewhere.
+    pub(crate) fn create_endpoint(&self, req: &Value) -> Result<Value> {
+        let net = self.network(docker_id(req, "NetworkID")?)?;
+        let endpoint = docker_id(req, "EndpointID")?;
+        let iface = &req["Interface"];
+        let address = field(iface, "Address");
+        let ip = address.split('/').next().unwrap_or(address);
+        let docker_mac = field(iface, "MacAddress");
+        let existing = if ip.is_empty() {
+            None
+        } else {
+            let filter = format!("ip_address={ip}");
+            self.client
+                .list::<Port>(&[("fixed_ips", &filter), ("network_id", &net.id)])?
+                .0
+                .into_iter()
+                .next()
+        };
+        let port = match existing {
+            Some(p) => p,
+            None => {
+                let mut attrs = json!({"network_id": net.id, "device_owner": "docker"});
+                if !ip.is_empty() {
+                    attrs["fixed_ips"] = json!([{"ip_address": ip}]);
+                }
+                if !docker_mac.is_empty() {
+                    attrs["mac_address"] = json!(docker_mac);
+                }
+                self.client.create::<Port>(attrs)?
+            }
+        };
+        self.client.update::<Port>(
+            &port.id,
+            json!({"binding:host_id": self.cfg.host_id, "device_id": endpoint}),
+        )?;
+        self.client.add_tag::<Port>(&port.id, endpoint)?;
+        if docker_mac.is_empty() {
+            Ok(json!({"Interface": {"MacAddress": port.mac_address}}))
+        } else {
+            Ok(json!({"Interface": {}}))
+        }
+    }
+
+    /// DeleteEndpoint: the port goes; an unknown endpoint is already gone.
+    pub(crate) fn delete_endpoint(&self, req: &Value) -> Result<Value> {
+        if let Ok(port) = self.endpoint(docker_id(req, "EndpointID")?) {
+            self.unbind(&port)?;
+            self.delete_port(&port.id)?;
+        }
+        Ok(json!({}))
+    }
+
+    /// EndpointOperInfo: what the controller knows of the endpoint.
+    pub(crate) fn endpoint_info(&self, req: &Value) -> Result<Value> {
+        let port = self.endpoint(docker_id(req, "EndpointID")?)?;
+        Ok(json!({"Value": {
+            "port_id": port.id,
+            "mac_address": port.mac_address,
+            "fixed_ips": port.fixed_ips,
+            "status": port.status,
+            "host_veth": corvid_agent::names::host_veth(&port.id),
+        }}))
+    }
+
+    /// Join: a veth pair whose host end is on the network's bridge on this host and whose
+    /// other end Docker moves into the sandbox; the port is then ACTIVE.
+    pub(crate) fn join(&self, req: &Value) -> Result<Value> {
+        let net = self.network(docker_id(req, "NetworkID")?)?;
+        let port = self.endpoint(docker_id(req, "EndpointID")?)?;
+        let host_name = corvid_agent::names::host_veth(&port.id);
+        let src = container_veth(&port.id);
+        let mut nl = Netlink::open()?;
+        if nl.link_by_name(&host_name)?.is_none() {
+            let bridge = ensure_bridge(
+                &mut nl,
+                &BridgeSpec {
+                    name: &corvid_agent::names::bridge(&net.id),
+                    mtu: Some(net.mtu),
+                    vlan_filtering: false,
+                    promisc: false,
+                },
+            )?;
+            let here = Netns::current()?;
+            let mut peer = Netlink::open()?;
+            if let Some(stale) = nl.link_by_name(&src)? {
+                nl.delete_link(&stale)?;
+            }
+            plug(
+                &mut nl,
+                &mut peer,
+                &here,
+                &bridge,
+                &PortSpec {
+                    ifname: &src,
+                    mtu: Some(net.mtu),
+                    hairpin: false,
+                    vlan: None,
+                    keep_default_vlan: true,
+                    mac: Some(&port.mac_address),
+                    host_name: Some(&host_name),
+                },
+            )?;
+        }
+        let subnets: Vec<Subnet> = port
+            .fixed_ips
+            .iter()
+            .filter_map(|f| self.client.get::<Subnet>(&f.subnet_id).ok())
+            .collect();
+        let mut answer = json!({
+            "InterfaceName": {"SrcName": src, "DstPrefix": self.cfg.dst_prefix},
+            "DisableGatewayService": false,
+        });
+        if let Some(gw) = subnets
+            .iter()
+            .filter_map(|s| s.gateway_ip)
+            .find(|g| g.is_ipv4())
+        {
+            answer["Gateway"] = json!(gw);
+        }
+        if let Some(gw) = subnets
+            .iter()
+            .filter_map(|s| s.gateway_ip)
+            .find(|g| g.is_ipv6())
+        {
+            answer["GatewayIPv6"] = json!(gw);
+        }
+        let routes: Vec<Value> = subnets
+            .iter()
+            .flat_map(|s| &s.host_routes)
+            .map(|r| json!({"Destination": r.destination, "RouteType": 0, "NextHop": r.nexthop}))
+            .collect();
+        if !routes.is_empty() {
+            answer["StaticRoutes"] = json!(routes);
+        }
+        self.client.set_port_status(&port.id, "ACTIVE")?;
+        Ok(answer)
+    }
+
+    /// Leave: the veth pair goes (Docker has moved the other end out again or the sandbox
+    /// is gone); the port is DOWN.
+    pub(crate) fn leave(&self, req: &Value) -> Result<Value> {
+        let port = self.endpoint(docker_id(req, "EndpointID")?)?;
+        self.unbind(&port)?;
+        self.client.set_port_status(&port.id, "DOWN")?;
+        Ok(json!({}))
+    }
+
+    fn unbind(&self, port: &Port) -> Result<()> {
+        let mut nl = Netlink::open()?;
+        for name in [
+            corvid_agent::names::host_veth(&port.id),
+            container_veth(&port.id),
+        ] {
+            if let Some(link) = nl.link_by_name(&name)? {
+                nl.delete_link(&link)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Docker ID field: 1 to 128 characters of [0-9a-zA-Z_.-].
+fn docker_id<'a>(req: &'a Value, key: &str) -> Result<&'a str> {
+    let id = field(req, key);
+    if id.is_empty()
+        || id.len() > 128
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    {
+        return Err(DriverError::new(format!("{key} {id:?} is not a Docker ID")));
+    }
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_decode_from_docker_base64() {
+        assert_eq!(decode_mac("AkKs/gABAg==").unwrap(), "02:42:ac:fe:00:01");
+        assert!(decode_mac("AkI=").is_err());
+        assert!(decode_mac("!!").is_err());
+    }
+
+    #[test]
+    fn docker_ids_are_checked() {
+        let ok = json!({"NetworkID": "0cea0df0253027f487de2501d72190ee94c90cbe4599d65fe58ecb2a13a47f90"});
+        assert!(docker_id(&ok, "NetworkID").is_ok());
+        assert!(docker_id(&json!({"NetworkID": "a/b"}), "NetworkID").is_err());
+        assert!(docker_id(&json!({}), "NetworkID").is_err());
+    }
+
+    #[test]
+    fn veth_names_fit() {
+        let n = container_veth("cb33feb4acb5");
+        assert_eq!(n.len(), 15);
+        assert!(n.starts_with("cvc"));
+    }
+}
