@@ -1,0 +1,269 @@
+//! The Docker driver through its unix socket, against a real controller, inside a private
+//! host namespace (as root): the exact call sequence a real Docker 20.10 sent
+//! (`tests/data/docker-remote-driver-trace-2.jsonl`, two networks, two containers,
+//! connect/disconnect, removal) replayed with corvid's own pool IDs and addresses, then
+//! bad input. Nothing may be left in the controller or on the host.
+
+#[path = "support/ns.rs"]
+mod ns;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use corvid_api::{Client, Network, Port, Subnet, SubnetPool};
+use ns::{wait_until, Ns, Proc};
+use serde_json::{json, Value};
+
+/// One POST over the socket; returns the status and the JSON answer.
+fn post(socket: &Path, method: &str, body: &str) -> (u16, Value) {
+    let mut s = UnixStream::connect(socket).expect("connect to the plugin socket");
+    write!(
+        s,
+        "POST /{method} HTTP/1.1\r\nHost: plugin\r\nAccept: application/vnd.docker.plugins.v1.2+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/vnd.docker.plugins.v1.2+json"),
+        "{head}"
+    );
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Replaces every string equal to a key of `map` (recursively).
+fn substitute(v: &mut Value, map: &HashMap<String, String>) {
+    match v {
+        Value::String(s) => {
+            if let Some(new) = map.get(s.as_str()) {
+                *s = new.clone();
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| substitute(x, map)),
+        Value::Object(o) => o.values_mut().for_each(|x| substitute(x, map)),
+        _ => {}
+    }
+}
+
+/// Learns what the trace's answer meant in corvid's answer: pool IDs and addresses.
+fn learn(trace: &Value, ours: &Value, map: &mut HashMap<String, String>) {
+    for key in ["PoolID", "Pool", "Address"] {
+        if let (Some(t), Some(o)) = (trace[key].as_str(), ours[key].as_str()) {
+            map.insert(t.to_string(), o.to_string());
+            if let (Some((t_ip, _)), Some((o_ip, _))) = (t.split_once('/'), o.split_once('/')) {
+                map.insert(t_ip.to_string(), o_ip.to_string());
+            }
+        }
+    }
+}
+
+struct Setup {
+    host: Ns,
+    socket: PathBuf,
+    client_url: String,
+    _controller: Proc,
+    _plugin: Proc,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new(name: &str) -> Setup {
+        let host = Ns::new(&format!("cvt{}{name}", std::process::id()), "host");
+        host.ip("link set lo up");
+        let dir = tempfile::Builder::new()
+            .prefix("cvt-docker")
+            .tempdir()
+            .unwrap();
+        let controller = Proc(
+            host.command(env!("CARGO_BIN_EXE_corvid"))
+                .args(["controller", "--listen", "127.0.0.1:9696", "--store"])
+                .arg(format!("redb:{}", dir.path().join("state.redb").display()))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let socket = dir.path().join("corvid.sock");
+        let plugin = Proc(
+            host.command(env!("CARGO_BIN_EXE_corvid"))
+                .args(["docker-plugin", "--host-id", "h1", "--socket"])
+                .arg(&socket)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let s = Setup {
+            host,
+            socket,
+            client_url: "http://127.0.0.1:9696".into(),
+            _controller: controller,
+            _plugin: plugin,
+            _dir: dir,
+        };
+        wait_until("the controller", Duration::from_secs(20), || {
+            s.api(|c| c.request("GET", "/", None)).is_ok()
+        });
+        wait_until("the plugin socket", Duration::from_secs(20), || {
+            UnixStream::connect(&s.socket).is_ok()
+        });
+        s
+    }
+
+    fn api<T>(&self, f: impl FnOnce(&Client) -> T) -> T {
+        let c = Client::new(&self.client_url);
+        self.host.open().run(|| f(&c)).unwrap()
+    }
+
+    fn links(&self, prefix: &str) -> Vec<String> {
+        self.host
+            .netlink()
+            .links()
+            .unwrap()
+            .into_iter()
+            .map(|l| l.name)
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+
+    fn empty(&self) -> bool {
+        self.api(|c| {
+            c.list::<Network>(&[]).unwrap().0.is_empty()
+                && c.list::<Subnet>(&[]).unwrap().0.is_empty()
+                && c.list::<SubnetPool>(&[]).unwrap().0.is_empty()
+                && c.list::<Port>(&[]).unwrap().0.is_empty()
+        })
+    }
+}
+
+#[test]
+fn dockers_own_call_sequence_replays_and_leaves_nothing() {
+    let s = Setup::new("dr");
+    let trace = include_str!("data/docker-remote-driver-trace-2.jsonl");
+    let mut map = HashMap::new();
+    let mut joined = 0;
+    for line in trace.lines() {
+        let call: Value = serde_json::from_str(line).unwrap();
+        let method = call["path"].as_str().unwrap().trim_start_matches('/');
+        let mut req = call["req"].clone();
+        substitute(&mut req, &map);
+        let (status, answer) = post(&s.socket, method, &req.to_string());
+        // The first three releases name a network of an earlier Docker session that this
+        // controller never saw: a stateless driver must let them pass.
+        assert_eq!(status, 200, "{method} {req} -> {answer}");
+        learn(&call["resp"], &answer, &mut map);
+        match method {
+            "IpamDriver.RequestAddress" => {
+                let a = answer["Address"].as_str().unwrap();
+                assert!(a.contains('/'), "addresses carry a prefix: {a}");
+            }
+            "NetworkDriver.CreateEndpoint" => {
+                let mac = answer["Interface"]["MacAddress"].as_str().unwrap();
+                assert!(mac.starts_with("fa:16:3e"), "{mac}");
+            }
+            "NetworkDriver.Join" => {
+                joined += 1;
+                let src = answer["InterfaceName"]["SrcName"].as_str().unwrap();
+                assert_eq!(answer["InterfaceName"]["DstPrefix"], "eth");
+                assert!(answer["Gateway"].as_str().unwrap().starts_with("10.213."));
+                let mut nl = s.host.netlink();
+                let link = nl
+                    .link_by_name(src)
+                    .unwrap()
+                    .expect("the container end exists");
+                let host_end = nl.link_by_index(link.peer_index.unwrap()).unwrap().unwrap();
+                let bridge = nl.link_by_index(host_end.master.unwrap()).unwrap().unwrap();
+                assert!(bridge.name.starts_with("cvb"), "{}", bridge.name);
+                let port = s.api(|c| {
+                    c.list::<Port>(&[("tags", req["EndpointID"].as_str().unwrap())])
+                        .unwrap()
+                        .0
+                        .remove(0)
+                });
+                assert_eq!(port.mac_address, link.mac);
+                assert_eq!(port.status, "ACTIVE");
+                assert_eq!(port.binding_host_id, "h1");
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(joined, 3);
+    assert!(s.empty(), "the controller holds nothing after the removals");
+    assert!(s.links("cvc").is_empty() && s.links("cvp").is_empty());
+}
+
+#[test]
+fn bad_input_is_an_err_and_changes_nothing() {
+    let s = Setup::new("db");
+    let err = |method: &str, body: &str| {
+        let (status, v) = post(&s.socket, method, body);
+        assert_ne!(status, 200, "{method} {body} -> {v}");
+        v["Err"].as_str().unwrap().to_string()
+    };
+    assert!(err("NetworkDriver.CreateNetwork", "{not json").contains("malformed JSON"));
+    assert!(err("NetworkDriver.CreateNetwork", "[1]").contains("JSON object"));
+    assert!(err("NetworkDriver.Nothing", "{}").contains("unknown method"));
+    let net = "0cea0df0253027f487de2501d72190ee94c90cbe4599d65fe58ecb2a13a47f90";
+    let ep = "cb33feb4acb5db0e7bc8e2e31e1ffd9f739b6e77e90d53b64ac04e644f32a6f5";
+    let ids = json!({"NetworkID": net, "EndpointID": ep, "SandboxKey": "/var/run/docker/netns/x"});
+    assert!(err("NetworkDriver.CreateEndpoint", &ids.to_string()).contains("unknown network"));
+    assert!(err("NetworkDriver.Join", &ids.to_string()).contains("unknown network"));
+    assert!(err("NetworkDriver.CreateNetwork", r#"{"NetworkID": "a/b"}"#).contains("Docker ID"));
+    assert!(err("IpamDriver.RequestAddress", r#"{"PoolID": "nope"}"#).contains("unknown pool"));
+
+    // Empty Pool requests get distinct pools every time.
+    let empty = json!({"AddressSpace": "corvid-local", "Pool": "", "SubPool": "", "Options": {}, "V6": false});
+    let (_, p1) = post(&s.socket, "IpamDriver.RequestPool", &empty.to_string());
+    let (_, p2) = post(&s.socket, "IpamDriver.RequestPool", &empty.to_string());
+    assert_ne!(p1["Pool"], p2["Pool"], "{p1} {p2}");
+    // A pool that overlaps one in use is refused.
+    let same = json!({"Pool": p1["Pool"], "V6": false});
+    assert!(err("IpamDriver.RequestPool", &same.to_string()).contains("overlaps"));
+
+    // A /30: the gateway and one address, then exhaustion; an address outside is refused.
+    let (_, pool) = post(
+        &s.socket,
+        "IpamDriver.RequestPool",
+        r#"{"Pool": "10.214.0.0/30", "V6": false}"#,
+    );
+    let pool_id = pool["PoolID"].as_str().unwrap();
+    let (_, gw) = post(
+        &s.socket,
+        "IpamDriver.RequestAddress",
+        &json!({"PoolID": pool_id, "Address": "", "Options": {"RequestAddressType": "com.docker.network.gateway"}}).to_string(),
+    );
+    assert_eq!(gw["Address"], "10.214.0.1/30");
+    let create = json!({"NetworkID": net, "Options": {"com.docker.network.generic": {}},
+        "IPv4Data": [{"AddressSpace": "corvid-local", "Gateway": "10.214.0.1/30", "Pool": "10.214.0.0/30"}], "IPv6Data": []});
+    assert_eq!(
+        post(
+            &s.socket,
+            "NetworkDriver.CreateNetwork",
+            &create.to_string()
+        )
+        .0,
+        200
+    );
+    let addr = json!({"PoolID": pool_id, "Address": "", "Options": null}).to_string();
+    let (status, a) = post(&s.socket, "IpamDriver.RequestAddress", &addr);
+    assert_eq!(
+        (status, a["Address"].as_str()),
+        (200, Some("10.214.0.2/30"))
+    );
+    assert!(err("IpamDriver.RequestAddress", &addr).contains("IpAddressGenerationFailure"));
+    let outside = json!({"PoolID": pool_id, "Address": "10.9.9.9"}).to_string();
+    assert!(err("IpamDriver.RequestAddress", &outside).contains("outside the pool"));
+    // Join of an endpoint never created: an error, and no interface made.
+    assert!(err("NetworkDriver.Join", &ids.to_string()).contains("unknown endpoint"));
+    assert!(s.links("cvc").is_empty() && s.links("cvp").is_empty());
+    let ports = s.api(|c| c.list::<Port>(&[]).unwrap().0);
+    assert_eq!(ports.len(), 1, "only the one address handed out");
+}
