@@ -33,10 +33,10 @@ enum Command {
     DockerPlugin(DockerPluginArgs),
 }
 
-/// Arguments of `corvid docker-plugin`.
+/// How a host-side process reaches the controller and names its host.
 #[derive(clap::Args)]
-struct DockerPluginArgs {
-    /// This host's ID (the agent's --host-id).
+struct HostArgs {
+    /// This host's ID, as ports name it in binding:host_id.
     #[arg(long, env = "CORVID_HOST_ID")]
     host_id: String,
     /// The controller's URL.
@@ -49,6 +49,13 @@ struct DockerPluginArgs {
     /// The controller's token.
     #[arg(long, env = "CORVID_TOKEN")]
     token: Option<String>,
+}
+
+/// Arguments of `corvid docker-plugin`.
+#[derive(clap::Args)]
+struct DockerPluginArgs {
+    #[command(flatten)]
+    host: HostArgs,
     /// The socket Docker finds the plugin at.
     #[arg(long, default_value = "/run/docker/plugins/corvid.sock")]
     socket: std::path::PathBuf,
@@ -66,19 +73,8 @@ struct DockerPluginArgs {
 /// Arguments of `corvid agent`.
 #[derive(clap::Args)]
 struct AgentArgs {
-    /// This host's ID, as ports name it in binding:host_id.
-    #[arg(long, env = "CORVID_HOST_ID")]
-    host_id: String,
-    /// The controller's URL.
-    #[arg(
-        long,
-        env = "CORVID_CONTROLLER",
-        default_value = "http://127.0.0.1:9696"
-    )]
-    controller: String,
-    /// The controller's token.
-    #[arg(long, env = "CORVID_TOKEN")]
-    token: Option<String>,
+    #[command(flatten)]
+    host: HostArgs,
     /// The address other hosts reach this one at (found from the route to the controller
     /// when not given).
     #[arg(long, env = "CORVID_UNDERLAY_IP")]
@@ -126,9 +122,9 @@ fn main() -> ExitCode {
         Command::Up(a) => up::run(a),
         Command::DockerPlugin(a) => {
             let driver = corvid_docker::Driver::new(corvid_docker::Config {
-                controller: a.controller,
-                token: a.token,
-                host_id: a.host_id,
+                controller: a.host.controller,
+                token: a.host.token,
+                host_id: a.host.host_id,
                 scope: a.scope,
                 default_range: a.default_range,
                 default_prefix: a.default_prefix,
@@ -144,9 +140,9 @@ fn main() -> ExitCode {
         }
         Command::Agent(a) => {
             let config = corvid_agent::Config {
-                host_id: a.host_id,
-                controller: a.controller,
-                token: a.token,
+                host_id: a.host.host_id,
+                controller: a.host.controller,
+                token: a.host.token,
                 underlay_ip: a.underlay_ip,
                 resync: std::time::Duration::from_secs(a.resync.max(1)),
             };
