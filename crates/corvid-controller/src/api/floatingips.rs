@@ -7,14 +7,13 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::get;
 use axum::Router;
 use corvid_api::{FloatingIp, Network, Port, PortDetails};
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, encode, if_match, list, lookup, object, project_of, show, update_with, Ctl,
-    Query,
+    answer, attr, body, encode, if_match, list_route, lookup, object, project_of, show_route,
+    update_with, Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -39,22 +38,10 @@ const FIP_UPDATE: &[&str] = &["port_id", "fixed_ip_address", "description"];
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
-        .route(
-            "/v2.0/floatingips",
-            get(
-                |State(c): Ctl, Query(q)| async move { list::<FloatingIp>(&c, q.as_deref(), None) },
-            )
-            .post(create),
-        )
+        .route("/v2.0/floatingips", list_route::<FloatingIp>().post(create))
         .route(
             "/v2.0/floatingips/{id}",
-            get(
-                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
-                    show::<FloatingIp>(&c, &id, q.as_deref())
-                },
-            )
-            .put(update)
-            .delete(delete),
+            show_route::<FloatingIp>().put(update).delete(delete),
         )
 }
 

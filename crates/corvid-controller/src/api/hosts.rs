@@ -8,12 +8,11 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::get;
 use axum::Router;
 use corvid_api::Host;
 use serde_json::json;
 
-use super::{answer, attr, body, encode, list, object, show, Ctl, Query};
+use super::{answer, attr, body, encode, list_route, object, show_route, Ctl};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -24,19 +23,10 @@ const HOST_ATTRS: &[&str] = &["underlay_ip", "description", "tags"];
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
-        .route(
-            "/v2.0/hosts",
-            get(|State(c): Ctl, Query(q)| async move { list::<Host>(&c, q.as_deref(), None) }),
-        )
+        .route("/v2.0/hosts", list_route::<Host>())
         .route(
             "/v2.0/hosts/{id}",
-            get(
-                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
-                    show::<Host>(&c, &id, q.as_deref())
-                },
-            )
-            .put(register)
-            .delete(unregister),
+            show_route::<Host>().put(register).delete(unregister),
         )
 }
 

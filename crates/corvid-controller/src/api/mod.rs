@@ -17,7 +17,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, MethodRouter};
 use axum::{Json, Router};
 use corvid_api::client::{REVISION_HEADER, TOKEN_HEADER};
 use corvid_api::{FloatingIp, Host, Network, Port, Resource, Subnet, SubnetPool};
@@ -336,6 +336,29 @@ pub async fn update_attrs<K: Kind>(
     let attrs = object(&body(bytes)?, K::SINGULAR, allowed)?;
     let obj = update_with::<K>(ctl, id, if_match(headers), |_, o, _| merge(o, &attrs)).await?;
     Ok(answer(StatusCode::OK, json!({ K::SINGULAR: obj })))
+}
+
+/// GET of a collection with Neutron's filters.
+pub fn list_route<K: Kind>() -> MethodRouter<Arc<Controller>> {
+    get(|State(c): Ctl, Query(q): Query| async move { list::<K>(&c, q.as_deref(), None) })
+}
+
+/// GET of one object.
+pub fn show_route<K: Kind>() -> MethodRouter<Arc<Controller>> {
+    get(
+        |State(c): Ctl, Path(id): Path<String>, Query(q): Query| async move {
+            show::<K>(&c, &id, q.as_deref())
+        },
+    )
+}
+
+/// GET of one object and PUT of the plain attributes in `allowed`.
+pub fn item_routes<K: Kind>(allowed: &'static [&'static str]) -> MethodRouter<Arc<Controller>> {
+    show_route::<K>().put(
+        move |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
+            update_attrs::<K>(&c, &id, &h, &b, allowed).await
+        },
+    )
 }
 
 fn tag_routes<K: Kind>() -> Router<Arc<Controller>> {

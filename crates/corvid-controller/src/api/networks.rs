@@ -7,15 +7,13 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::get;
 use axum::Router;
 use corvid_api::{AllocationPool, HostRoute, Network, Subnet, SubnetPool};
 use ipnet::IpNet;
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, encode, list, lookup, object, objects, project_of, show, update_attrs, Ctl,
-    Query,
+    answer, attr, body, encode, item_routes, list_route, lookup, object, objects, project_of, Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -99,62 +97,24 @@ pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
         .route(
             "/v2.0/networks",
-            get(|State(c): Ctl, Query(q)| async move { list::<Network>(&c, q.as_deref(), None) })
-                .post(create_networks),
+            list_route::<Network>().post(create_networks),
         )
         .route(
             "/v2.0/networks/{id}",
-            get(
-                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
-                    show::<Network>(&c, &id, q.as_deref())
-                },
-            )
-            .put(
-                |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
-                    update_attrs::<Network>(&c, &id, &h, &b, NETWORK_UPDATE).await
-                },
-            )
-            .delete(delete_network),
+            item_routes::<Network>(NETWORK_UPDATE).delete(delete_network),
         )
-        .route(
-            "/v2.0/subnets",
-            get(|State(c): Ctl, Query(q)| async move { list::<Subnet>(&c, q.as_deref(), None) })
-                .post(create_subnet),
-        )
+        .route("/v2.0/subnets", list_route::<Subnet>().post(create_subnet))
         .route(
             "/v2.0/subnets/{id}",
-            get(
-                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
-                    show::<Subnet>(&c, &id, q.as_deref())
-                },
-            )
-            .put(
-                |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
-                    update_attrs::<Subnet>(&c, &id, &h, &b, SUBNET_UPDATE).await
-                },
-            )
-            .delete(delete_subnet),
+            item_routes::<Subnet>(SUBNET_UPDATE).delete(delete_subnet),
         )
         .route(
             "/v2.0/subnetpools",
-            get(
-                |State(c): Ctl, Query(q)| async move { list::<SubnetPool>(&c, q.as_deref(), None) },
-            )
-            .post(create_subnetpool),
+            list_route::<SubnetPool>().post(create_subnetpool),
         )
         .route(
             "/v2.0/subnetpools/{id}",
-            get(
-                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
-                    show::<SubnetPool>(&c, &id, q.as_deref())
-                },
-            )
-            .put(
-                |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
-                    update_attrs::<SubnetPool>(&c, &id, &h, &b, POOL_UPDATE).await
-                },
-            )
-            .delete(delete_subnetpool),
+            item_routes::<SubnetPool>(POOL_UPDATE).delete(delete_subnetpool),
         )
 }
 

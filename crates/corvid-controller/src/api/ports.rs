@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     answer, attr, body, encode, if_match, list, lookup, merge, object, objects, project_of, show,
-    update_with, Ctl, Query,
+    show_route, update_with, Ctl, Query,
 };
 use crate::controller::{Controller, Pending};
 use crate::error::NeutronError;
@@ -81,15 +81,11 @@ pub fn routes() -> Router<Arc<Controller>> {
         .route("/v2.0/ports", get(list_ports).post(create_ports))
         .route(
             "/v2.0/ports/{id}",
-            get(
-                |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
-                    show::<Port>(&c, &id, q.as_deref())
+            show_route::<Port>().put(update_port).delete(
+                |State(c): Ctl, Path(id): Path<String>| async move {
+                    delete_port(&c, &id).await.map(|_| StatusCode::NO_CONTENT)
                 },
-            )
-            .put(update_port)
-            .delete(|State(c): Ctl, Path(id): Path<String>| async move {
-                delete_port(&c, &id).await.map(|_| StatusCode::NO_CONTENT)
-            }),
+            ),
         )
         .route(
             "/project/{project}/ports",
