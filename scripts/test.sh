@@ -18,6 +18,7 @@ command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
 [ -x /usr/bin/busybox ] || need+=(busybox-static)
 command -v etcd >/dev/null || need+=(etcd-server)
+[ -x /usr/sbin/dockerd ] || need+=(docker.io)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update

@@ -1,6 +1,10 @@
 //! IpamDriver: Docker's pools are controller subnetpools, its addresses unbound ports.
 //! Docker asks for the pool and the gateway before the network exists, so the gateway is
 //! remembered on the subnetpool (a tag) until CreateNetwork makes the subnet.
+//!
+//! A pool may instead be an existing controller subnet (`--ipam-opt corvid.subnet.id=S`):
+//! its PoolID is the subnet's ID, and the driver neither creates nor deletes anything for
+//! it. That is how a second Docker host joins a network another host (or CNI) made.
 
 use std::net::IpAddr;
 
@@ -20,31 +24,77 @@ pub const GATEWAY_TAG: &str = "docker-gateway:";
 pub const SUBNET_POOL_TAG: &str = "docker-pool:";
 /// Tag of the ports RequestAddress made.
 pub const ADDRESS_TAG: &str = "docker-address";
+/// IPAM option naming an existing controller subnet to use as the pool.
+pub const SUBNET_ID_OPTION: &str = "corvid.subnet.id";
+
+/// What a Docker PoolID stands for.
+pub(crate) enum Pool {
+    /// A subnetpool the driver made; its subnet exists once CreateNetwork ran.
+    Own(SubnetPool),
+    /// An existing controller subnet the driver only uses.
+    Adopted(Subnet),
+}
+
+impl Pool {
+    fn prefix(&self) -> IpNet {
+        match self {
+            Pool::Own(p) => p.prefixes[0],
+            Pool::Adopted(s) => s.cidr,
+        }
+    }
+}
 
 fn tag_value<'a>(tags: &'a [String], prefix: &str) -> Option<&'a str> {
     tags.iter().find_map(|t| t.strip_prefix(prefix))
 }
 
 impl Driver {
-    pub(crate) fn pool(&self, id: &str) -> Result<SubnetPool> {
+    pub(crate) fn pool(&self, id: &str) -> Result<Pool> {
+        let unknown = || DriverError::new(format!("unknown pool {id}"));
         match self.client.get::<SubnetPool>(id) {
-            Ok(p) if p.tags.iter().any(|t| t == POOL_TAG) => Ok(p),
-            Ok(_) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => {
-                Err(DriverError::new(format!("unknown pool {id}")))
-            }
+            Ok(p) if p.tags.iter().any(|t| t == POOL_TAG) => return Ok(Pool::Own(p)),
+            Ok(_) => return Err(unknown()),
+            Err(corvid_api::ApiError::Neutron { status: 404, .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        match self.client.get::<Subnet>(id) {
+            Ok(s) => Ok(Pool::Adopted(s)),
+            Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Err(unknown()),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// The subnet CreateNetwork made from a pool, if the network exists yet.
-    pub(crate) fn pool_subnet(&self, pool: &str) -> Result<Option<Subnet>> {
-        let tag = format!("{SUBNET_POOL_TAG}{pool}");
+    /// The subnet a pool's addresses come from, if the network exists yet.
+    pub(crate) fn pool_subnet(&self, pool: &Pool) -> Result<Option<Subnet>> {
+        let own = match pool {
+            Pool::Own(p) => p,
+            Pool::Adopted(s) => return Ok(Some(s.clone())),
+        };
+        let tag = format!("{SUBNET_POOL_TAG}{}", own.id);
         Ok(self
             .client
             .list::<Subnet>(&[("tags", &tag)])?
             .0
             .into_iter()
             .next())
+    }
+
+    /// RequestPool with `corvid.subnet.id`: the subnet is the pool, as it is.
+    fn adopt_subnet(&self, id: &str, asked: &str) -> Result<Value> {
+        let subnet = self.client.get::<Subnet>(id).map_err(|e| match e {
+            corvid_api::ApiError::Neutron { status: 404, .. } => {
+                DriverError::new(format!("{SUBNET_ID_OPTION}={id}: no such corvid subnet"))
+            }
+            e => e.into(),
+        })?;
+        if !asked.is_empty() && asked.parse::<IpNet>().ok().map(|p| p.trunc()) != Some(subnet.cidr)
+        {
+            return Err(DriverError::new(format!(
+                "--subnet {asked} is not subnet {id}'s {}: leave --subnet out or give that",
+                subnet.cidr
+            )));
+        }
+        Ok(json!({"PoolID": subnet.id, "Pool": subnet.cidr, "Data": {}}))
     }
 
     /// Every prefix already in use: the driver's pools and every subnet.
@@ -64,6 +114,9 @@ impl Driver {
             return Err(DriverError::new(
                 "IPv6 pools must be given with --subnet: corvid has no default IPv6 range",
             ));
+        }
+        if let Some(id) = req["Options"][SUBNET_ID_OPTION].as_str() {
+            return self.adopt_subnet(id, field(req, "Pool"));
         }
         let taken = self.taken()?;
         let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
@@ -118,12 +171,16 @@ impl Driver {
         Ok(json!({"PoolID": created.id, "Pool": pool, "Data": {}}))
     }
 
-    /// ReleasePool: the subnetpool goes (Docker sends it before DeleteNetwork).
+    /// ReleasePool: the subnetpool goes (Docker sends it before DeleteNetwork); an
+    /// adopted subnet stays.
     pub(crate) fn release_pool(&self, req: &Value) -> Result<Value> {
         let id = field(req, "PoolID");
-        match self.client.delete::<SubnetPool>(id) {
-            Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(json!({})),
-            Err(e) => Err(e.into()),
+        match self.pool(id) {
+            Ok(Pool::Own(_)) => match self.client.delete::<SubnetPool>(id) {
+                Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(json!({})),
+                Err(e) => Err(e.into()),
+            },
+            Ok(Pool::Adopted(_)) | Err(_) => Ok(json!({})),
         }
     }
 
@@ -131,7 +188,7 @@ impl Driver {
     /// unbound port holding it (the asked one, or the next free one).
     pub(crate) fn request_address(&self, req: &Value) -> Result<Value> {
         let pool = self.pool(field(req, "PoolID"))?;
-        let prefix = pool.prefixes[0];
+        let prefix = pool.prefix();
         let asked = match field(req, "Address") {
             "" => None,
             a => Some(
@@ -151,6 +208,10 @@ impl Driver {
         }
         let options = &req["Options"];
         if options["RequestAddressType"] == "com.docker.network.gateway" {
+            let own = match &pool {
+                Pool::Own(p) => p,
+                Pool::Adopted(s) => return adopted_gateway(s, asked),
+            };
             let gw = match asked {
                 Some(a) => a,
                 None => prefix.hosts().next().ok_or_else(|| {
@@ -158,15 +219,14 @@ impl Driver {
                 })?,
             };
             let tag = format!("{GATEWAY_TAG}{gw}");
-            self.client.add_tag::<SubnetPool>(&pool.id, &tag)?;
+            self.client.add_tag::<SubnetPool>(&own.id, &tag)?;
             return Ok(
                 json!({"Address": IpNet::new(gw, prefix.prefix_len()).map_err(|e| DriverError::new(e.to_string()))?, "Data": {}}),
             );
         }
-        let subnet = self.pool_subnet(&pool.id)?.ok_or_else(|| {
+        let subnet = self.pool_subnet(&pool)?.ok_or_else(|| {
             DriverError::new(format!(
-                "pool {} has no network yet: create the network before its endpoints",
-                pool.id
+                "pool {prefix} has no network yet: create the network before its endpoints"
             ))
         })?;
         let mut fixed = json!({"subnet_id": subnet.id});
@@ -202,13 +262,15 @@ impl Driver {
         };
         let address = field(req, "Address");
         let address = address.split('/').next().unwrap_or(address);
-        if tag_value(&pool.tags, GATEWAY_TAG) == Some(address) {
-            let tag = format!("{GATEWAY_TAG}{address}");
-            let path = format!("/v2.0/subnetpools/{}/tags/{tag}", pool.id);
-            self.client.request("DELETE", &path, None)?;
-            return Ok(json!({}));
+        if let Pool::Own(own) = &pool {
+            if tag_value(&own.tags, GATEWAY_TAG) == Some(address) {
+                let tag = format!("{GATEWAY_TAG}{address}");
+                let path = format!("/v2.0/subnetpools/{}/tags/{tag}", own.id);
+                self.client.request("DELETE", &path, None)?;
+                return Ok(json!({}));
+            }
         }
-        if let Some(subnet) = self.pool_subnet(&pool.id)? {
+        if let Some(subnet) = self.pool_subnet(&pool)? {
             let filter = format!("ip_address={address}");
             let ports = self
                 .client
@@ -240,4 +302,20 @@ impl Driver {
     pub(crate) fn pool_subpool(pool: &SubnetPool) -> Option<IpNet> {
         tag_value(&pool.tags, SUBPOOL_TAG).and_then(|g| g.parse().ok())
     }
+}
+
+/// The gateway of an adopted subnet is the subnet's own: Docker may only confirm it.
+fn adopted_gateway(subnet: &Subnet, asked: Option<IpAddr>) -> Result<Value> {
+    let gw = subnet
+        .gateway_ip
+        .ok_or_else(|| DriverError::new(format!("subnet {} has no gateway", subnet.id)))?;
+    if asked.is_some_and(|a| a != gw) {
+        return Err(DriverError::new(format!(
+            "--gateway must be subnet {}'s gateway {gw}",
+            subnet.id
+        )));
+    }
+    let address =
+        IpNet::new(gw, subnet.cidr.prefix_len()).map_err(|e| DriverError::new(e.to_string()))?;
+    Ok(json!({"Address": address, "Data": {}}))
 }

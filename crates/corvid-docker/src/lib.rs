@@ -4,9 +4,12 @@
 
 #![deny(missing_docs)]
 
+pub mod firewall;
 pub mod ipam;
 pub mod network;
 pub mod server;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use corvid_api::Client;
 use ipnet::IpNet;
@@ -62,6 +65,8 @@ pub type Result<T> = std::result::Result<T, DriverError>;
 pub struct Driver {
     client: Client,
     cfg: Config,
+    /// Set once the FORWARD rules for corvid's bridges are in place.
+    forwarding_allowed: AtomicBool,
 }
 
 /// A string field of a request, empty when absent.
@@ -76,7 +81,20 @@ impl Driver {
         if let Some(t) = &cfg.token {
             client = client.with_token(t);
         }
-        Driver { client, cfg }
+        Driver {
+            client,
+            cfg,
+            forwarding_allowed: AtomicBool::new(false),
+        }
+    }
+
+    /// Lets corvid's bridges past Docker's FORWARD policy, once per driver process.
+    pub(crate) fn allow_forwarding(&self) -> Result<()> {
+        if !self.forwarding_allowed.load(Ordering::Relaxed) {
+            firewall::allow_corvid_bridges().map_err(DriverError::new)?;
+            self.forwarding_allowed.store(true, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Answers one call: `method` is the path without its slash (`NetworkDriver.Join`),

@@ -89,17 +89,29 @@ impl Driver {
             ),
             (None, None) => None,
         };
-        if let Some(net) = adopt {
-            self.client.add_tag::<Network>(&net.id, id)?;
-            self.client.add_tag::<Network>(&net.id, ADOPTED_TAG)?;
-            return Ok(json!({}));
-        }
         let pools: Vec<&Value> = req["IPv4Data"]
             .as_array()
             .into_iter()
             .chain(req["IPv6Data"].as_array())
             .flatten()
             .collect();
+        if let Some(net) = adopt {
+            let subnets = self.client.list::<Subnet>(&[("network_id", &net.id)])?.0;
+            for data in &pools {
+                let pool = field(data, "Pool");
+                if !subnets.iter().any(|s| s.cidr.to_string() == pool) {
+                    return Err(DriverError::new(format!(
+                        "pool {pool} is not a subnet of corvid network {}: give --ipam-driver \
+                         with --ipam-opt {}=<one of its subnets>",
+                        net.id,
+                        crate::ipam::SUBNET_ID_OPTION
+                    )));
+                }
+            }
+            self.client.add_tag::<Network>(&net.id, id)?;
+            self.client.add_tag::<Network>(&net.id, ADOPTED_TAG)?;
+            return Ok(json!({}));
+        }
         let net: Network = self.client.create(json!({
             "name": format!("docker-{}", &id[..12.min(id.len())]),
             "tags": [id],
@@ -218,10 +230,13 @@ impl Driver {
                 self.client.create::<Port>(attrs)?
             }
         };
-        self.client.update::<Port>(
-            &port.id,
-            json!({"binding:host_id": self.cfg.host_id, "device_id": endpoint}),
-        )?;
+        let mut binding = json!({"binding:host_id": self.cfg.host_id, "device_id": endpoint});
+        if !docker_mac.is_empty() && !docker_mac.eq_ignore_ascii_case(&port.mac_address) {
+            // Docker gives the container its own MAC; the port must say the same, or other
+            // hosts would forward to a MAC nobody has.
+            binding["mac_address"] = json!(docker_mac);
+        }
+        self.client.update::<Port>(&port.id, binding)?;
         self.client.add_tag::<Port>(&port.id, endpoint)?;
         if docker_mac.is_empty() {
             Ok(json!({"Interface": {"MacAddress": port.mac_address}}))
@@ -258,6 +273,7 @@ impl Driver {
         let port = self.endpoint(docker_id(req, "EndpointID")?)?;
         let host_name = corvid_agent::names::host_veth(&port.id);
         let src = container_veth(&port.id);
+        self.allow_forwarding()?;
         let mut nl = Netlink::open()?;
         if nl.link_by_name(&host_name)?.is_none() {
             let bridge = ensure_bridge(

@@ -69,6 +69,21 @@ fn resource_lifecycle_filters_tags_and_errors() {
         let mac =
             c.create::<Port>(json!({"network_id": net.id, "mac_address": "fa:16:3e:11:22:33"}));
         assert_eq!(kind(mac), (409, "MacAddressInUse".into()));
+        // An unbound port's MAC may change, to a free one; the old one is free again.
+        let moved: Port = c
+            .update(&auto.id, json!({"mac_address": "02:42:0A:00:00:07"}))
+            .unwrap();
+        assert_eq!(moved.mac_address, "02:42:0a:00:00:07");
+        let taken = c.update::<Port>(&auto.id, json!({"mac_address": "fa:16:3e:11:22:33"}));
+        assert_eq!(kind(taken), (409, "MacAddressInUse".into()));
+        let bound = c.update::<Port>(&fixed.id, json!({"mac_address": "02:42:0a:00:00:08"}));
+        assert_eq!(kind(bound), (409, "PortBound".into()));
+        let bad = c.update::<Port>(&auto.id, json!({"mac_address": "nope"}));
+        assert_eq!(kind(bad).0, 400);
+        let reuse: Port = c
+            .create(json!({"network_id": net.id, "mac_address": auto.mac_address}))
+            .unwrap();
+        c.delete::<Port>(&reuse.id).unwrap();
         assert_eq!(
             kind(c.get::<Port>("00000000-0000-0000-0000-000000000000")),
             (404, "PortNotFound".into())
@@ -187,7 +202,7 @@ fn resource_lifecycle_filters_tags_and_errors() {
             .send_json(json!({"port": {"name": "y"}}));
         assert!(matches!(stale, Err(ureq::Error::Status(412, _))));
         assert_eq!(
-            kind(c.update::<Port>(&auto.id, json!({"mac_address": "fa:16:3e:00:00:01"}))).0,
+            kind(c.update::<Port>(&auto.id, json!({"network_id": net.id}))).0,
             400
         );
         c.set_port_status(&fixed.id, "ACTIVE").unwrap();

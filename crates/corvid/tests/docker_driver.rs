@@ -123,17 +123,6 @@ impl Setup {
         self.host.open().run(|| f(&c)).unwrap()
     }
 
-    fn links(&self, prefix: &str) -> Vec<String> {
-        self.host
-            .netlink()
-            .links()
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .filter(|n| n.starts_with(prefix))
-            .collect()
-    }
-
     fn empty(&self) -> bool {
         self.api(|c| {
             c.list::<Network>(&[]).unwrap().0.is_empty()
@@ -197,7 +186,7 @@ fn dockers_own_call_sequence_replays_and_leaves_nothing() {
     }
     assert_eq!(joined, 3);
     assert!(s.empty(), "the controller holds nothing after the removals");
-    assert!(s.links("cvc").is_empty() && s.links("cvp").is_empty());
+    assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
 }
 
 #[test]
@@ -263,7 +252,7 @@ fn bad_input_is_an_err_and_changes_nothing() {
     assert!(err("IpamDriver.RequestAddress", &outside).contains("outside the pool"));
     // Join of an endpoint never created: an error, and no interface made.
     assert!(err("NetworkDriver.Join", &ids.to_string()).contains("unknown endpoint"));
-    assert!(s.links("cvc").is_empty() && s.links("cvp").is_empty());
+    assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
     let ports = s.api(|c| c.list::<Port>(&[]).unwrap().0);
     assert_eq!(ports.len(), 1, "only the one address handed out");
 }

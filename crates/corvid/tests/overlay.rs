@@ -7,32 +7,12 @@
 #[path = "support/cluster.rs"]
 mod cluster;
 
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use cluster::ns::{wait_until, Ns};
-use cluster::{url, Cluster};
+use cluster::{cni_result, result_ip, url, Cluster};
 use serde_json::{json, Value};
-
-fn result(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "ADD failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("a JSON result")
-}
-
-fn ip_of(result: &Value) -> String {
-    result["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
-}
 
 fn mac_in(pod: &Ns, ifname: &str) -> Option<String> {
     pod.netlink().link_by_name(ifname).unwrap().map(|l| l.mac)
@@ -57,10 +37,10 @@ fn pods_reach_each_other_on_one_host_and_across_hosts() {
     let a1 = cluster.pod("a1");
     let a2 = cluster.pod("a2");
     let b1 = cluster.pod("b1");
-    let ra1 = result(&cluster.add(0, "blue", &a1));
-    let ra2 = result(&cluster.add(0, "blue", &a2));
-    let rb1 = result(&cluster.add(1, "blue", &b1));
-    let (ip_a1, ip_a2, ip_b1) = (ip_of(&ra1), ip_of(&ra2), ip_of(&rb1));
+    let ra1 = cni_result(&cluster.add(0, "blue", &a1));
+    let ra2 = cni_result(&cluster.add(0, "blue", &a2));
+    let rb1 = cni_result(&cluster.add(1, "blue", &b1));
+    let (ip_a1, ip_a2, ip_b1) = (result_ip(&ra1), result_ip(&ra2), result_ip(&rb1));
     assert_eq!(ra1["ips"][0]["gateway"], "10.50.0.1");
     assert_eq!(ra1["routes"][0]["dst"], "0.0.0.0/0");
     assert_eq!(
@@ -131,7 +111,7 @@ fn pods_reach_each_other_on_one_host_and_across_hosts() {
     // Masquerade on: pods reach the underlay through their host's address.
     let (_green, _) = cluster.network("green", "10.51.0.0/24", true);
     let g1 = cluster.pod("g1");
-    result(&cluster.add(0, "green", &g1));
+    cni_result(&cluster.add(0, "green", &g1));
     assert!(g1.ping("10.99.0.254"), "egress is masqueraded");
     for (pod, net, host) in [(&a1, "blue", 0), (&a2, "blue", 0), (&g1, "green", 0)] {
         assert!(cluster.del(host, net, pod).status.success());
@@ -146,9 +126,9 @@ fn agents_and_the_controller_restart_without_losing_pods() {
     let a1 = cluster.pod("a1");
     let a2 = cluster.pod("a2");
     let b1 = cluster.pod("b1");
-    let ip_a1 = ip_of(&result(&cluster.add(0, "red", &a1)));
-    result(&cluster.add(0, "red", &a2));
-    let ip_b1 = ip_of(&result(&cluster.add(1, "red", &b1)));
+    let ip_a1 = result_ip(&cni_result(&cluster.add(0, "red", &a1)));
+    cni_result(&cluster.add(0, "red", &a2));
+    let ip_b1 = result_ip(&cni_result(&cluster.add(1, "red", &b1)));
 
     // h1's agent is down while a pod is created and another deleted.
     cluster.agents[0].take().unwrap().kill9();
@@ -165,7 +145,7 @@ fn agents_and_the_controller_restart_without_losing_pods() {
         "nobody unplugs while the agent is down"
     );
     cluster.start_agent(0);
-    let ip_a3 = ip_of(&result(&pending.wait_with_output().unwrap()));
+    let ip_a3 = result_ip(&cni_result(&pending.wait_with_output().unwrap()));
     wait_until("a2 to be unplugged", Duration::from_secs(10), || {
         mac_in(&a2, "eth0").is_none()
     });
@@ -176,7 +156,7 @@ fn agents_and_the_controller_restart_without_losing_pods() {
     cluster.controller.take().unwrap().kill9();
     cluster.start_controller();
     let b2 = cluster.pod("b2");
-    let ip_b2 = ip_of(&result(&cluster.add(1, "red", &b2)));
+    let ip_b2 = result_ip(&cni_result(&cluster.add(1, "red", &b2)));
     assert!(b2.ping(&ip_a1));
     assert!(a3.ping(&ip_b2), "h1 learned b2 through the resumed watch");
 

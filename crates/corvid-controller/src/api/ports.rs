@@ -58,6 +58,7 @@ const PORT_ATTRS: &[&str] = &[
 ];
 const PORT_UPDATE: &[&str] = &[
     "name",
+    "mac_address",
     "admin_state_up",
     "device_id",
     "device_owner",
@@ -422,9 +423,14 @@ async fn update_port(
             )));
         }
     }
-    let port = update_with::<Port>(&c, &id, if_match(&headers), |_, p, _| {
+    let port = update_with::<Port>(&c, &id, if_match(&headers), |v, p, txn| {
         let old_host = p.binding_host_id.clone();
+        let old_mac = p.mac_address.clone();
         merge(p, &attrs)?;
+        p.mac_address = p.mac_address.to_ascii_lowercase();
+        if p.mac_address != old_mac {
+            change_mac(v, p, &old_mac, &old_host, txn)?;
+        }
         if p.binding_host_id != old_host {
             p.binding_vif_type = vif_type(&p.binding_host_id).into();
             if !attrs.contains_key("status") {
@@ -438,6 +444,43 @@ async fn update_port(
     })
     .await?;
     Ok(answer(StatusCode::OK, json!({ "port": port })))
+}
+
+/// A new MAC, as Neutron allows it: valid, free, and only while the port is unbound
+/// (a bound port's MAC is already in a datapath).
+fn change_mac(
+    v: &View,
+    p: &Port,
+    old_mac: &str,
+    old_host: &str,
+    txn: &mut Txn,
+) -> Result<(), NeutronError> {
+    let m = &p.mac_address;
+    if !mac_valid(m) {
+        return Err(NeutronError::invalid_input(format!(
+            "'{m}' is not a valid MAC address"
+        )));
+    }
+    if !old_host.is_empty() {
+        return Err(NeutronError::conflict(
+            "PortBound",
+            format!("Unable to complete operation on port {}: the MAC address of a port bound to host {old_host} cannot change.", p.id),
+        ));
+    }
+    if v.macs.contains(m) {
+        return Err(NeutronError::conflict(
+            "MacAddressInUse",
+            format!(
+                "Unable to complete operation for network {}. The mac address {m} is in use.",
+                p.network_id
+            ),
+        ));
+    }
+    txn.compares.push(Compare::CreateRevision(keys::mac(m), 0));
+    txn.ops
+        .push(Op::Put(keys::mac(m), p.id.clone().into_bytes()));
+    txn.ops.push(Op::Delete(keys::mac(old_mac)));
+    Ok(())
 }
 
 /// The transaction removing a port with its addresses, MAC and network use.

@@ -6,6 +6,9 @@
 #[path = "ns.rs"]
 pub mod ns;
 
+#[path = "docker.rs"]
+pub mod docker;
+
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -50,6 +53,28 @@ pub fn underlay_ip(host: usize) -> String {
 
 pub fn url() -> String {
     format!("http://10.99.0.254:{CONTROLLER_PORT}")
+}
+
+/// The JSON result of a successful CNI ADD.
+pub fn cni_result(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "ADD failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON result")
+}
+
+/// The first address of a CNI result, without its prefix length.
+pub fn result_ip(result: &Value) -> String {
+    result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 impl Cluster {
@@ -168,6 +193,12 @@ impl Cluster {
                 .unwrap();
             (net, subnet)
         });
+        self.conflist(name, &subnet.id);
+        (net, subnet)
+    }
+
+    /// A CNI configuration list `<name>-h<N>` per host for the `corvid` plugin on `subnet`.
+    pub fn conflist(&self, name: &str, subnet: &str) {
         for (i, _) in self.hosts.iter().enumerate() {
             let conf = json!({
                 "cniVersion": "1.1.0",
@@ -176,7 +207,7 @@ impl Cluster {
                     "type": "corvid",
                     "mpurl": url(),
                     "project": "corvid",
-                    "subnet": subnet.id,
+                    "subnet": subnet,
                     "hostId": format!("h{}", i + 1),
                     "timeout": 20
                 }]
@@ -187,7 +218,6 @@ impl Cluster {
             )
             .unwrap();
         }
-        (net, subnet)
     }
 
     pub fn cni(&self, host: usize, args: &[&str]) -> Command {

@@ -64,6 +64,17 @@ impl Ns {
     pub fn netlink(&self) -> Netlink {
         Netlink::open_in(&self.open()).unwrap()
     }
+
+    /// Names of the links in the namespace that start with `prefix`.
+    pub fn links(&self, prefix: &str) -> Vec<String> {
+        self.netlink()
+            .links()
+            .unwrap()
+            .into_iter()
+            .map(|l| l.name)
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
 }
 
 impl Drop for Ns {
