@@ -69,7 +69,7 @@ struct Setup {
     host: Ns,
     socket: PathBuf,
     client_url: String,
-    _controller: Proc,
+    controller: Proc,
     _plugin: Proc,
     _dir: tempfile::TempDir,
 }
@@ -105,7 +105,7 @@ impl Setup {
             host,
             socket,
             client_url: "http://127.0.0.1:9696".into(),
-            _controller: controller,
+            controller,
             _plugin: plugin,
             _dir: dir,
         };
@@ -191,7 +191,7 @@ fn dockers_own_call_sequence_replays_and_leaves_nothing() {
 
 #[test]
 fn bad_input_is_an_err_and_changes_nothing() {
-    let s = Setup::new("db");
+    let mut s = Setup::new("db");
     let err = |method: &str, body: &str| {
         let (status, v) = post(&s.socket, method, body);
         assert_ne!(status, 200, "{method} {body} -> {v}");
@@ -255,4 +255,39 @@ fn bad_input_is_an_err_and_changes_nothing() {
     assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
     let ports = s.api(|c| c.list::<Port>(&[]).unwrap().0);
     assert_eq!(ports.len(), 1, "only the one address handed out");
+
+    // Adopting: an unknown subnet, a --subnet that is not the subnet's, and a network
+    // whose subnets are not Docker's pools are refused, and nothing is tagged.
+    let subnet = s.api(|c| c.list::<Subnet>(&[]).unwrap().0.remove(0));
+    let adopt = |pool: &str, subnet: &str| {
+        json!({"Pool": pool, "V6": false, "Options": {"corvid.subnet.id": subnet}}).to_string()
+    };
+    let unknown = "00000000-0000-0000-0000-000000000000";
+    assert!(err("IpamDriver.RequestPool", &adopt("", unknown)).contains("no such corvid subnet"));
+    assert!(err(
+        "IpamDriver.RequestPool",
+        &adopt("10.215.0.0/24", &subnet.id)
+    )
+    .contains("is not subnet"));
+    let (status, same) = post(&s.socket, "IpamDriver.RequestPool", &adopt("", &subnet.id));
+    assert_eq!(
+        (status, same["Pool"].as_str()),
+        (200, Some("10.214.0.0/30"))
+    );
+    let other = "1cea0df0253027f487de2501d72190ee94c90cbe4599d65fe58ecb2a13a47f90";
+    let wrong = json!({"NetworkID": other,
+        "Options": {"com.docker.network.generic": {"corvid.net.id": subnet.network_id}},
+        "IPv4Data": [{"Pool": "10.215.0.0/24"}]});
+    assert!(err("NetworkDriver.CreateNetwork", &wrong.to_string()).contains("is not a subnet"));
+    let untouched = s.api(|c| c.get::<Network>(&subnet.network_id).unwrap());
+    assert!(!untouched
+        .tags
+        .iter()
+        .any(|t| t == other || t == "docker-adopted"));
+
+    // The controller gone: every call that needs it says so.
+    s.controller.kill9();
+    assert!(err("IpamDriver.RequestPool", &empty.to_string()).contains("corvid controller"));
+    assert!(err("NetworkDriver.Join", &ids.to_string()).contains("corvid controller"));
+    assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
 }
