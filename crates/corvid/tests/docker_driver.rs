@@ -7,37 +7,19 @@
 #[path = "support/ns.rs"]
 mod ns;
 
+#[path = "support/docker.rs"]
+mod docker;
+
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use corvid_api::{Client, Network, Port, Subnet, SubnetPool};
+use docker::post;
 use ns::{wait_until, Ns, Proc};
 use serde_json::{json, Value};
-
-/// One POST over the socket; returns the status and the JSON answer.
-fn post(socket: &Path, method: &str, body: &str) -> (u16, Value) {
-    let mut s = UnixStream::connect(socket).expect("connect to the plugin socket");
-    write!(
-        s,
-        "POST /{method} HTTP/1.1\r\nHost: plugin\r\nAccept: application/vnd.docker.plugins.v1.2+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let status = raw[9..12].parse().unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("content-type: application/vnd.docker.plugins.v1.2+json"),
-        "{head}"
-    );
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
 
 /// Replaces every string equal to a key of `map` (recursively).
 fn substitute(v: &mut Value, map: &HashMap<String, String>) {

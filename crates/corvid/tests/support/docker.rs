@@ -4,9 +4,13 @@
 //! Debian's busybox-static imported as `cvt-busybox`; no registry is needed.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 use super::ns::{wait_until, Ns, Proc};
 
@@ -16,6 +20,27 @@ const DOCKER: &str = "/usr/bin/docker";
 
 /// The image every test container runs.
 pub const IMAGE: &str = "cvt-busybox";
+
+/// One driver call over its socket, as Docker sends it; returns the status and the JSON answer.
+pub fn post(socket: &Path, method: &str, body: &str) -> (u16, Value) {
+    let mut s = UnixStream::connect(socket).expect("connect to the plugin socket");
+    write!(
+        s,
+        "POST /{method} HTTP/1.1\r\nHost: plugin\r\nAccept: application/vnd.docker.plugins.v1.2+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/vnd.docker.plugins.v1.2+json"),
+        "{head}"
+    );
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
 
 /// One private dockerd, stopped on drop.
 pub struct Dockerd {
@@ -118,10 +143,11 @@ impl Dockerd {
         let out = self.docker(args);
         assert!(
             out.status.success(),
-            "docker {}: {}\n{}",
+            "docker {}: {}\n{}\n--- dockerd's log ---\n{}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
+            String::from_utf8_lossy(&out.stdout),
+            self.log()
         );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
