@@ -1,6 +1,7 @@
 //! Docker's plugin protocol: HTTP POST with JSON on a unix socket, answered in
 //! `application/vnd.docker.plugins.v1.2+json`; errors are `{"Err": "..."}` with status 500.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,11 +17,6 @@ use crate::Driver;
 
 /// The content type of every answer.
 pub const CONTENT_TYPE: &str = "application/vnd.docker.plugins.v1.2+json";
-
-/// Where Docker discovers a plugin named `name`.
-pub fn default_socket(name: &str) -> PathBuf {
-    PathBuf::from(format!("/run/docker/plugins/{name}.sock"))
-}
 
 async fn handle(
     State(d): State<Arc<Driver>>,
@@ -52,28 +48,72 @@ pub fn router(driver: Arc<Driver>) -> Router {
         .with_state(driver)
 }
 
-/// Serves the driver on a unix socket until SIGINT or SIGTERM; a stale socket file is
-/// replaced, and the socket is removed on the way out.
-pub fn serve(driver: Driver, socket: &Path) -> Result<(), String> {
+/// Where Docker reaches the driver.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    /// A unix socket; Docker finds `/run/docker/plugins/<name>.sock` by itself.
+    Unix(PathBuf),
+    /// A TCP address, announced to Docker by a spec file (`/etc/docker/plugins/<name>.spec`)
+    /// holding `tcp://<addr>`.
+    Tcp {
+        /// The address to listen on.
+        addr: SocketAddr,
+        /// The spec file to write while serving.
+        spec: PathBuf,
+    },
+}
+
+/// Serves the driver until SIGINT or SIGTERM. A stale socket file is replaced; the socket
+/// or spec file is removed on the way out, so Docker stops finding a driver that is gone.
+pub fn serve(driver: Driver, listen: &Listen) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
+    let app = router(Arc::new(driver));
     rt.block_on(async {
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        }
-        let _ = std::fs::remove_file(socket);
-        let listener = tokio::net::UnixListener::bind(socket)
-            .map_err(|e| format!("listen on {}: {e}", socket.display()))?;
-        eprintln!("corvid docker-plugin: listening on {}", socket.display());
-        let served = axum::serve(listener, router(Arc::new(driver)))
-            .with_graceful_shutdown(stopped())
-            .await
-            .map_err(|e| e.to_string());
-        let _ = std::fs::remove_file(socket);
-        served
+        let (announced, served) = match listen {
+            Listen::Unix(socket) => {
+                make_parent(socket)?;
+                let _ = std::fs::remove_file(socket);
+                let listener = tokio::net::UnixListener::bind(socket)
+                    .map_err(|e| format!("listen on {}: {e}", socket.display()))?;
+                eprintln!("corvid docker-plugin: listening on {}", socket.display());
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped())
+                    .await;
+                (socket, served)
+            }
+            Listen::Tcp { addr, spec } => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| format!("listen on {addr}: {e}"))?;
+                let bound = listener.local_addr().map_err(|e| e.to_string())?;
+                make_parent(spec)?;
+                std::fs::write(spec, format!("tcp://{bound}\n"))
+                    .map_err(|e| format!("write {}: {e}", spec.display()))?;
+                eprintln!(
+                    "corvid docker-plugin: listening on {bound}, announced in {}",
+                    spec.display()
+                );
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped())
+                    .await;
+                (spec, served)
+            }
+        };
+        let _ = std::fs::remove_file(announced);
+        served.map_err(|e| e.to_string())
     })
+}
+
+fn make_parent(path: &Path) -> Result<(), String> {
+    match path.parent() {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))
+        }
+        None => Ok(()),
+    }
 }
 
 async fn stopped() {

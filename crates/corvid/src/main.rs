@@ -56,9 +56,19 @@ struct HostArgs {
 struct DockerPluginArgs {
     #[command(flatten)]
     host: HostArgs,
-    /// The socket Docker finds the plugin at.
+    /// The socket Docker finds the plugin at (its file name is the driver's name).
     #[arg(long, default_value = "/run/docker/plugins/corvid.sock")]
     socket: std::path::PathBuf,
+    /// Listen on this TCP address instead of the socket, announced by the --spec file.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// The spec file announcing --listen to Docker (its file name is the driver's name).
+    #[arg(
+        long,
+        default_value = "/etc/docker/plugins/corvid.spec",
+        requires = "listen"
+    )]
+    spec: std::path::PathBuf,
     /// Capability scope: local or global.
     #[arg(long, default_value = "local", value_parser = ["local", "global"])]
     scope: String,
@@ -130,7 +140,11 @@ fn main() -> ExitCode {
                 default_prefix: a.default_prefix,
                 dst_prefix: "eth".into(),
             });
-            match corvid_docker::server::serve(driver, &a.socket) {
+            let listen = match a.listen {
+                Some(addr) => corvid_docker::server::Listen::Tcp { addr, spec: a.spec },
+                None => corvid_docker::server::Listen::Unix(a.socket),
+            };
+            match corvid_docker::server::serve(driver, &listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corvid docker-plugin: {e}");

@@ -45,8 +45,13 @@ fn docker_containers_live_on_corvid_networks() {
     let docker = Dockerd::start(h1);
     let d = |args: &[&str]| docker.ok(args);
 
-    // A network with --subnet: a controller network tagged with Docker's ID, its subnet.
-    let n1 = docker.create_network(&driver, "cvtn1", &["--subnet", "10.213.7.0/24"]);
+    // A network with --subnet and --ip-range: a controller network tagged with Docker's ID,
+    // its subnet allocating from the range only.
+    let n1 = docker.create_network(
+        &driver,
+        "cvtn1",
+        &["--subnet", "10.213.7.0/24", "--ip-range", "10.213.7.128/25"],
+    );
     let (net1, subnet1) = controller_network(&cluster, &n1);
     assert_eq!(subnet1.cidr.to_string(), "10.213.7.0/24");
     assert_eq!(subnet1.gateway_ip.unwrap().to_string(), "10.213.7.1");
@@ -83,6 +88,11 @@ fn docker_containers_live_on_corvid_networks() {
         "600",
     ]);
     let ip_a = docker.ip("ca", "cvtn1");
+    let range: ipnet::IpNet = "10.213.7.128/25".parse().unwrap();
+    assert!(
+        range.contains(&ip_a.parse::<std::net::IpAddr>().unwrap()),
+        "{ip_a}"
+    );
     assert_eq!(docker.ip("cb", "cvtn1"), "10.213.7.50");
     assert!(docker.ping("ca", "10.213.7.50"), "a pings b");
     assert!(docker.ping("cb", &ip_a), "b pings a");
@@ -220,4 +230,29 @@ fn docker_containers_live_on_corvid_networks() {
             },
         );
     }
+}
+
+/// The alternative to a unix socket: the driver on TCP, announced by a spec file.
+#[test]
+fn docker_finds_a_tcp_driver_by_its_spec_file() {
+    let cluster = Cluster::new("ds");
+    let host = &cluster.hosts[0];
+    let driver = format!("{}s", cluster.tag);
+    let plugin = DockerPlugin::start_tcp(host, &driver, "h1", &url());
+    let spec = std::fs::read_to_string(&plugin.socket).unwrap();
+    assert!(spec.starts_with("tcp://127.0.0.1:"), "{spec}");
+    let docker = Dockerd::start(host);
+    let id = docker.create_network(&driver, "cvtspec", &["--subnet", "10.218.0.0/24"]);
+    let (_, subnet) = controller_network(&cluster, &id);
+    assert_eq!(subnet.cidr.to_string(), "10.218.0.0/24");
+    docker.ok(&[
+        "run", "-d", "--name", "cs", "--net", "cvtspec", IMAGE, "sleep", "600",
+    ]);
+    assert!(
+        docker.ping("cs", "10.218.0.1"),
+        "the container reaches its gateway"
+    );
+    docker.ok(&["rm", "-f", "cs"]);
+    docker.ok(&["network", "rm", "cvtspec"]);
+    assert!(cluster.ports().is_empty());
 }

@@ -211,20 +211,37 @@ impl Drop for Dockerd {
     }
 }
 
-/// `corvid docker-plugin` in a host namespace, on a socket Docker discovers: the driver's
-/// name is the socket's, unique per test.
+/// `corvid docker-plugin` in a host namespace, announced where Docker discovers it: the
+/// driver's name is the socket's or spec file's, unique per test.
 pub struct DockerPlugin {
     pub name: String,
+    /// The unix socket, or the spec file of a TCP listener.
     pub socket: PathBuf,
+    tcp: bool,
     proc: Option<Proc>,
 }
 
 impl DockerPlugin {
+    /// The plugin on `/run/docker/plugins/<name>.sock`.
     pub fn start(ns: &Ns, name: &str, host_id: &str, controller: &str) -> DockerPlugin {
-        let socket = PathBuf::from(format!("/run/docker/plugins/{name}.sock"));
+        Self::launch(ns, name, host_id, controller, false)
+    }
+
+    /// The plugin on a TCP port of the namespace's loopback, announced in
+    /// `/etc/docker/plugins/<name>.spec`.
+    pub fn start_tcp(ns: &Ns, name: &str, host_id: &str, controller: &str) -> DockerPlugin {
+        Self::launch(ns, name, host_id, controller, true)
+    }
+
+    fn launch(ns: &Ns, name: &str, host_id: &str, controller: &str, tcp: bool) -> DockerPlugin {
+        let socket = match tcp {
+            true => PathBuf::from(format!("/etc/docker/plugins/{name}.spec")),
+            false => PathBuf::from(format!("/run/docker/plugins/{name}.sock")),
+        };
         let mut p = DockerPlugin {
             name: name.to_string(),
             socket,
+            tcp,
             proc: None,
         };
         p.restart(ns, host_id, controller);
@@ -234,19 +251,28 @@ impl DockerPlugin {
     /// Kills the plugin (if running) and starts it again.
     pub fn restart(&mut self, ns: &Ns, host_id: &str, controller: &str) {
         self.kill9();
-        let child = ns
-            .command(env!("CARGO_BIN_EXE_corvid"))
-            .args(["docker-plugin", "--host-id", host_id])
-            .args(["--controller", controller, "--socket"])
+        let mut cmd = ns.command(env!("CARGO_BIN_EXE_corvid"));
+        cmd.args(["docker-plugin", "--host-id", host_id])
+            .args(["--controller", controller]);
+        match self.tcp {
+            true => cmd.args(["--listen", "127.0.0.1:0", "--spec"]),
+            false => cmd.arg("--socket"),
+        };
+        let child = cmd
             .arg(&self.socket)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
         self.proc = Some(Proc(child));
-        wait_until("the plugin socket", Duration::from_secs(20), || {
-            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
-        });
+        wait_until(
+            "the plugin to listen",
+            Duration::from_secs(20),
+            || match self.tcp {
+                true => self.socket.exists(),
+                false => UnixStream::connect(&self.socket).is_ok(),
+            },
+        );
     }
 
     pub fn kill9(&mut self) {
