@@ -22,6 +22,8 @@ pub const SUBPOOL_TAG: &str = "docker-subpool:";
 pub const GATEWAY_TAG: &str = "docker-gateway:";
 /// Tag prefix linking a subnet to its pool.
 pub const SUBNET_POOL_TAG: &str = "docker-pool:";
+/// Tag prefix linking a pool to the network CreateNetwork made for it.
+pub const POOL_NETWORK_TAG: &str = "docker-network:";
 /// Tag of the ports RequestAddress made.
 pub const ADDRESS_TAG: &str = "docker-address";
 /// IPAM option naming an existing controller subnet to use as the pool.
@@ -77,6 +79,33 @@ impl Driver {
             .0
             .into_iter()
             .next())
+    }
+
+    /// The pool's subnet, made again if DeleteEndpoint removed it when it emptied.
+    fn pool_subnet_or_remake(&self, pool: &Pool) -> Result<Subnet> {
+        if let Some(s) = self.pool_subnet(pool)? {
+            return Ok(s);
+        }
+        let no_network = || {
+            DriverError::new(format!(
+                "pool {} has no network yet: create the network before its endpoints",
+                pool.prefix()
+            ))
+        };
+        let Pool::Own(own) = pool else {
+            return Err(no_network());
+        };
+        let network = tag_value(&own.tags, POOL_NETWORK_TAG).ok_or_else(no_network)?;
+        match self.make_subnet(
+            network,
+            own.prefixes[0],
+            Driver::pool_gateway(own),
+            Some(own),
+        ) {
+            Ok(s) => Ok(s),
+            // Another call made it at the same time.
+            Err(e) => self.pool_subnet(pool)?.ok_or(e),
+        }
     }
 
     /// RequestPool with `corvid.subnet.id`: the subnet is the pool, as it is.
@@ -224,11 +253,7 @@ impl Driver {
                 json!({"Address": IpNet::new(gw, prefix.prefix_len()).map_err(|e| DriverError::new(e.to_string()))?, "Data": {}}),
             );
         }
-        let subnet = self.pool_subnet(&pool)?.ok_or_else(|| {
-            DriverError::new(format!(
-                "pool {prefix} has no network yet: create the network before its endpoints"
-            ))
-        })?;
+        let subnet = self.pool_subnet_or_remake(&pool)?;
         let mut fixed = json!({"subnet_id": subnet.id});
         if let Some(a) = asked {
             fixed["ip_address"] = json!(a);

@@ -9,7 +9,7 @@ use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
-use crate::ipam::SUBNET_POOL_TAG;
+use crate::ipam::{POOL_NETWORK_TAG, SUBNET_POOL_TAG};
 use crate::{field, Driver, DriverError, Result};
 
 /// Tag of a network the driver adopted rather than created: DeleteNetwork leaves it.
@@ -132,22 +132,11 @@ impl Driver {
                             .map_err(|_| DriverError::new(format!("bad gateway {g}")))?,
                     ),
                 };
-                let mut attrs = json!({
-                    "network_id": net.id,
-                    "cidr": cidr,
-                    "ip_version": if cidr.addr().is_ipv4() { 4 } else { 6 },
-                    "gateway_ip": gateway,
-                });
                 if let Some(p) = &pool {
-                    attrs["tags"] = json!([format!("{SUBNET_POOL_TAG}{}", p.id)]);
-                    if let Some(sub) = Driver::pool_subpool(p) {
-                        let mut hosts = sub.hosts();
-                        if let (Some(start), Some(end)) = (hosts.next(), sub.hosts().last()) {
-                            attrs["allocation_pools"] = json!([{"start": start, "end": end}]);
-                        }
-                    }
+                    let tag = format!("{POOL_NETWORK_TAG}{}", net.id);
+                    self.client.add_tag::<corvid_api::SubnetPool>(&p.id, &tag)?;
                 }
-                self.client.create::<Subnet>(attrs)?;
+                self.make_subnet(&net.id, cidr, gateway, pool.as_ref())?;
             }
             Ok(())
         })();
@@ -156,6 +145,33 @@ impl Driver {
             return Err(e);
         }
         Ok(json!({}))
+    }
+
+    /// The subnet of a Docker pool on a network: the pool's range, the gateway Docker
+    /// got, and `--ip-range` as the allocation pool.
+    pub(crate) fn make_subnet(
+        &self,
+        network_id: &str,
+        cidr: IpNet,
+        gateway: Option<std::net::IpAddr>,
+        pool: Option<&corvid_api::SubnetPool>,
+    ) -> Result<Subnet> {
+        let mut attrs = json!({
+            "network_id": network_id,
+            "cidr": cidr,
+            "ip_version": if cidr.addr().is_ipv4() { 4 } else { 6 },
+            "gateway_ip": gateway,
+        });
+        if let Some(p) = pool {
+            attrs["tags"] = json!([format!("{SUBNET_POOL_TAG}{}", p.id)]);
+            if let Some(sub) = Driver::pool_subpool(p) {
+                let mut hosts = sub.hosts();
+                if let (Some(start), Some(end)) = (hosts.next(), sub.hosts().last()) {
+                    attrs["allocation_pools"] = json!([{"start": start, "end": end}]);
+                }
+            }
+        }
+        Ok(self.client.create::<Subnet>(attrs)?)
     }
 
     fn find_pool(&self, cidr: &IpNet) -> Result<Option<corvid_api::SubnetPool>> {
@@ -245,13 +261,44 @@ impl Driver {
         }
     }
 
-    /// DeleteEndpoint: the port goes; an unknown endpoint is already gone.
+    /// DeleteEndpoint: the port goes, and with it a subnet of the driver's that is left
+    /// empty (RequestAddress makes it again from its pool); an unknown endpoint is already
+    /// gone.
     pub(crate) fn delete_endpoint(&self, req: &Value) -> Result<Value> {
         if let Ok(port) = self.endpoint(docker_id(req, "EndpointID")?) {
             self.unbind(&port)?;
             self.delete_port(&port.id)?;
+            for f in &port.fixed_ips {
+                self.delete_subnet_if_empty(&f.subnet_id)?;
+            }
         }
         Ok(json!({}))
+    }
+
+    fn delete_subnet_if_empty(&self, id: &str) -> Result<()> {
+        let Ok(subnet) = self.client.get::<Subnet>(id) else {
+            return Ok(());
+        };
+        if !subnet.tags.iter().any(|t| t.starts_with(SUBNET_POOL_TAG)) {
+            return Ok(());
+        }
+        let filter = format!("subnet_id={id}");
+        if !self
+            .client
+            .list::<Port>(&[("fixed_ips", &filter)])?
+            .0
+            .is_empty()
+        {
+            return Ok(());
+        }
+        match self.client.delete::<Subnet>(id) {
+            // A port that came meanwhile keeps it (SubnetInUse).
+            Ok(())
+            | Err(corvid_api::ApiError::Neutron {
+                status: 404 | 409, ..
+            }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// EndpointOperInfo: what the controller knows of the endpoint.

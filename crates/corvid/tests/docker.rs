@@ -189,6 +189,19 @@ fn docker_containers_live_on_corvid_networks() {
         .status
         .success());
     assert_eq!(h1.links("cvp").len(), before - 1);
+    // Its last endpoint gone, the subnet went too; the next one makes it again.
+    let gone = cluster.api(|c| c.get::<Subnet>(&subnet2.id));
+    assert!(gone.is_err(), "the emptied subnet is deleted");
+    d(&["network", "connect", "cvtn2", "ca"]);
+    let (_, remade) = controller_network(&cluster, &n2);
+    assert_eq!(
+        (remade.cidr, remade.gateway_ip),
+        (subnet2.cidr, subnet2.gateway_ip)
+    );
+    let ip_again: std::net::IpAddr = docker.ip("ca", "cvtn2").parse().unwrap();
+    assert!(remade.cidr.contains(&ip_again));
+    assert!(docker.ping("ca", &remade.gateway_ip.unwrap().to_string()));
+    d(&["network", "disconnect", "cvtn2", "ca"]);
 
     // The plugin dies and comes back: running containers keep their network, and
     // removing them works from what the controller holds.
