@@ -100,16 +100,15 @@ fn main() {
         user_bridge.push(run_once(&docker, "cvtbr", &format!("cvtub{i}")));
         corvid.push(run_once(&docker, "cvtbench", &format!("cvtcv{i}")));
     }
-    // The pool Docker got for the network: the subnetpool its subnet is tagged with.
+    // The pool Docker got for the network.
     let pool = cluster.api(|c| {
-        c.list::<corvid_api::Subnet>(&[("cidr", "10.216.0.0/16")])
+        c.list::<corvid_api::SubnetPool>(&[("tags", "docker-pool")])
             .unwrap()
             .0
-            .remove(0)
-            .tags
-            .iter()
-            .find_map(|t| t.strip_prefix("docker-pool:").map(str::to_string))
-            .expect("the subnet names its pool")
+            .into_iter()
+            .find(|p| p.prefixes[0].to_string() == "10.216.0.0/16")
+            .expect("the network's pool")
+            .id
     });
     let endpoint = driver_latency(&plugin, &net, &pool, n * 5);
     let (b, u, c) = (median_ms(bridge), median_ms(user_bridge), median_ms(corvid));
