@@ -10,6 +10,7 @@ use std::sync::Arc;
 use corvid_api::{FloatingIp, Host, Network, Port, Subnet, SubnetPool};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::keys::{self, Parsed};
@@ -42,8 +43,9 @@ impl<T> Clone for Entry<T> {
     }
 }
 
-/// Objects of one collection by ID.
-pub type Table<T> = HashMap<String, Entry<T>>;
+/// Objects of one collection by ID. The ID is shared (`Arc<str>`) with the port indexes,
+/// so 100k ports do not hold five copies of every ID.
+pub type Table<T> = HashMap<Arc<str>, Entry<T>>;
 
 /// One change of the watch feed, kept as JSON text until someone asks for it.
 #[derive(Debug, Clone)]
@@ -56,8 +58,9 @@ pub struct FeedEntry {
     pub resource: Arc<str>,
     /// Object ID.
     pub id: Arc<str>,
-    /// The object (after a put, before a delete).
-    pub object: Arc<Value>,
+    /// The object (after a put, before a delete) as JSON text: a parsed tree of each of
+    /// the feed's 10,000 entries would cost several times as much.
+    pub object: Arc<RawValue>,
     /// Hosts the change concerns (a port's binding before and after).
     pub hosts: Vec<String>,
 }
@@ -65,7 +68,46 @@ pub struct FeedEntry {
 /// Secondary indexes of ports, for the filters adapters use on every call.
 #[derive(Debug, Default)]
 pub struct PortIndex {
-    by: HashMap<&'static str, HashMap<String, HashSet<String>>>,
+    by: HashMap<&'static str, HashMap<String, Ids>>,
+}
+
+/// The ports holding one indexed value. Most device IDs and names belong to one port
+/// only, and a set for each would cost more than the port itself.
+#[derive(Debug)]
+enum Ids {
+    One(Arc<str>),
+    Many(HashSet<Arc<str>>),
+}
+
+impl Ids {
+    fn insert(&mut self, id: Arc<str>) {
+        match self {
+            Ids::One(first) if *first == id => {}
+            Ids::One(first) => *self = Ids::Many(HashSet::from([first.clone(), id])),
+            Ids::Many(set) => {
+                set.insert(id);
+            }
+        }
+    }
+
+    /// Removes `id`; true when none is left.
+    fn remove(&mut self, id: &str) -> bool {
+        match self {
+            Ids::One(first) => &**first == id,
+            Ids::Many(set) => {
+                set.remove(id);
+                set.is_empty()
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<str>> {
+        let (one, many) = match self {
+            Ids::One(id) => (Some(id), None),
+            Ids::Many(set) => (None, Some(set.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
 }
 
 /// Port attributes with an index.
@@ -81,36 +123,38 @@ fn indexed_values(p: &Port) -> [(&'static str, &str); 4] {
 }
 
 impl PortIndex {
-    fn insert(&mut self, p: &Port) {
+    fn insert(&mut self, id: &Arc<str>, p: &Port) {
         for (attr, v) in indexed_values(p) {
             let m = self.by.entry(attr).or_default();
-            m.entry(v.to_string()).or_default().insert(p.id.clone());
+            match m.get_mut(v) {
+                Some(ids) => ids.insert(id.clone()),
+                None => {
+                    m.insert(v.to_string(), Ids::One(id.clone()));
+                }
+            }
         }
     }
 
     fn remove(&mut self, p: &Port) {
         for (attr, v) in indexed_values(p) {
             if let Some(m) = self.by.get_mut(attr) {
-                if let Some(set) = m.get_mut(v) {
-                    set.remove(&p.id);
-                    if set.is_empty() {
-                        m.remove(v);
-                    }
+                if m.get_mut(v).is_some_and(|ids| ids.remove(&p.id)) {
+                    m.remove(v);
                 }
             }
         }
     }
 
     /// IDs of ports whose `attr` is one of `values`; `None` if `attr` has no index.
-    pub fn lookup(&self, attr: &str, values: &[String]) -> Option<HashSet<String>> {
+    pub fn lookup(&self, attr: &str, values: &[String]) -> Option<HashSet<Arc<str>>> {
         if !INDEXED.contains(&attr) {
             return None;
         }
         let m = self.by.get(attr);
         let mut out = HashSet::new();
         for v in values {
-            if let Some(set) = m.and_then(|m| m.get(v)) {
-                out.extend(set.iter().cloned());
+            if let Some(ids) = m.and_then(|m| m.get(v)) {
+                out.extend(ids.iter().cloned());
             }
         }
         Some(out)
@@ -148,11 +192,11 @@ pub struct View {
     pub feed_start: i64,
 }
 
-fn put<T: DeserializeOwned>(table: &mut Table<T>, kv: &KeyValue, id: &str) -> Option<Arc<T>> {
+fn put<T: DeserializeOwned>(table: &mut Table<T>, kv: &KeyValue, id: Arc<str>) -> Option<Arc<T>> {
     let obj: T = serde_json::from_slice(&kv.value).ok()?;
     let obj = Arc::new(obj);
     table.insert(
-        id.to_string(),
+        id,
         Entry {
             obj: obj.clone(),
             create_revision: kv.create_revision,
@@ -162,8 +206,8 @@ fn put<T: DeserializeOwned>(table: &mut Table<T>, kv: &KeyValue, id: &str) -> Op
     Some(obj)
 }
 
-fn json<T: Serialize>(obj: &T) -> Value {
-    serde_json::to_value(obj).unwrap_or(Value::Null)
+fn json<T: Serialize>(obj: &T) -> Option<Box<RawValue>> {
+    serde_json::value::to_raw_value(obj).ok()
 }
 
 impl View {
@@ -222,7 +266,7 @@ impl View {
                         kind: if deleted { "delete" } else { "put" },
                         resource: coll.into(),
                         id: id.into(),
-                        object: Arc::new(object),
+                        object: object.into(),
                         hosts,
                     });
                 }
@@ -238,14 +282,17 @@ impl View {
         id: &str,
         kv: &KeyValue,
         deleted: bool,
-    ) -> (Option<Value>, Vec<String>) {
+    ) -> (Option<Box<RawValue>>, Vec<String>) {
         macro_rules! plain {
             ($table:expr) => {{
-                let old = $table.remove(id).map(|e| json(&*e.obj));
+                let old = $table.remove(id).and_then(|e| json(&*e.obj));
                 if deleted {
                     (old, Vec::new())
                 } else {
-                    (put(&mut $table, kv, id).map(|o| json(&*o)), Vec::new())
+                    (
+                        put(&mut $table, kv, id.into()).and_then(|o| json(&*o)),
+                        Vec::new(),
+                    )
                 }
             }};
         }
@@ -263,16 +310,17 @@ impl View {
                     e.obj
                 });
                 if deleted {
-                    return (old.map(|o| json(&*o)), hosts);
+                    return (old.and_then(|o| json(&*o)), hosts);
                 }
-                let new = put(&mut self.ports, kv, id);
+                let key: Arc<str> = id.into();
+                let new = put(&mut self.ports, kv, key.clone());
                 if let Some(p) = &new {
-                    self.port_index.insert(p);
+                    self.port_index.insert(&key, p);
                     if !hosts.contains(&p.binding_host_id) {
                         hosts.push(p.binding_host_id.clone());
                     }
                 }
-                (new.map(|o| json(&*o)), hosts)
+                (new.and_then(|o| json(&*o)), hosts)
             }
             other => match LBAAS.iter().find(|c| **c == other) {
                 Some(c) => plain!(self.lbaas.entry(c).or_default()),

@@ -118,7 +118,12 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                 )));
             }
             let mut found = None;
-            for s in net.obj.subnets.iter().filter_map(|s| v.subnets.get(s)) {
+            for s in net
+                .obj
+                .subnets
+                .iter()
+                .filter_map(|s| v.subnets.get(s.as_str()))
+            {
                 let taken = v.ips.get(&s.obj.id);
                 let free = |ip: IpAddr| !taken.is_some_and(|t| t.contains(&ip));
                 let ip = match want {

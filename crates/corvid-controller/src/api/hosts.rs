@@ -46,7 +46,7 @@ async fn register(
             "A host ID is 1 to 255 characters",
         ));
     }
-    if let Some(e) = c.view().hosts.get(&id) {
+    if let Some(e) = c.view().hosts.get(id.as_str()) {
         let same = e.obj.underlay_ip == underlay_ip
             && description.as_ref().is_none_or(|d| *d == e.obj.description)
             && tags.as_ref().is_none_or(|t| *t == e.obj.tags);
@@ -58,7 +58,7 @@ async fn register(
         .transact(|v| {
             let key = keys::resource("hosts", &id);
             let t = now();
-            let (mut host, compare, created) = match v.hosts.get(&id) {
+            let (mut host, compare, created) = match v.hosts.get(id.as_str()) {
                 Some(e) => (
                     (*e.obj).clone(),
                     Compare::ModRevision(key.clone(), e.mod_revision),

@@ -184,7 +184,9 @@ async fn create_networks(
             let mut nets = Vec::new();
             for (n, vni) in &asked {
                 let mut n = n.clone();
-                if v.networks.contains_key(&n.id) || nets.iter().any(|o: &Network| o.id == n.id) {
+                if v.networks.contains_key(n.id.as_str())
+                    || nets.iter().any(|o: &Network| o.id == n.id)
+                {
                     return Err(NeutronError::conflict(
                         "NetworkExists",
                         format!("A network with id {} already exists.", n.id),
@@ -337,7 +339,7 @@ async fn create_subnet(
     let id: String = attr(&obj, "id")?.unwrap_or_else(new_id);
     let subnet = c
         .transact(|v| {
-            if v.subnets.contains_key(&id) {
+            if v.subnets.contains_key(id.as_str()) {
                 return Err(NeutronError::conflict(
                     "SubnetExists",
                     format!("Subnet {id} already exists."),
@@ -352,7 +354,7 @@ async fn create_subnet(
                 .obj
                 .subnets
                 .iter()
-                .filter_map(|s| v.subnets.get(s).map(|e| &*e.obj))
+                .filter_map(|s| v.subnets.get(s.as_str()).map(|e| &*e.obj))
                 .collect();
             if siblings.iter().any(|s| s.subnetpool_id != pool_id) {
                 return Err(NeutronError::bad_request(
@@ -471,7 +473,7 @@ async fn delete_subnet(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCo
                 ],
                 ops: vec![Op::Delete(keys::resource("subnets", &id))],
             };
-            if let Some(net) = v.networks.get(&sub.obj.network_id) {
+            if let Some(net) = v.networks.get(sub.obj.network_id.as_str()) {
                 let mut network = (*net.obj).clone();
                 network.subnets.retain(|s| *s != id);
                 network.revision_number += 1;

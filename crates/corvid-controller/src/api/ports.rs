@@ -193,8 +193,8 @@ pub(super) fn plan_port(
         attr(obj, "network_id")?.ok_or_else(|| NeutronError::bad_request("Missing network_id"))?;
     let mut requests: Option<Vec<FixedIpRequest>> = attr(obj, "fixed_ips")?;
     // The Mizar-MP plugin sends its configured subnet as network_id.
-    if !v.networks.contains_key(&network_id) {
-        if let Some(s) = v.subnets.get(&network_id) {
+    if !v.networks.contains_key(network_id.as_str()) {
+        if let Some(s) = v.subnets.get(network_id.as_str()) {
             requests.get_or_insert_with(|| {
                 vec![FixedIpRequest {
                     subnet_id: Some(s.obj.id.clone()),
@@ -209,7 +209,7 @@ pub(super) fn plan_port(
         .obj
         .subnets
         .iter()
-        .filter_map(|s| v.subnets.get(s).map(|e| &*e.obj))
+        .filter_map(|s| v.subnets.get(s.as_str()).map(|e| &*e.obj))
         .collect();
     let requests = requests.unwrap_or_else(|| {
         // Neutron's default: one address from the first subnet of each IP version.
@@ -224,7 +224,7 @@ pub(super) fn plan_port(
             .collect()
     });
     let id: String = attr(obj, "id")?.unwrap_or_else(new_id);
-    if v.ports.contains_key(&id) {
+    if v.ports.contains_key(id.as_str()) {
         return Err(NeutronError::conflict(
             "PortExists",
             format!("Port {id} already exists."),
@@ -289,7 +289,9 @@ pub(super) fn plan_port(
         txn.compares.push(Compare::CreateRevision(key.clone(), 0));
         txn.compares.push(Compare::CreateRevision(
             keys::resource("subnets", &subnet.id),
-            v.subnets.get(&subnet.id).map_or(0, |e| e.create_revision),
+            v.subnets
+                .get(subnet.id.as_str())
+                .map_or(0, |e| e.create_revision),
         ));
         txn.ops.push(Op::Put(key, id.clone().into_bytes()));
         fixed_ips.push(FixedIp {
