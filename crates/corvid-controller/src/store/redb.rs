@@ -18,8 +18,10 @@ use super::{Compare, Event, KeyValue, Op, Store, StoreError, Txn};
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
-/// How many revisions of history a watch can resume from.
-const HISTORY: usize = 5_000;
+/// How many recent key changes a watch can resume from. Counted in changes, not
+/// revisions: a bulk create is one revision of hundreds of ports, and a revision count
+/// would keep the whole store a second time in memory.
+const HISTORY: usize = 10_000;
 /// redb's page cache.
 const CACHE: usize = 32 << 20;
 /// Most transactions folded into one commit.
@@ -32,6 +34,8 @@ type WatchSender = Sender<Result<Vec<Event>, StoreError>>;
 struct Feed {
     revision: i64,
     history: VecDeque<(i64, Vec<Event>)>,
+    /// Events in `history`.
+    history_len: usize,
     watchers: Vec<(String, WatchSender)>,
 }
 
@@ -89,6 +93,7 @@ impl RedbStore {
         let feed = Arc::new(Mutex::new(Feed {
             revision,
             history: VecDeque::new(),
+            history_len: 0,
             watchers: Vec::new(),
         }));
         let (tx, rx) = mpsc::channel();
@@ -225,9 +230,12 @@ fn publish(f: &mut Feed, rev: i64, events: Vec<Event>) {
             .collect();
         mine.is_empty() || tx.send(Ok(mine)).is_ok()
     });
+    f.history_len += events.len();
     f.history.push_back((rev, events));
-    if f.history.len() > HISTORY {
-        f.history.pop_front();
+    while f.history_len > HISTORY && f.history.len() > 1 {
+        if let Some((_, old)) = f.history.pop_front() {
+            f.history_len -= old.len();
+        }
     }
 }
 
