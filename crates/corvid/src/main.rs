@@ -29,7 +29,7 @@ enum Command {
     Agent(AgentArgs),
     /// Run everything on this machine: controller, agent and a default network.
     Up(up::UpArgs),
-    /// Run the Docker network and IPAM driver on a unix socket.
+    /// Run the Docker network and IPAM driver (unix socket, or TCP with a spec file).
     DockerPlugin(DockerPluginArgs),
 }
 
