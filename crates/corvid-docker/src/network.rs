@@ -101,8 +101,8 @@ impl Driver {
                 let pool = field(data, "Pool");
                 if !subnets.iter().any(|s| s.cidr.to_string() == pool) {
                     return Err(DriverError::new(format!(
-                        "pool {pool} is not a subnet of corvid network {}: give --ipam-driver \
-                         with --ipam-opt {}=<one of its subnets>",
+                        "pool {pool} is not a subnet of corvid network {}: use this driver for \
+                         IPAM too, with --ipam-opt {}=<one of its subnets>",
                         net.id,
                         crate::ipam::SUBNET_ID_OPTION
                     )));
