@@ -205,10 +205,10 @@ impl Driver {
     pub(crate) fn release_pool(&self, req: &Value) -> Result<Value> {
         let id = field(req, "PoolID");
         match self.pool(id) {
-            Ok(Pool::Own(_)) => match self.client.delete::<SubnetPool>(id) {
-                Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(json!({})),
-                Err(e) => Err(e.into()),
-            },
+            Ok(Pool::Own(_)) => {
+                self.delete_gone_ok::<SubnetPool>(id)?;
+                Ok(json!({}))
+            }
             Ok(Pool::Adopted(_)) | Err(_) => Ok(json!({})),
         }
     }
@@ -305,17 +305,10 @@ impl Driver {
                 .iter()
                 .filter(|p| p.tags.iter().any(|t| t == ADDRESS_TAG))
             {
-                self.delete_port(&p.id)?;
+                self.delete_gone_ok::<Port>(&p.id)?;
             }
         }
         Ok(json!({}))
-    }
-
-    pub(crate) fn delete_port(&self, id: &str) -> Result<()> {
-        match self.client.delete::<Port>(id) {
-            Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// The gateway reserved on a pool, if any.

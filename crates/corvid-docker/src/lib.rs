@@ -88,6 +88,15 @@ impl Driver {
         }
     }
 
+    /// Deletes a controller object; one already gone is fine, since Docker repeats calls
+    /// and a restarted daemon names objects another call already removed.
+    pub(crate) fn delete_gone_ok<R: corvid_api::Resource>(&self, id: &str) -> Result<()> {
+        match self.client.delete::<R>(id) {
+            Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Lets corvid's bridges past Docker's FORWARD policy, once per driver process.
     pub(crate) fn allow_forwarding(&self) -> Result<()> {
         if !self.forwarding_allowed.load(Ordering::Relaxed) {

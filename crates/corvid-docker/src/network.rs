@@ -185,15 +185,9 @@ impl Driver {
 
     fn delete_network_fully(&self, net: &Network) -> Result<()> {
         for s in &net.subnets {
-            match self.client.delete::<Subnet>(s) {
-                Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.delete_gone_ok::<Subnet>(s)?;
         }
-        match self.client.delete::<Network>(&net.id) {
-            Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        self.delete_gone_ok::<Network>(&net.id)
     }
 
     /// DeleteNetwork: an adopted network is only untagged; one the driver made goes, with
@@ -267,7 +261,7 @@ impl Driver {
     pub(crate) fn delete_endpoint(&self, req: &Value) -> Result<Value> {
         if let Ok(port) = self.endpoint(docker_id(req, "EndpointID")?) {
             self.unbind(&port)?;
-            self.delete_port(&port.id)?;
+            self.delete_gone_ok::<Port>(&port.id)?;
             for f in &port.fixed_ips {
                 self.delete_subnet_if_empty(&f.subnet_id)?;
             }
