@@ -74,9 +74,7 @@ impl Store {
                 return Err(io_err("lock the lease directory")(e));
             }
         }
-        let locked = StoreLock { store: self };
-        locked.remove_stale_temp_files();
-        Ok(locked)
+        Ok(StoreLock { store: self })
     }
 }
 
@@ -137,19 +135,6 @@ impl StoreLock<'_> {
         self.store.dir.join(name)
     }
 
-    /// A crashed writer can leave only temporary files behind; under the lock nobody
-    /// else is writing, so any that exist are garbage.
-    fn remove_stale_temp_files(&self) {
-        let Ok(entries) = fs::read_dir(&self.store.dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-                let _ = fs::remove_file(e.path());
-            }
-        }
-    }
-
     fn write_temp(&self, content: &str, durable: bool) -> Result<PathBuf, Error> {
         let mut n = 0u32;
         loop {
@@ -208,7 +193,9 @@ impl StoreLock<'_> {
         let last = self.path(&format!("{LAST_RESERVED_PREFIX}{range_set}"));
         let tmp = self.write_temp(&ip.to_string(), false)?;
         fs::rename(&tmp, &last).map_err(io_err(format!("replace {}", last.display())))?;
-        self.sync_dir()?;
+        // No directory sync: a lease lost to a power cut belonged to a container that did
+        // not survive it either, and the synced content means a lease that does survive is
+        // whole. Releases do sync, since a lease that comes back would leak its address.
         Ok(true)
     }
 
@@ -222,7 +209,8 @@ impl StoreLock<'_> {
             .ok()
     }
 
-    /// Every lease in the directory.
+    /// Every lease in the directory. The same pass removes temporary files: only a
+    /// crashed writer leaves them, since nobody else writes while the lock is held.
     pub fn leases(&self) -> Result<Vec<Lease>, Error> {
         let what = || format!("read {}", self.store.dir.display());
         let dir = File::open(&self.store.dir).map_err(io_err(what()))?;
@@ -230,7 +218,12 @@ impl StoreLock<'_> {
         let mut out = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name();
-            let Ok(ip) = name.to_string_lossy().parse::<IpAddr>() else {
+            let text = name.to_string_lossy();
+            if text.starts_with(TEMP_PREFIX) {
+                let _ = fs::remove_file(e.path());
+                continue;
+            }
+            let Ok(ip) = text.parse::<IpAddr>() else {
                 continue;
             };
             let (container_id, ifname) = read_lease(&dir, &name)
@@ -342,8 +335,8 @@ mod tests {
         fs::write(dir.join("10.1.0.8"), "legacy-id").unwrap();
         let l = store.lock().unwrap();
         assert_eq!(l.last_reserved(0), None);
-        assert!(!dir.join(format!("{TEMP_PREFIX}999.0")).exists());
         let leases = l.leases().unwrap();
+        assert!(!dir.join(format!("{TEMP_PREFIX}999.0")).exists());
         assert_eq!(leases.len(), 2);
         assert_eq!(leases[0].container_id, "");
         assert_eq!(

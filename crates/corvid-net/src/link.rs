@@ -119,6 +119,10 @@ pub(crate) fn new_up_link(name: &str, mtu: Option<u32>) -> LinkMessage {
     m
 }
 
+fn single_queue() -> [LinkAttribute; 2] {
+    [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)]
+}
+
 fn change(index: u32) -> LinkMessage {
     let mut m = LinkMessage::default();
     m.header.index = index;
@@ -217,6 +221,9 @@ impl Netlink {
         let mut peer = LinkMessage::default();
         peer.attributes
             .push(LinkAttribute::IfName(peer_name.to_string()));
+        // Unasked, the kernel gives each end a queue per CPU and then cuts the active ones
+        // to one, waiting out an RCU grace period per end; asking for one skips both waits.
+        peer.attributes.extend(single_queue());
         peer.attributes.push(LinkAttribute::NetNsFd(peer_ns.fd()));
         if let Some(mac) = peer_mac {
             let bytes = parse_mac(mac).ok_or_else(|| crate::Error::Netlink {
@@ -226,6 +233,7 @@ impl Netlink {
             peer.attributes.push(LinkAttribute::Address(bytes));
         }
         let mut m = new_up_link(name, mtu);
+        m.attributes.extend(single_queue());
         if let Some(mtu) = mtu {
             peer.attributes.push(LinkAttribute::Mtu(mtu));
         }
