@@ -1,8 +1,9 @@
 //! The host-local store: `<dataDir>/<network>/<ip>` files holding `<containerID>\r\n<ifname>`,
 //! `last_reserved_ip.<n>` per range set, and a `lock` file taken with flock, exactly as
-//! the reference plugin lays them out. Unlike the reference, every file is written to a
-//! temporary name, synced and then linked or renamed into place, so a kill at any moment
-//! leaves either the old file or the whole new one.
+//! the reference plugin lays them out. Unlike the reference, a lease is written to a
+//! temporary name, synced and then linked into place, so a kill at any moment leaves
+//! either no lease or the whole one. `last_reserved_ip.<n>` is only a rotation hint and
+//! is overwritten in place; a torn hint moves where the next search starts, nothing more.
 
 use crate::Error;
 use std::fs::{self, File, OpenOptions};
@@ -135,19 +136,13 @@ impl StoreLock<'_> {
         self.store.dir.join(name)
     }
 
-    fn write_temp(&self, content: &str, durable: bool) -> Result<PathBuf, Error> {
+    fn write_temp(&self, content: &str) -> Result<PathBuf, Error> {
         let mut n = 0u32;
         loop {
             let tmp = self.path(&format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
             match OpenOptions::new().write(true).create_new(true).open(&tmp) {
                 Ok(mut f) => {
-                    let written = f.write_all(content.as_bytes()).and_then(|_| {
-                        if durable {
-                            f.sync_all()
-                        } else {
-                            Ok(())
-                        }
-                    });
+                    let written = f.write_all(content.as_bytes()).and_then(|_| f.sync_all());
                     if let Err(e) = written {
                         let _ = fs::remove_file(&tmp);
                         return Err(io_err(format!("write {}", tmp.display()))(e));
@@ -181,7 +176,7 @@ impl StoreLock<'_> {
         range_set: usize,
     ) -> Result<bool, Error> {
         let final_path = self.path(&ip.to_string());
-        let tmp = self.write_temp(&format!("{}{LINE_BREAK}{ifname}", id.trim()), true)?;
+        let tmp = self.write_temp(&format!("{}{LINE_BREAK}{ifname}", id.trim()))?;
         // link() never replaces: it is the atomic form of the reference's O_EXCL create.
         let linked = fs::hard_link(&tmp, &final_path);
         let _ = fs::remove_file(&tmp);
@@ -189,14 +184,32 @@ impl StoreLock<'_> {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
             r => r.map_err(io_err(format!("create {}", final_path.display())))?,
         }
-        // Only a rotation hint: the rename keeps it whole, losing it to a power cut is harmless.
-        let last = self.path(&format!("{LAST_RESERVED_PREFIX}{range_set}"));
-        let tmp = self.write_temp(&ip.to_string(), false)?;
-        fs::rename(&tmp, &last).map_err(io_err(format!("replace {}", last.display())))?;
+        self.write_last_reserved(range_set, ip)?;
         // No directory sync: a lease lost to a power cut belonged to a container that did
         // not survive it either, and the synced content means a lease that does survive is
         // whole. Releases do sync, since a lease that comes back would leak its address.
         Ok(true)
+    }
+
+    /// Records `ip` as the last reservation of `range_set`. The record is only a rotation
+    /// hint, so it is overwritten in place: a kill between the write and the truncate
+    /// leaves at worst an unreadable or different address, which moves where the next
+    /// search starts and nothing else. Replacing the file instead would free the old
+    /// one's block, a synchronous discard on filesystems mounted with `discard`.
+    fn write_last_reserved(&self, range_set: usize, ip: IpAddr) -> Result<(), Error> {
+        use std::os::unix::fs::FileExt;
+        let path = self.path(&format!("{LAST_RESERVED_PREFIX}{range_set}"));
+        let text = ip.to_string();
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .and_then(|f| {
+                f.write_all_at(text.as_bytes(), 0)?;
+                f.set_len(text.len() as u64)
+            })
+            .map_err(io_err(format!("write {}", path.display())))
     }
 
     /// The last address reserved in range set `range_set`; a missing or unreadable
@@ -297,6 +310,13 @@ mod tests {
         assert_eq!(
             fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
             "10.1.0.2"
+        );
+        assert!(l.reserve("c2", "eth0", ip("10.1.0.10"), 0).unwrap());
+        assert!(l.reserve("c3", "eth0", ip("10.1.0.9"), 0).unwrap());
+        assert_eq!(
+            fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
+            "10.1.0.9",
+            "a shorter address must not keep the longer one's tail"
         );
         assert!(dir.join("lock").exists());
         let names: Vec<String> = fs::read_dir(&dir)
