@@ -88,19 +88,35 @@ pub struct Port {
     pub container: Link,
 }
 
-fn random_suffix() -> String {
-    let mut b = [0u8; 4];
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
     // SAFETY: b is a valid writable buffer of the given length.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), N, 0) };
+    if n != N as isize {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
+            .map(|d| d.as_nanos())
             .unwrap_or(0)
-            ^ std::process::id();
-        b = t.to_le_bytes();
+            ^ u128::from(std::process::id());
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (t >> (8 * (i % 16))) as u8;
+        }
     }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    b
+}
+
+fn random_suffix() -> String {
+    random_bytes::<4>()
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// A random unicast, locally administered MAC, as the kernel would pick.
+fn random_mac() -> String {
+    let mut b = random_bytes::<6>();
+    b[0] = (b[0] & 0xfe) | 0x02;
+    crate::link::format_mac(&b)
 }
 
 /// Creates a veth pair: the host end (`spec.host_name` or a fresh `vethXXXXXXXX`) on
@@ -112,8 +128,11 @@ pub fn plug(
     bridge: &Link,
     spec: &PortSpec,
 ) -> Result<Port> {
+    // Choosing the container end's MAC here, with the kernel echoing the host end (and
+    // the peer's index), spares two lookups that wait on the kernel's work on the new pair.
+    let peer_mac = spec.mac.map_or_else(random_mac, str::to_string);
     let mut attempt = 0;
-    let host_name = loop {
+    let (host_name, echoed) = loop {
         let name = match spec.host_name {
             Some(n) => n.to_string(),
             None => format!("veth{}", random_suffix()),
@@ -124,7 +143,7 @@ pub fn plug(
             spec.ifname,
             netns,
             spec.mtu,
-            spec.mac,
+            Some(&peer_mac),
         ) {
             Err(e)
                 if e.errno() == Some(libc::EEXIST) && attempt < 3 && spec.host_name.is_none() =>
@@ -134,23 +153,42 @@ pub fn plug(
                 }
                 attempt += 1;
             }
-            r => {
-                r?;
-                break name;
-            }
+            r => break (name, r?),
         }
     };
-    let host_link = host.link_by_name(&host_name)?;
-    let container_link = container.link_by_name(spec.ifname)?;
-    let (Some(host_link), Some(container_link)) = (host_link, container_link) else {
-        return Err(netlink_err(format!(
-            "find veth pair {host_name}/{}",
-            spec.ifname
-        ))(io::Error::from_raw_os_error(libc::ENODEV)));
-    };
-    let port = Port {
-        host: host_link,
-        container: container_link,
+    let port = match echoed {
+        Some(
+            host_link @ Link {
+                peer_index: Some(peer),
+                ..
+            },
+        ) => Port {
+            container: Link {
+                index: peer,
+                name: spec.ifname.to_string(),
+                mac: peer_mac,
+                mtu: host_link.mtu,
+                master: None,
+                peer_index: Some(host_link.index),
+                kind: LinkKind::Veth,
+                up: false,
+                promisc: false,
+            },
+            host: host_link,
+        },
+        _ => {
+            let host_link = host.link_by_name(&host_name)?;
+            let container_link = container.link_by_name(spec.ifname)?;
+            let (Some(host), Some(container)) = (host_link, container_link) else {
+                return Err(netlink_err(format!(
+                    "find veth pair {host_name}/{}",
+                    spec.ifname
+                ))(io::Error::from_raw_os_error(
+                    libc::ENODEV,
+                )));
+            };
+            Port { host, container }
+        }
     };
     let configured = (|| {
         container.set_up(&port.container)?;

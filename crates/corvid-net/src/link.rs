@@ -3,7 +3,7 @@
 use crate::netlink::Netlink;
 use crate::netns::Netns;
 use crate::{netlink_err, Result};
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL};
 use netlink_packet_route::link::{
     AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridge, InfoBridgePort, InfoData,
     InfoKind, InfoPortData, InfoPortKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo,
@@ -206,7 +206,8 @@ impl Netlink {
 
     /// Creates a veth pair in one request: `name` here, up and attached to `master`;
     /// `peer_name` directly inside `peer_ns`, down, with `peer_mac` when given. Either
-    /// both ends exist or neither.
+    /// both ends exist or neither. Returns the new host end as the kernel echoes it
+    /// (index, MAC, the peer's index), or None from kernels that do not echo.
     pub fn add_veth(
         &mut self,
         name: &str,
@@ -215,7 +216,7 @@ impl Netlink {
         peer_ns: &Netns,
         mtu: Option<u32>,
         peer_mac: Option<&str>,
-    ) -> Result<()> {
+    ) -> Result<Option<Link>> {
         // The peer cannot be set up in this request: the kernel opens it before the two
         // ends are joined and refuses (ENOTCONN). The caller brings it up afterwards.
         let mut peer = LinkMessage::default();
@@ -244,14 +245,18 @@ impl Netlink {
             LinkInfo::Kind(InfoKind::Veth),
             LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
         ]));
-        self.request(
-            RouteNetlinkMessage::NewLink(m),
-            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
-        )
-        .map(drop)
-        .map_err(netlink_err(format!(
-            "create veth {name} with peer {peer_name}"
-        )))
+        let replies = self
+            .request(
+                RouteNetlinkMessage::NewLink(m),
+                NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK | NLM_F_ECHO,
+            )
+            .map_err(netlink_err(format!(
+                "create veth {name} with peer {peer_name}"
+            )))?;
+        Ok(replies.into_iter().find_map(|r| match r {
+            RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+            _ => None,
+        }))
     }
 
     /// Sets a link administratively up.

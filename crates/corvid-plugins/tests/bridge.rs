@@ -91,6 +91,12 @@ fn two_containers_talk_check_and_del_for_every_version() {
         } else {
             assert_eq!(r1["interfaces"][2]["sandbox"], c1.path_str());
             assert_eq!(r1["ips"][0]["interface"], 2);
+            let eth0 = c1.netlink().link_by_name("eth0").unwrap().unwrap();
+            assert_eq!(r1["interfaces"][2]["mac"], eth0.mac.as_str(), "{v}");
+            let host_end = net.host.netlink().link_by_index(eth0.peer_index.unwrap());
+            let host_end = host_end.unwrap().unwrap();
+            assert_eq!(r1["interfaces"][1]["name"], host_end.name.as_str(), "{v}");
+            assert_eq!(r1["interfaces"][1]["mac"], host_end.mac.as_str(), "{v}");
             (result_ip(&r1, true), result_ip(&r2, true))
         };
         assert_ne!(a1, a2);
