@@ -73,7 +73,7 @@ pub struct PortSpec<'a> {
     pub vlan: Option<u16>,
     /// Keep VLAN 1 on a tagged port.
     pub keep_default_vlan: bool,
-    /// MAC of the container end; the kernel picks one when none.
+    /// MAC of the container end; a random locally administered one when none.
     pub mac: Option<&'a str>,
     /// Name of the host end; a random `vethXXXXXXXX` when none.
     pub host_name: Option<&'a str>,

@@ -82,6 +82,14 @@ fn netns_path(args: &CmdArgs) -> Result<&std::path::Path, Error> {
         .ok_or_else(|| Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))
 }
 
+/// The outcome of an in-process IPAM call run on its own thread.
+fn joined(
+    h: std::thread::ScopedJoinHandle<'_, Result<Option<CniResult>, Error>>,
+) -> Result<Option<CniResult>, Error> {
+    h.join()
+        .unwrap_or_else(|_| Err(Error::new(ErrorCode::Internal, "IPAM thread panicked")))
+}
+
 /// What ADD has made so far, undone in reverse when a later step fails.
 struct Undo<'a> {
     args: &'a CmdArgs,
@@ -174,10 +182,7 @@ fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
     std::thread::scope(|s| {
         let early = early_ipam.map(|p| s.spawn(move || delegate::call(p, Command::Add, args)));
         let plugged = ensure_bridge_and_plug(&mut host, &mut container, &ns, conf, &args.ifname);
-        let early = early.map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::new(ErrorCode::Internal, "IPAM thread panicked")))
-        });
+        let early = early.map(joined);
         let (bridge, port) = match plugged {
             Ok(p) => p,
             Err(e) => {
@@ -327,6 +332,22 @@ fn finish(
     Ok(())
 }
 
+/// Removes the container's veth pair, from inside the namespace when it still exists.
+fn unplug(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
+    match args.netns.as_ref().and_then(|p| Netns::open(p).ok()) {
+        Some(ns) => {
+            let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+            if let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? {
+                container.delete_link(&link).map_err(errors::net)?;
+            }
+            Ok(())
+        }
+        // The namespace is gone; the kernel destroys the pair with it, but not at once:
+        // remove the host end now when prevResult names it.
+        None => delete_host_end(args, conf),
+    }
+}
+
 fn delete_host_end(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
     let Some(prev) = &args.prev_result else {
         return Ok(());
@@ -432,21 +453,18 @@ impl Plugin for Bridge {
 
     fn del(&self, args: &CmdArgs) -> Result<(), Error> {
         let conf = load(args)?;
-        if let Some(t) = ipam_type(args) {
+        let own_ipam = ipam_type(args).and_then(|t| delegate::in_process(t, args));
+        if let (None, Some(t)) = (own_ipam, ipam_type(args)) {
             delegate::run(t, Command::Del, args)?;
         }
-        let ns = args.netns.as_ref().and_then(|p| Netns::open(p).ok());
-        match ns {
-            Some(ns) => {
-                let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-                if let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? {
-                    container.delete_link(&link).map_err(errors::net)?;
-                }
-            }
-            // The namespace is gone; the kernel destroys the pair with it, but not at once:
-            // remove the host end now when prevResult names it.
-            None => delete_host_end(args, &conf)?,
-        }
+        // Most of a DEL is the kernel waiting out RCU callbacks after the veth goes; this
+        // binary's own host-local releases the lease meanwhile.
+        std::thread::scope(|s| {
+            let released = own_ipam.map(|p| s.spawn(move || delegate::call(p, Command::Del, args)));
+            let unplugged = unplug(args, &conf);
+            released.map(joined).transpose()?;
+            unplugged
+        })?;
         if conf.ip_masq {
             let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
             nft::delete_masquerade(&tag).map_err(errors::net)?;
