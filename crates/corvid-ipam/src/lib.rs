@@ -8,7 +8,7 @@ pub mod range;
 pub mod store;
 
 pub use range::{Range, RangeConf, RangeSet};
-pub use store::{Lease, Store, StoreLock};
+pub use store::{Lease, PreparedLease, Store, StoreLock};
 
 /// Why an allocation or a range could not be made.
 #[derive(Debug, thiserror::Error)]

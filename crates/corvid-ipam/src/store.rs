@@ -1,8 +1,9 @@
 //! The host-local store: `<dataDir>/<network>/<ip>` files holding `<containerID>\r\n<ifname>`,
 //! `last_reserved_ip.<n>` per range set, and a `lock` file taken with flock, exactly as
-//! the reference plugin lays them out. Unlike the reference, a lease is written to a
-//! temporary name, synced and then linked into place, so a kill at any moment leaves
-//! either no lease or the whole one. `last_reserved_ip.<n>` is only a rotation hint and
+//! the reference plugin lays them out. Unlike the reference, a lease is written and synced
+//! as an unnamed file (or a temporary name where the filesystem has no O_TMPFILE) before
+//! the lock is taken, and linked into place under it, so a kill at any moment leaves
+//! either no lease or the whole one, and the lock is never held across an fsync. `last_reserved_ip.<n>` is only a rotation hint and
 //! is overwritten in place; a torn hint moves where the next search starts, nothing more.
 
 use crate::Error;
@@ -10,6 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
@@ -63,6 +65,38 @@ impl Store {
         &self.dir
     }
 
+    /// Writes and syncs the content of a lease for (id, ifname), not yet under any name:
+    /// [`StoreLock::reserve`] gives it one.
+    pub fn prepare_lease(&self, id: &str, ifname: &str) -> Result<PreparedLease, Error> {
+        let content = format!("{}{LINE_BREAK}{ifname}", id.trim());
+        let unnamed = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o644)
+            .open(&self.dir);
+        match unnamed {
+            Ok(mut f) => {
+                f.write_all(content.as_bytes())
+                    .and_then(|_| f.sync_all())
+                    .map_err(io_err(format!("write a lease in {}", self.dir.display())))?;
+                Ok(PreparedLease::Unnamed(f))
+            }
+            // Filesystems without O_TMPFILE answer with one of these.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                ) =>
+            {
+                let path = write_temp(&self.dir, &content)?;
+                Ok(PreparedLease::Named { path, content })
+            }
+            Err(e) => Err(io_err(format!("write a lease in {}", self.dir.display()))(
+                e,
+            )),
+        }
+    }
+
     /// Takes the exclusive lock the reference plugin also takes; released on drop.
     pub fn lock(&self) -> Result<StoreLock<'_>, Error> {
         loop {
@@ -77,6 +111,86 @@ impl Store {
         }
         Ok(StoreLock { store: self })
     }
+}
+
+/// A lease's synced content waiting for an address: an unnamed file, or a temporary name
+/// that is removed on drop (the lease keeps its own link).
+#[derive(Debug)]
+pub enum PreparedLease {
+    /// An O_TMPFILE file, linked into the directory by [`StoreLock::reserve`].
+    Unnamed(File),
+    /// A temporary file, for filesystems without O_TMPFILE.
+    Named {
+        /// Where it is.
+        path: PathBuf,
+        /// What it holds, to write it again should it be removed meanwhile.
+        content: String,
+    },
+}
+
+impl Drop for PreparedLease {
+    fn drop(&mut self) {
+        if let PreparedLease::Named { path, .. } = self {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+fn write_temp(dir: &Path, content: &str) -> Result<PathBuf, Error> {
+    let mut n = 0u32;
+    loop {
+        let tmp = dir.join(format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(mut f) => {
+                let written = f.write_all(content.as_bytes()).and_then(|_| f.sync_all());
+                if let Err(e) = written {
+                    let _ = fs::remove_file(&tmp);
+                    return Err(io_err(format!("write {}", tmp.display()))(e));
+                }
+                return Ok(tmp);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 16 => n += 1,
+            Err(e) => return Err(io_err(format!("create {}", tmp.display()))(e)),
+        }
+    }
+}
+
+/// Gives an O_TMPFILE file the name `to`, through /proc so that no capability is needed.
+fn link_unnamed(f: &File, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", f.as_raw_fd()))?;
+    let to = std::ffi::CString::new(to.as_os_str().as_bytes())?;
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// True for a temporary file whose writer is gone: prepared leases are written outside
+/// the lock, so only the writer's death makes one garbage. A writer in another PID
+/// namespace may look dead; it then finds its file gone and writes it again.
+fn is_stale_temp(name: &str) -> bool {
+    let Some(pid) = name
+        .strip_prefix(TEMP_PREFIX)
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+    else {
+        return true;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let gone = unsafe { libc::kill(pid, 0) } != 0;
+    gone && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 /// The store while its lock is held: the only way to read or change leases.
@@ -136,25 +250,6 @@ impl StoreLock<'_> {
         self.store.dir.join(name)
     }
 
-    fn write_temp(&self, content: &str) -> Result<PathBuf, Error> {
-        let mut n = 0u32;
-        loop {
-            let tmp = self.path(&format!("{TEMP_PREFIX}{}.{n}", std::process::id()));
-            match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-                Ok(mut f) => {
-                    let written = f.write_all(content.as_bytes()).and_then(|_| f.sync_all());
-                    if let Err(e) = written {
-                        let _ = fs::remove_file(&tmp);
-                        return Err(io_err(format!("write {}", tmp.display()))(e));
-                    }
-                    return Ok(tmp);
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 16 => n += 1,
-                Err(e) => return Err(io_err(format!("create {}", tmp.display()))(e)),
-            }
-        }
-    }
-
     fn sync_dir(&self) -> Result<(), Error> {
         File::open(&self.store.dir)
             .and_then(|d| d.sync_all())
@@ -166,29 +261,37 @@ impl StoreLock<'_> {
         fs::symlink_metadata(self.path(&ip.to_string())).is_ok()
     }
 
-    /// Reserves `ip` for (id, ifname) and records it as the last reservation of range
-    /// set `range_set`; false when the address is already taken.
+    /// Gives `lease` the address `ip` and records it as the last reservation of range
+    /// set `range_set`; hands the lease back when the address is already taken.
     pub fn reserve(
         &self,
-        id: &str,
-        ifname: &str,
+        lease: PreparedLease,
         ip: IpAddr,
         range_set: usize,
-    ) -> Result<bool, Error> {
+    ) -> Result<Result<(), PreparedLease>, Error> {
         let final_path = self.path(&ip.to_string());
-        let tmp = self.write_temp(&format!("{}{LINE_BREAK}{ifname}", id.trim()))?;
-        // link() never replaces: it is the atomic form of the reference's O_EXCL create.
-        let linked = fs::hard_link(&tmp, &final_path);
-        let _ = fs::remove_file(&tmp);
+        // A link never replaces: it is the atomic form of the reference's O_EXCL create.
+        let linked = match &lease {
+            PreparedLease::Unnamed(f) => link_unnamed(f, &final_path),
+            PreparedLease::Named { path, content } => match fs::hard_link(path, &final_path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let again = write_temp(&self.store.dir, content)?;
+                    let linked = fs::hard_link(&again, &final_path);
+                    let _ = fs::remove_file(&again);
+                    linked
+                }
+                r => r,
+            },
+        };
         match linked {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(Err(lease)),
             r => r.map_err(io_err(format!("create {}", final_path.display())))?,
         }
         self.write_last_reserved(range_set, ip)?;
         // No directory sync: a lease lost to a power cut belonged to a container that did
         // not survive it either, and the synced content means a lease that does survive is
         // whole. Releases do sync, since a lease that comes back would leak its address.
-        Ok(true)
+        Ok(Ok(()))
     }
 
     /// Records `ip` as the last reservation of `range_set`. The record is only a rotation
@@ -222,8 +325,8 @@ impl StoreLock<'_> {
             .ok()
     }
 
-    /// Every lease in the directory. The same pass removes temporary files: only a
-    /// crashed writer leaves them, since nobody else writes while the lock is held.
+    /// Every lease in the directory. The same pass removes temporary files whose writer
+    /// has died.
     pub fn leases(&self) -> Result<Vec<Lease>, Error> {
         let what = || format!("read {}", self.store.dir.display());
         let dir = File::open(&self.store.dir).map_err(io_err(what()))?;
@@ -233,7 +336,9 @@ impl StoreLock<'_> {
             let name = e.file_name();
             let text = name.to_string_lossy();
             if text.starts_with(TEMP_PREFIX) {
-                let _ = fs::remove_file(e.path());
+                if is_stale_temp(&text) {
+                    let _ = fs::remove_file(e.path());
+                }
                 continue;
             }
             let Ok(ip) = text.parse::<IpAddr>() else {
@@ -295,13 +400,18 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn reserve(l: &StoreLock, id: &str, ifname: &str, addr: &str, set: usize) -> bool {
+        let lease = l.store.prepare_lease(id, ifname).unwrap();
+        l.reserve(lease, ip(addr), set).unwrap().is_ok()
+    }
+
     #[test]
     fn writes_the_reference_layout() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path(), "net1").unwrap();
         let l = store.lock().unwrap();
-        assert!(l.reserve("c1", "eth0", ip("10.1.0.2"), 0).unwrap());
-        assert!(!l.reserve("c2", "eth0", ip("10.1.0.2"), 0).unwrap());
+        assert!(reserve(&l, "c1", "eth0", "10.1.0.2", 0));
+        assert!(!reserve(&l, "c2", "eth0", "10.1.0.2", 0));
         let dir = tmp.path().join("net1");
         assert_eq!(
             fs::read_to_string(dir.join("10.1.0.2")).unwrap(),
@@ -311,8 +421,8 @@ mod tests {
             fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
             "10.1.0.2"
         );
-        assert!(l.reserve("c2", "eth0", ip("10.1.0.10"), 0).unwrap());
-        assert!(l.reserve("c3", "eth0", ip("10.1.0.9"), 0).unwrap());
+        assert!(reserve(&l, "c2", "eth0", "10.1.0.10", 0));
+        assert!(reserve(&l, "c3", "eth0", "10.1.0.9", 0));
         assert_eq!(
             fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
             "10.1.0.9",
@@ -334,9 +444,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path(), "n").unwrap();
         let l = store.lock().unwrap();
-        l.reserve("c1", "eth0", ip("10.1.0.2"), 0).unwrap();
-        l.reserve("c1", "eth1", ip("10.1.0.3"), 0).unwrap();
-        l.reserve("c1", "eth0", ip("fd00::2"), 1).unwrap();
+        reserve(&l, "c1", "eth0", "10.1.0.2", 0);
+        reserve(&l, "c1", "eth1", "10.1.0.3", 0);
+        reserve(&l, "c1", "eth0", "fd00::2", 1);
         let mut got = l.release_by_id("c1", "eth0").unwrap();
         got.sort();
         assert_eq!(got, vec![ip("10.1.0.2"), ip("fd00::2")]);
@@ -351,17 +461,46 @@ mod tests {
         let dir = tmp.path().join("n");
         fs::write(dir.join("last_reserved_ip.0"), "").unwrap();
         fs::write(dir.join("10.1.0.7"), "").unwrap();
-        fs::write(dir.join(format!("{TEMP_PREFIX}999.0")), "c9\r\neth0").unwrap();
+        // Above the largest pid_max, so no such writer can be alive.
+        fs::write(dir.join(format!("{TEMP_PREFIX}4194305.0")), "c9\r\neth0").unwrap();
+        let live = dir.join(format!("{TEMP_PREFIX}{}.7", std::process::id()));
+        fs::write(&live, "c8\r\neth0").unwrap();
         fs::write(dir.join("10.1.0.8"), "legacy-id").unwrap();
         let l = store.lock().unwrap();
         assert_eq!(l.last_reserved(0), None);
         let leases = l.leases().unwrap();
-        assert!(!dir.join(format!("{TEMP_PREFIX}999.0")).exists());
+        assert!(!dir.join(format!("{TEMP_PREFIX}4194305.0")).exists());
+        assert!(live.exists(), "a live writer's file was removed");
         assert_eq!(leases.len(), 2);
         assert_eq!(leases[0].container_id, "");
         assert_eq!(
             l.get_by_id("legacy-id", "eth3").unwrap(),
             vec![ip("10.1.0.8")]
+        );
+    }
+
+    #[test]
+    fn a_named_lease_is_written_again_when_its_file_was_taken_away() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), "n").unwrap();
+        let dir = tmp.path().join("n");
+        let content = "c1\r\neth0".to_string();
+        let path = write_temp(&dir, &content).unwrap();
+        fs::remove_file(&path).unwrap();
+        let lease = PreparedLease::Named { path, content };
+        let l = store.lock().unwrap();
+        assert!(l.reserve(lease, ip("10.1.0.4"), 0).unwrap().is_ok());
+        assert_eq!(
+            fs::read_to_string(dir.join("10.1.0.4")).unwrap(),
+            "c1\r\neth0"
+        );
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with(TEMP_PREFIX)),
+            "{names:?}"
         );
     }
 }

@@ -170,6 +170,12 @@ impl Plugin for HostLocal {
             None => Dns::default(),
         };
         let store = Store::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
+        // Written and synced before the lock: concurrent ADDs then wait on each other only
+        // for the scan and the link, not for the disk.
+        let mut prepared = (0..setup.sets.len())
+            .map(|_| store.prepare_lease(&args.container_id, &args.ifname))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
         let held = lock
             .get_by_id(&args.container_id, &args.ifname)
@@ -183,14 +189,12 @@ impl Plugin for HostLocal {
                     ips.push((ip, set.range_for(ip).cloned()));
                     continue;
                 }
+                let mut lease = prepared.pop().expect("one prepared lease per range set");
                 let ip = if let Some(pos) =
                     requested.iter().position(|ip| set.range_for(*ip).is_some())
                 {
                     let ip = requested.remove(pos);
-                    if !lock
-                        .reserve(&args.container_id, &args.ifname, ip, i)
-                        .map_err(errors::ipam)?
-                    {
+                    if lock.reserve(lease, ip, i).map_err(errors::ipam)?.is_err() {
                         return Err(Error::new(
                             ErrorCode::AddressUnavailable,
                             format!("host-local: requested IP {ip} is already allocated"),
@@ -206,11 +210,9 @@ impl Plugin for HostLocal {
                                 set.to_string(),
                             )));
                         };
-                        if lock
-                            .reserve(&args.container_id, &args.ifname, ip, i)
-                            .map_err(errors::ipam)?
-                        {
-                            break ip;
+                        match lock.reserve(lease, ip, i).map_err(errors::ipam)? {
+                            Ok(()) => break ip,
+                            Err(back) => lease = back,
                         }
                     }
                 };

@@ -202,12 +202,13 @@ fn crash_leftovers_do_not_block_add_or_del() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("last_reserved_ip.0"), "10.85.").unwrap();
     std::fs::write(dir.join("10.85.0.2"), "").unwrap();
-    std::fs::write(dir.join(".corvid-tmp.1.0"), "half").unwrap();
+    // A writer above the largest pid_max: certainly dead.
+    std::fs::write(dir.join(".corvid-tmp.4194305.0"), "half").unwrap();
     let r = ipam.call("ADD", "x", &conf).ok();
     assert_eq!(r["ips"][0]["address"], "10.85.0.3/24");
     ipam.call("DEL", "x", &conf).ok();
     assert_eq!(ipam.leases(), ["10.85.0.2"]);
-    assert!(!dir.join(".corvid-tmp.1.0").exists());
+    assert!(!dir.join(".corvid-tmp.4194305.0").exists());
 }
 
 #[test]
