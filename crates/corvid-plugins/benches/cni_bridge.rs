@@ -145,52 +145,66 @@ fn phase(
     }
 }
 
-/// What any tool pays to take a container's veth away: `ip link del` of a bridge-attached
-/// pair, run in the container's namespace like the plugins, `n` times; p50 in ms.
-fn ip_link_del_p50(tag: &str, n: usize) -> f64 {
-    use corvid_net::bridge::{ensure_bridge, plug, BridgeSpec, PortSpec};
-    use corvid_net::Netlink;
-    let host_ns = Ns::new(format!("{tag}-k-h"));
-    let mut host = Netlink::open_in(&Netns::open(&host_ns.0).unwrap()).unwrap();
-    let bridge = ensure_bridge(
-        &mut host,
-        &BridgeSpec {
+/// Veth pairs plugged in-process on a bridge of a private host namespace, for timing what
+/// any tool pays to take one away: `ip link del`, run in the container's namespace the
+/// way the plugins are run.
+struct Floor {
+    _host: Ns,
+    containers: Vec<(Ns, Netns)>,
+    phase: Phase,
+}
+
+impl Floor {
+    fn new(tag: &str, n: usize) -> Floor {
+        use corvid_net::bridge::{ensure_bridge, plug, BridgeSpec, PortSpec};
+        use corvid_net::Netlink;
+        let host_ns = Ns::new(format!("{tag}-k-h"));
+        let mut host = Netlink::open_in(&Netns::open(&host_ns.0).unwrap()).unwrap();
+        let bridge_spec = BridgeSpec {
             name: "cvtbrk",
             mtu: None,
             vlan_filtering: false,
             promisc: false,
-        },
-    )
-    .unwrap();
-    let spec = PortSpec {
-        ifname: "eth0",
-        mtu: None,
-        hairpin: false,
-        vlan: None,
-        keep_default_vlan: true,
-        mac: None,
-        host_name: None,
-    };
-    let plugged: Vec<(Ns, Netns)> = (0..n)
-        .map(|i| {
-            let ns = Ns::new(format!("{tag}-k-{i}"));
-            let netns = Netns::open(&ns.0).unwrap();
-            let mut container = Netlink::open_in(&netns).unwrap();
-            plug(&mut host, &mut container, &netns, &bridge, &spec).unwrap();
-            (ns, netns)
-        })
-        .collect();
-    let mut phase = Phase::default();
-    for (_, netns) in &plugged {
-        let mut command = Command::new("ip");
-        command.args(["link", "del", "eth0"]);
-        netns.apply_to(&mut command).unwrap();
-        let start = Instant::now();
-        let status = command.status().expect("run ip");
-        phase.samples.push(start.elapsed());
-        assert!(status.success(), "ip link del failed");
+        };
+        let bridge = ensure_bridge(&mut host, &bridge_spec).unwrap();
+        let spec = PortSpec {
+            ifname: "eth0",
+            mtu: None,
+            hairpin: false,
+            vlan: None,
+            keep_default_vlan: true,
+            mac: None,
+            host_name: None,
+        };
+        let containers = (0..n)
+            .map(|i| {
+                let ns = Ns::new(format!("{tag}-k-{i}"));
+                let netns = Netns::open(&ns.0).unwrap();
+                let mut container = Netlink::open_in(&netns).unwrap();
+                plug(&mut host, &mut container, &netns, &bridge, &spec).unwrap();
+                (ns, netns)
+            })
+            .collect();
+        Floor {
+            _host: host_ns,
+            containers,
+            phase: Phase::default(),
+        }
     }
-    phase.pct(0.5)
+
+    fn delete(&mut self, range: std::ops::Range<usize>) {
+        let start = Instant::now();
+        for (_, netns) in &self.containers[range] {
+            let mut command = Command::new("ip");
+            command.args(["link", "del", "eth0"]);
+            netns.apply_to(&mut command).unwrap();
+            let one = Instant::now();
+            let status = command.status().expect("run ip");
+            self.phase.samples.push(one.elapsed());
+            assert!(status.success(), "ip link del failed");
+        }
+        self.phase.wall += start.elapsed();
+    }
 }
 
 fn main() {
@@ -253,10 +267,15 @@ fn main() {
             })
             .collect();
         let chunk = (2 * parallel).max(4);
+        // One at a time, DEL also takes turns with `ip link del` of the same kind of pair.
+        let mut floor = (parallel == 1).then(|| Floor::new(&tag, n));
         for op in ["ADD", "DEL"] {
             let mut phases: Vec<Phase> = impls.iter().map(|_| Phase::default()).collect();
             for (round, start) in (0..n).step_by(chunk).enumerate() {
                 let end = (start + chunk).min(n);
+                if let Some(f) = floor.as_mut().filter(|_| op == "DEL") {
+                    f.delete(start..end);
+                }
                 for k in 0..impls.len() {
                     let which = (k + round) % impls.len();
                     let (_, host, _, conf, containers, _) = &setups[which];
@@ -284,6 +303,19 @@ fn main() {
                 p50.insert((imp.label, op, parallel), ph.pct(0.5));
             }
         }
+        if let Some(f) = floor {
+            let p = f.phase.pct(0.5);
+            println!(
+                "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>10.1}",
+                "ip link",
+                "del",
+                1,
+                p,
+                f.phase.pct(0.99),
+                f.phase.rate()
+            );
+            p50.insert(("ip link", "DEL", 1), p);
+        }
     }
     println!("\nratio corvid/reference (p50; lower is better)");
     for parallel in [1, 8] {
@@ -292,12 +324,10 @@ fn main() {
             println!("  {op} x{parallel}: {r:.3}");
         }
     }
-    let floor = ip_link_del_p50(&tag, n.min(32));
-    let (ours, theirs) = (
+    let floor = p50[&("ip link", "DEL", 1)];
+    println!(
+        "\nDEL x1 above `ip link del` of the same pair: corvid {:.2} ms, reference {:.2} ms",
         p50[&("corvid", "DEL", 1)] - floor,
         p50[&("reference", "DEL", 1)] - floor,
-    );
-    println!(
-        "\n`ip link del` of the same veth p50 {floor:.2} ms; DEL x1 above it: corvid {ours:.2} ms, reference {theirs:.2} ms"
     );
 }
