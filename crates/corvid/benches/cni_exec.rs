@@ -1,7 +1,8 @@
 //! Executor overhead: ADD of a 2-plugin list (corvid's bridge + the reference tuning)
 //! through `corvid cni add`, and through the exec library in-process, against the same
 //! two plugins driven by hand, container by container in turn. Prints p50s and the
-//! overhead per list. Needs root and Debian's containernetworking-plugins.
+//! overhead per list, and the cost of spawning a process that does nothing, which any
+//! command-line executor pays. Needs root and Debian's containernetworking-plugins.
 //!
 //! `cargo bench -p corvid --bench cni_exec` (CORVID_BENCH_N sets N, default 48).
 
@@ -94,7 +95,7 @@ fn main() {
     let mut rt = Runtime::new(vec![bin.clone()]);
     rt.cache_dir = cache.clone();
 
-    let (mut cli, mut lib, mut hand) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cli, mut lib, mut hand, mut bare) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut keep = Vec::new();
     for i in 0..n {
         let nss: Vec<Ns> = (0..3)
@@ -144,9 +145,17 @@ fn main() {
             &list.plugin_config(1, Some(&prev)).to_string(),
         );
         hand.push(start.elapsed());
+
+        // What any command-line tool pays before doing anything: one process, spawned
+        // into the host namespace as `corvid cni add` is.
+        let mut cmd = Command::new("/bin/true");
+        host.apply_to(&mut cmd).unwrap();
+        let start = Instant::now();
+        assert!(cmd.status().unwrap().success());
+        bare.push(start.elapsed());
         keep.extend(nss);
     }
-    let (c, l, h) = (p50(&mut cli), p50(&mut lib), p50(&mut hand));
+    let (c, l, h, b) = (p50(&mut cli), p50(&mut lib), p50(&mut hand), p50(&mut bare));
     println!("ADD of bridge + tuning, {n} containers each, p50 in ms");
     println!("  by hand (two plugin runs)   {h:8.2}");
     println!(
@@ -158,5 +167,9 @@ fn main() {
         "  corvid cni add              {c:8.2}   overhead {:+.2} ms, ratio {:.3}",
         c - h,
         c / h
+    );
+    println!(
+        "  /bin/true, spawned alike    {b:8.2}   so `corvid cni add` costs {:+.2} ms above one process",
+        c - h - b
     );
 }
