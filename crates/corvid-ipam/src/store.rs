@@ -400,6 +400,17 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn assert_no_temp_files(dir: &Path) {
+        let names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with(TEMP_PREFIX)),
+            "{names:?}"
+        );
+    }
+
     fn reserve(l: &StoreLock, id: &str, ifname: &str, addr: &str, set: usize) -> bool {
         let lease = l.store.prepare_lease(id, ifname).unwrap();
         l.reserve(lease, ip(addr), set).unwrap().is_ok()
@@ -429,14 +440,7 @@ mod tests {
             "a shorter address must not keep the longer one's tail"
         );
         assert!(dir.join("lock").exists());
-        let names: Vec<String> = fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(
-            !names.iter().any(|n| n.starts_with(TEMP_PREFIX)),
-            "{names:?}"
-        );
+        assert_no_temp_files(&dir);
     }
 
     #[test]
@@ -494,13 +498,6 @@ mod tests {
             fs::read_to_string(dir.join("10.1.0.4")).unwrap(),
             "c1\r\neth0"
         );
-        let names: Vec<String> = fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert!(
-            !names.iter().any(|n| n.starts_with(TEMP_PREFIX)),
-            "{names:?}"
-        );
+        assert_no_temp_files(&dir);
     }
 }
