@@ -3,8 +3,9 @@
 //! the reference plugin lays them out. Unlike the reference, a lease is written and synced
 //! as an unnamed file (or a temporary name where the filesystem has no O_TMPFILE) before
 //! the lock is taken, and linked into place under it, so a kill at any moment leaves
-//! either no lease or the whole one, and the lock is never held across an fsync. `last_reserved_ip.<n>` is only a rotation hint and
-//! is overwritten in place; a torn hint moves where the next search starts, nothing more.
+//! either no lease or the whole one, and the lock is never held across an fsync.
+//! `last_reserved_ip.<n>` is only a rotation hint and is overwritten in place; a torn hint
+//! moves where the next search starts, nothing more.
 
 use crate::Error;
 use std::fs::{self, File, OpenOptions};
