@@ -1,15 +1,20 @@
 //! The controller's core: the store, the view that follows it, and the commit path every
 //! write takes (a compare-and-swap transaction, then waiting until the view shows it).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use corvid_api::Subnet;
+
 use crate::error::NeutronError;
+use crate::ipam;
 use crate::keys;
 use crate::store::{Store, StoreError, Txn};
+use crate::util::{mac_at, random_below};
 use crate::view::View;
 
 /// Shared state of one controller process.
@@ -20,8 +25,19 @@ pub struct Controller {
     /// Addresses and MACs picked by requests in flight, so concurrent requests of this
     /// controller pick different ones instead of colliding in the store.
     pending: Mutex<HashSet<String>>,
+    /// Where this controller's next address and MAC searches start.
+    cursors: Mutex<Cursors>,
     /// The token every request must carry, if set.
     pub token: Option<String>,
+}
+
+/// The address picked last in each subnet and the MAC picked last. Picking on from them
+/// puts consecutive ports' keys next to each other in the store, so a commit of many new
+/// ports rewrites a few pages instead of one per key.
+#[derive(Default)]
+struct Cursors {
+    ips: HashMap<String, IpAddr>,
+    mac: Option<u32>,
 }
 
 /// Reservations of keys in flight, released when dropped.
@@ -40,6 +56,36 @@ impl Pending<'_> {
         } else {
             false
         }
+    }
+
+    /// Picks and reserves an address of `subnet` that `free` allows, on from this
+    /// controller's last pick there.
+    pub fn pick_ip(&mut self, subnet: &Subnet, free: impl Fn(IpAddr) -> bool) -> Option<IpAddr> {
+        let after = self.ctl.cursors().ips.get(&subnet.id).copied();
+        let ip = ipam::pick(&subnet.allocation_pools, after, |ip| {
+            free(ip) && self.reserve(keys::ip(&subnet.id, ip))
+        })?;
+        self.ctl.cursors().ips.insert(subnet.id.clone(), ip);
+        Some(ip)
+    }
+
+    /// Picks and reserves a MAC in Neutron's `fa:16:3e` range that no port has, on from
+    /// this controller's last pick.
+    pub fn pick_mac(&mut self, in_use: &HashSet<String>) -> String {
+        let mut n = self
+            .ctl
+            .cursors()
+            .mac
+            .map_or_else(|| random_below(1 << 24) as u32, |m| m + 1);
+        let mac = loop {
+            let m = mac_at(n);
+            if !in_use.contains(&m) && self.reserve(keys::mac(&m)) {
+                break m;
+            }
+            n = n.wrapping_add(1);
+        };
+        self.ctl.cursors().mac = Some(n);
+        mac
     }
 
     /// Whether a request of this controller holds `key`.
@@ -76,6 +122,7 @@ impl Controller {
             view: RwLock::new(View::load(kvs, revision)),
             applied,
             pending: Mutex::new(HashSet::new()),
+            cursors: Mutex::default(),
             token,
         });
         let follower = Arc::downgrade(&ctl);
@@ -89,6 +136,10 @@ impl Controller {
     /// The current view, for reading.
     pub fn view(&self) -> RwLockReadGuard<'_, View> {
         self.view.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cursors(&self) -> std::sync::MutexGuard<'_, Cursors> {
+        self.cursors.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A fresh set of in-flight reservations.
@@ -145,6 +196,9 @@ impl Controller {
                 return Ok(out);
             }
             drop(out);
+            // Another controller picks where this one does: search from random points
+            // until the two are apart again.
+            *self.cursors() = Cursors::default();
             self.wait_past(seen, Duration::from_millis(20)).await;
         }
         Err(NeutronError::busy())

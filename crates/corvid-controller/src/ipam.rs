@@ -86,9 +86,15 @@ pub fn check_pools(cidr: &IpNet, pools: &[AllocationPool]) -> Result<(), String>
     Ok(())
 }
 
-/// Picks a free address from `pools`, starting at a random point so concurrent pickers on
-/// other controllers rarely collide; `free` says whether an address can be taken.
-pub fn pick(pools: &[AllocationPool], mut free: impl FnMut(IpAddr) -> bool) -> Option<IpAddr> {
+/// Picks a free address from `pools`, scanning on from `after` (the address picked last
+/// there, so consecutive picks sit together), or from a random point when there is none,
+/// so pickers on other controllers rarely collide; `free` says whether an address can be
+/// taken.
+pub fn pick(
+    pools: &[AllocationPool],
+    after: Option<IpAddr>,
+    mut free: impl FnMut(IpAddr) -> bool,
+) -> Option<IpAddr> {
     let spans: Vec<(bool, u128, u128)> = pools
         .iter()
         .map(|p| {
@@ -112,16 +118,32 @@ pub fn pick(pools: &[AllocationPool], mut free: impl FnMut(IpAddr) -> bool) -> O
         }
         from_int(false, 0)
     };
+    let index_of = |ip: IpAddr| {
+        let n = to_int(ip);
+        let mut before = 0;
+        for (v6, start, len) in &spans {
+            if *v6 == ip.is_ipv6() && (*start..start + len).contains(&n) {
+                return Some(before + n - start);
+            }
+            before += len;
+        }
+        None
+    };
+    let offset = match after.and_then(index_of) {
+        Some(i) => (i + 1) % total,
+        None => random_below(total),
+    };
     const SCAN_LIMIT: u128 = 1 << 20;
-    let offset = random_below(total);
     if total <= SCAN_LIMIT {
         (0..total)
             .map(|k| at((offset + k) % total))
             .find(|ip| free(*ip))
     } else {
-        // Too large to scan (IPv6): random probes almost always hit a free address.
+        // Too large to scan whole (IPv6): a short scan on, then random probes, which
+        // almost always hit a free address.
         (0..4096)
-            .map(|_| at(random_below(total)))
+            .map(|k| at((offset + k) % total))
+            .chain((0..4096).map(|_| at(random_below(total))))
             .find(|ip| free(*ip))
     }
 }
@@ -176,11 +198,28 @@ mod tests {
     fn pick_finds_every_address_then_none() {
         let pools = default_pools(&net("10.1.0.0/29"), None);
         let mut taken = HashSet::new();
-        while let Some(ip) = pick(&pools, |ip| !taken.contains(&ip)) {
+        while let Some(ip) = pick(&pools, None, |ip| !taken.contains(&ip)) {
             assert!(in_pools(&pools, ip));
             taken.insert(ip);
         }
         assert_eq!(taken.len(), 6);
+    }
+
+    #[test]
+    fn pick_goes_on_after_the_last_pick_and_wraps() {
+        let pools = default_pools(&net("10.1.0.0/24"), Some("10.1.0.100".parse().unwrap()));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let next = |after: &str| pick(&pools, Some(ip(after)), |_| true).unwrap().to_string();
+        assert_eq!(next("10.1.0.7"), "10.1.0.8");
+        assert_eq!(
+            next("10.1.0.99"),
+            "10.1.0.101",
+            "skips the gateway between pools"
+        );
+        assert_eq!(next("10.1.0.254"), "10.1.0.1", "wraps to the first pool");
+        let taken = [ip("10.1.0.8"), ip("10.1.0.9")];
+        let got = pick(&pools, Some(ip("10.1.0.7")), |a| !taken.contains(&a));
+        assert_eq!(got, Some(ip("10.1.0.10")));
     }
 
     #[test]

@@ -17,7 +17,6 @@ use super::{
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
-use crate::ipam;
 use crate::keys;
 use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
@@ -137,9 +136,7 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                         Some(ip)
                     }
                     Some(_) => None,
-                    None if s.obj.ip_version == 4 => ipam::pick(&s.obj.allocation_pools, |ip| {
-                        free(ip) && pending.reserve(keys::ip(&s.obj.id, ip))
-                    }),
+                    None if s.obj.ip_version == 4 => pending.pick_ip(&s.obj, free),
                     None => None,
                 };
                 if let Some(ip) = ip {

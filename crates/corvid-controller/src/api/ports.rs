@@ -22,11 +22,10 @@ use super::{
 };
 use crate::controller::{Controller, Pending};
 use crate::error::NeutronError;
-use crate::ipam;
 use crate::keys;
 use crate::query::ListQuery;
 use crate::store::{Compare, Op, Txn};
-use crate::util::{new_id, new_mac, now};
+use crate::util::{new_id, now};
 use crate::view::{Entry, View};
 
 const PORT_ATTRS: &[&str] = &[
@@ -275,15 +274,14 @@ pub(super) fn plan_port(
                 }
                 ip
             }
-            None => ipam::pick(&subnet.allocation_pools, |ip| {
-                !taken.is_some_and(|t| t.contains(&ip)) && pending.reserve(keys::ip(&subnet.id, ip))
-            })
-            .ok_or_else(|| {
-                NeutronError::conflict(
-                    "IpAddressGenerationFailure",
-                    format!("No more IP addresses available on network {network_id}."),
-                )
-            })?,
+            None => pending
+                .pick_ip(subnet, |ip| !taken.is_some_and(|t| t.contains(&ip)))
+                .ok_or_else(|| {
+                    NeutronError::conflict(
+                        "IpAddressGenerationFailure",
+                        format!("No more IP addresses available on network {network_id}."),
+                    )
+                })?,
         };
         let key = keys::ip(&subnet.id, ip);
         txn.compares.push(Compare::CreateRevision(key.clone(), 0));
@@ -315,12 +313,7 @@ pub(super) fn plan_port(
             }
             m
         }
-        None => loop {
-            let m = new_mac();
-            if !v.macs.contains(&m) && pending.reserve(keys::mac(&m)) {
-                break m;
-            }
-        },
+        None => pending.pick_mac(&v.macs),
     };
     txn.compares
         .push(Compare::CreateRevision(keys::mac(&mac), 0));
