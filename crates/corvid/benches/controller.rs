@@ -1,5 +1,6 @@
 //! Controller benchmark: port-create throughput and latency with 16 concurrent clients on
-//! each store, then list-by-device_id latency and the controller's RSS at 100k ports.
+//! each store, list-by-device_id latency and the controller's RSS at 100k ports, then
+//! creates again on that full store (`redb+`).
 //! Run with `cargo bench -p corvid --bench controller`; `CORVID_BENCH_PORTS` sets the
 //! port count for the list/RSS part, `CORVID_BENCH_SECS` the create phase length.
 //! Neutron cannot run here; its figure (about 7 creates/s, p50 2.3 s, 16 clients, on this
@@ -130,11 +131,16 @@ fn at_scale(ctl: &Controller, n: u64) {
 
 fn main() {
     let secs = env("CORVID_BENCH_SECS", 5);
-    let (_dir, spec) = redb_store();
-    let redb = Controller::start(&spec, None);
-    creates("redb", &redb, secs);
-    at_scale(&redb, env("CORVID_BENCH_PORTS", 100_000));
-    drop(redb);
+    {
+        let (_dir, spec) = redb_store();
+        creates("redb", &Controller::start(&spec, None), secs);
+    }
+    {
+        let (_dir, spec) = redb_store();
+        let redb = Controller::start(&spec, None);
+        at_scale(&redb, env("CORVID_BENCH_PORTS", 100_000));
+        creates("redb+", &redb, secs);
+    }
     let etcd = Etcd::start();
     let ctl = Controller::start(&format!("etcd:{}", etcd.url), None);
     creates("etcd", &ctl, secs);
