@@ -13,6 +13,7 @@ pub mod store;
 mod util;
 pub mod view;
 
+use std::future::Future;
 use std::net::SocketAddr;
 
 pub use controller::Controller;
@@ -27,8 +28,11 @@ pub struct Config {
     pub token: Option<String>,
 }
 
-/// Runs the controller until the process is told to stop (SIGINT or SIGTERM).
-pub fn run(config: Config) -> Result<(), String> {
+/// Runs the controller until `shutdown` resolves, then finishes the requests in flight.
+pub fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -48,19 +52,8 @@ pub fn run(config: Config) -> Result<(), String> {
             config.listen, config.store
         );
         axum::serve(listener, api::router(ctl))
-            .with_graceful_shutdown(stopped())
+            .with_graceful_shutdown(shutdown)
             .await
             .map_err(|e| e.to_string())
     })
-}
-
-async fn stopped() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }

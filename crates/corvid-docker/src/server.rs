@@ -1,6 +1,7 @@
 //! Docker's plugin protocol: HTTP POST with JSON on a unix socket, answered in
 //! `application/vnd.docker.plugins.v1.2+json`; errors are `{"Err": "..."}` with status 500.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,9 +64,13 @@ pub enum Listen {
     },
 }
 
-/// Serves the driver until SIGINT or SIGTERM. A stale socket file is replaced; the socket
+/// Serves the driver until `shutdown` resolves. A stale socket file is replaced; the socket
 /// or spec file is removed on the way out, so Docker stops finding a driver that is gone.
-pub fn serve(driver: Driver, listen: &Listen) -> Result<(), String> {
+pub fn serve(
+    driver: Driver,
+    listen: &Listen,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -80,7 +85,7 @@ pub fn serve(driver: Driver, listen: &Listen) -> Result<(), String> {
                     .map_err(|e| format!("listen on {}: {e}", socket.display()))?;
                 eprintln!("corvid docker-plugin: listening on {}", socket.display());
                 let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(stopped())
+                    .with_graceful_shutdown(shutdown)
                     .await;
                 (socket, served)
             }
@@ -97,7 +102,7 @@ pub fn serve(driver: Driver, listen: &Listen) -> Result<(), String> {
                     spec.display()
                 );
                 let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(stopped())
+                    .with_graceful_shutdown(shutdown)
                     .await;
                 (spec, served)
             }
@@ -113,16 +118,5 @@ fn make_parent(path: &Path) -> Result<(), String> {
             std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))
         }
         None => Ok(()),
-    }
-}
-
-async fn stopped() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

@@ -1,6 +1,7 @@
 //! The corvid command line: argument parsing only; the work is done by the libraries.
 
 mod cni;
+mod signal;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -121,7 +122,7 @@ fn main() -> ExitCode {
                 store: a.store,
                 token: a.token,
             };
-            match corvid_controller::run(config) {
+            match corvid_controller::run(config, signal::stop_requested()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corvid controller: {e}");
@@ -144,7 +145,7 @@ fn main() -> ExitCode {
                 Some(addr) => corvid_docker::server::Listen::Tcp { addr, spec: a.spec },
                 None => corvid_docker::server::Listen::Unix(a.socket),
             };
-            match corvid_docker::server::serve(driver, &listen) {
+            match corvid_docker::server::serve(driver, &listen, signal::stop_requested()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("corvid docker-plugin: {e}");

@@ -79,7 +79,8 @@ fn up(a: UpArgs) -> Result<(), String> {
         store: format!("redb:{}", a.state_dir.join("state.redb").display()),
         token: None,
     };
-    let controller = std::thread::spawn(move || corvid_controller::run(config));
+    let controller =
+        std::thread::spawn(move || corvid_controller::run(config, crate::signal::stop_requested()));
     let url = format!("http://{}", a.listen);
     let client = Client::new(&url);
     let start = Instant::now();
