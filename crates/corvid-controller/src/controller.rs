@@ -164,10 +164,12 @@ impl Controller {
     /// Runs `txn` on the store. On success waits until the view shows it and returns the
     /// revision; `None` when a compare failed (the caller re-reads and decides).
     pub async fn commit(&self, txn: Txn) -> Result<Option<i64>, NeutronError> {
-        let store = self.store.clone();
-        let (ok, revision) = tokio::task::spawn_blocking(move || store.txn(txn))
+        let (ok, revision) = self
+            .store
+            .clone()
+            .txn(txn)
             .await
-            .map_err(|e| StoreError::Backend(e.to_string()))??;
+            .map_err(|_| StoreError::Backend("the store dropped a transaction".into()))??;
         if !ok {
             return Ok(None);
         }

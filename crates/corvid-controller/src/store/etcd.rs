@@ -5,13 +5,15 @@
 
 use std::io::BufReader;
 use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use serde_json::{json, Value};
+use tokio::sync::oneshot;
 
-use super::{prefix_end, Compare, Event, KeyValue, Op, Store, StoreError, Txn};
+use super::{prefix_end, Compare, Event, KeyValue, Op, Store, StoreError, Txn, TxnOutcome};
 
 /// The etcd-backed store; tries each endpoint in turn.
 pub struct EtcdStore {
@@ -83,6 +85,19 @@ impl EtcdStore {
         }
         Err(StoreError::Backend(last))
     }
+
+    /// One transaction through the gateway; blocks for the HTTP round trip.
+    fn txn_blocking(&self, txn: &Txn) -> TxnOutcome {
+        let body = json!({
+            "compare": txn.compares.iter().map(compare).collect::<Vec<_>>(),
+            "success": txn.ops.iter().map(op).collect::<Vec<_>>(),
+        });
+        let v = self.post("/v3/kv/txn", &body)?;
+        Ok((
+            v["succeeded"].as_bool().unwrap_or(false),
+            int(&v["header"]["revision"]),
+        ))
+    }
 }
 
 fn compare(c: &Compare) -> Value {
@@ -121,16 +136,12 @@ impl Store for EtcdStore {
         Ok((kvs.unwrap_or_default(), int(&v["header"]["revision"])))
     }
 
-    fn txn(&self, txn: Txn) -> Result<(bool, i64), StoreError> {
-        let body = json!({
-            "compare": txn.compares.iter().map(compare).collect::<Vec<_>>(),
-            "success": txn.ops.iter().map(op).collect::<Vec<_>>(),
+    fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {
+        let (tx, rx) = oneshot::channel();
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.send(self.txn_blocking(&txn));
         });
-        let v = self.post("/v3/kv/txn", &body)?;
-        Ok((
-            v["succeeded"].as_bool().unwrap_or(false),
-            int(&v["header"]["revision"]),
-        ))
+        rx
     }
 
     fn watch(

@@ -8,6 +8,8 @@ pub mod redb;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
+use tokio::sync::oneshot;
+
 /// One stored key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyValue {
@@ -79,13 +81,17 @@ pub enum StoreError {
     Compacted(i64),
 }
 
-/// A revisioned key-value store. Blocking: the server calls it from `spawn_blocking`.
+/// What a transaction came to: whether its compares held, and the store revision.
+pub type TxnOutcome = Result<(bool, i64), StoreError>;
+
+/// A revisioned key-value store. `range` and `watch` block; `txn` answers on a channel, so
+/// a request waiting for its commit holds no thread.
 pub trait Store: Send + Sync {
     /// Every key under `prefix`, and the revision they were read at.
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError>;
-    /// Applies `txn` if its compares hold; returns whether it did and the store revision.
-    /// A success is durable when this returns.
-    fn txn(&self, txn: Txn) -> Result<(bool, i64), StoreError>;
+    /// Applies `txn` if its compares hold. The outcome arrives once a success is durable.
+    /// Call it within the tokio runtime.
+    fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome>;
     /// Changes under `prefix` from revision `from` on, in revision order, grouped by
     /// revision. The channel closes (after an error item) if the watch breaks.
     fn watch(
