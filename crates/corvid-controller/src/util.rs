@@ -19,15 +19,16 @@ pub fn new_id() -> String {
     b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
     b[6] = (b[6] & 0x0f) | 0x70;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(36);
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            id.push('-');
+        }
+        id.push(HEX[usize::from(x >> 4)] as char);
+        id.push(HEX[usize::from(x & 0xf)] as char);
+    }
+    id
 }
 
 /// The MAC numbered `n` (its low 24 bits) in Neutron's `fa:16:3e` range.
@@ -75,6 +76,13 @@ mod tests {
         let id = new_id();
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "7");
+        assert!(id.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit() && !c.is_ascii_uppercase(),
+        }));
+        assert!("89ab".contains(&id[19..20]), "RFC 4122 variant");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(new_id() > id, "time-ordered across milliseconds");
         assert_eq!(mac_at(0x0102_0a0b), "fa:16:3e:02:0a:0b");
         let t = now();
         assert_eq!(t.len(), 20);

@@ -210,6 +210,12 @@ fn json<T: Serialize>(obj: &T) -> Option<Box<RawValue>> {
     serde_json::value::to_raw_value(obj).ok()
 }
 
+/// The stored JSON text of a put, for the feed: it is what `json` of the parsed object
+/// would write again, without the second pass.
+fn stored_json(kv: &KeyValue) -> Option<Box<RawValue>> {
+    RawValue::from_string(String::from_utf8(kv.value.clone()).ok()?).ok()
+}
+
 impl View {
     /// A view of a full `range` of the store at `revision`.
     pub fn load(kvs: Vec<KeyValue>, revision: i64) -> View {
@@ -290,7 +296,7 @@ impl View {
                     (old, Vec::new())
                 } else {
                     (
-                        put(&mut $table, kv, id.into()).and_then(|o| json(&*o)),
+                        put(&mut $table, kv, id.into()).and_then(|_| stored_json(kv)),
                         Vec::new(),
                     )
                 }
@@ -320,7 +326,7 @@ impl View {
                         hosts.push(p.binding_host_id.clone());
                     }
                 }
-                (new.and_then(|o| json(&*o)), hosts)
+                (new.and_then(|_| stored_json(kv)), hosts)
             }
             other => match LBAAS.iter().find(|c| **c == other) {
                 Some(c) => plain!(self.lbaas.entry(c).or_default()),

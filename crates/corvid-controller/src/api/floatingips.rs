@@ -9,10 +9,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Router;
 use corvid_api::{FloatingIp, Network, Port, PortDetails};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::{
-    answer, attr, body, encode, if_match, list_route, lookup, object, project_of, show_route,
+    answer_as, attr, body, encode, if_match, list_route, lookup, object, project_of, show_route,
     update_with, Ctl,
 };
 use crate::controller::Controller;
@@ -193,7 +193,7 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
             Ok((txn, (fip, pending)))
         })
         .await?;
-    Ok(answer(StatusCode::CREATED, json!({ "floatingip": fip })))
+    Ok(answer_as(StatusCode::CREATED, "floatingip", &fip))
 }
 
 async fn update(
@@ -216,7 +216,7 @@ async fn update(
         Ok(())
     })
     .await?;
-    Ok(answer(StatusCode::OK, json!({ "floatingip": fip })))
+    Ok(answer_as(StatusCode::OK, "floatingip", &fip))
 }
 
 async fn delete(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {

@@ -10,9 +10,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Router;
 use corvid_api::Host;
-use serde_json::json;
 
-use super::{answer, attr, body, encode, list_route, object, show_route, Ctl};
+use super::{answer_as, attr, body, encode, list_route, object, show_route, Ctl};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -51,7 +50,7 @@ async fn register(
             && description.as_ref().is_none_or(|d| *d == e.obj.description)
             && tags.as_ref().is_none_or(|t| *t == e.obj.tags);
         if same {
-            return Ok(answer(StatusCode::OK, json!({ "host": &*e.obj })));
+            return Ok(answer_as(StatusCode::OK, "host", &*e.obj));
         }
     }
     let (host, created) = c
@@ -99,7 +98,7 @@ async fn register(
     } else {
         StatusCode::OK
     };
-    Ok(answer(status, json!({ "host": host })))
+    Ok(answer_as(status, "host", &host))
 }
 
 async fn unregister(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {

@@ -14,7 +14,7 @@ use axum::Router;
 use serde_json::{json, Map, Value};
 
 use super::ports::{plan_port, port_removal};
-use super::{answer, attr, body, encode, object, project_of, Ctl, Query};
+use super::{answer, answer_as, attr, body, encode, object, project_of, Ctl, Query};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -408,7 +408,7 @@ async fn update(
             Ok((txn, full(v, spec, o)))
         })
         .await?;
-    Ok(answer(StatusCode::OK, json!({ spec.singular: o })))
+    Ok(answer_as(StatusCode::OK, spec.singular, &o))
 }
 
 async fn delete(c: &Controller, spec: &Spec, id: &str) -> Result<StatusCode, NeutronError> {

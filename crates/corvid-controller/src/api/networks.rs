@@ -10,10 +10,11 @@ use axum::response::Response;
 use axum::Router;
 use corvid_api::{AllocationPool, HostRoute, Network, Subnet, SubnetPool};
 use ipnet::IpNet;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::{
-    answer, attr, body, encode, item_routes, list_route, lookup, object, objects, project_of, Ctl,
+    answer_as, attr, body, encode, item_routes, list_route, lookup, object, objects, project_of,
+    Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -221,9 +222,9 @@ async fn create_networks(
         })
         .await?;
     Ok(if bulk {
-        answer(StatusCode::CREATED, json!({ "networks": nets }))
+        answer_as(StatusCode::CREATED, "networks", &nets)
     } else {
-        answer(StatusCode::CREATED, json!({ "network": nets[0] }))
+        answer_as(StatusCode::CREATED, "network", &nets[0])
     })
 }
 
@@ -452,7 +453,7 @@ async fn create_subnet(
             Ok((txn, subnet))
         })
         .await?;
-    Ok(answer(StatusCode::CREATED, json!({ "subnet": subnet })))
+    Ok(answer_as(StatusCode::CREATED, "subnet", &subnet))
 }
 
 async fn delete_subnet(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode, NeutronError> {
@@ -558,7 +559,7 @@ async fn create_subnetpool(
             "A subnetpool with this id already exists.",
         ));
     }
-    Ok(answer(StatusCode::CREATED, json!({ "subnetpool": pool })))
+    Ok(answer_as(StatusCode::CREATED, "subnetpool", &pool))
 }
 
 async fn delete_subnetpool(

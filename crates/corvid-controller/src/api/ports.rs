@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    answer, attr, body, encode, if_match, list, lookup, merge, object, objects, project_of, show,
-    show_route, update_with, Ctl, Query,
+    answer, answer_as, attr, body, encode, if_match, list, lookup, merge, object, objects,
+    project_of, show, show_route, update_with, Ctl, Query,
 };
 use crate::controller::{Controller, Pending};
 use crate::error::NeutronError;
@@ -397,9 +397,9 @@ async fn create_ports(
         })
         .await?;
     Ok(if bulk {
-        answer(StatusCode::CREATED, json!({ "ports": ports }))
+        answer_as(StatusCode::CREATED, "ports", &ports)
     } else {
-        answer(StatusCode::CREATED, json!({ "port": ports[0] }))
+        answer_as(StatusCode::CREATED, "port", &ports[0])
     })
 }
 
@@ -438,7 +438,7 @@ async fn update_port(
         Ok(())
     })
     .await?;
-    Ok(answer(StatusCode::OK, json!({ "port": port })))
+    Ok(answer_as(StatusCode::OK, "port", &port))
 }
 
 /// A new MAC, as Neutron allows it: valid, free, and only while the port is unbound
