@@ -565,3 +565,138 @@ fn a_token_is_required_when_configured() {
         401
     );
 }
+
+#[test]
+fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let (net, v4) = network_with_subnet(&c, "10.5.0.0/24", json!("10.5.0.1"));
+        let v6: Subnet = c
+            .create(json!({"network_id": net.id, "cidr": "fd05::/64", "ip_version": 6}))
+            .unwrap();
+        assert_eq!(
+            (v6.ip_version, v6.gateway_ip.map(|g| g.to_string())),
+            (6, Some("fd05::1".into()))
+        );
+        assert_eq!(v6.allocation_pools[0].start.to_string(), "fd05::2");
+        let mismatch = c.create::<Subnet>(
+            json!({"network_id": net.id, "cidr": "10.6.0.0/24", "ip_version": 6}),
+        );
+        assert_eq!(kind(mismatch).0, 400);
+
+        // A port gets one address of each version.
+        let port: Port = c.create(json!({"network_id": net.id})).unwrap();
+        let by_version = |p: &Port, v6: bool| -> Vec<IpAddr> {
+            p.fixed_ips
+                .iter()
+                .map(|f| f.ip_address)
+                .filter(|a| a.is_ipv6() == v6)
+                .collect()
+        };
+        let (old4, old6) = (by_version(&port, false), by_version(&port, true));
+        assert_eq!((old4.len(), old6.len()), (1, 1), "{:?}", port.fixed_ips);
+        assert!(v6.cidr.contains(&old6[0]));
+
+        // fixed_ips on update is the whole new list: keep the IPv4 address, add a chosen
+        // one, drop the IPv6 one.
+        let moved: Port = c
+            .update(
+                &port.id,
+                json!({"fixed_ips": [
+                {"ip_address": old4[0]},
+                {"subnet_id": v4.id, "ip_address": "10.5.0.200"}]}),
+            )
+            .unwrap();
+        let addrs: Vec<String> = moved
+            .fixed_ips
+            .iter()
+            .map(|f| f.ip_address.to_string())
+            .collect();
+        assert_eq!(addrs, [old4[0].to_string(), "10.5.0.200".to_string()]);
+        c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": v6.id, "ip_address": old6[0]}]}))
+            .expect("the dropped IPv6 address is free again");
+        let taken = c.update::<Port>(&port.id, json!({"fixed_ips": [{"ip_address": old6[0]}]}));
+        assert_eq!(kind(taken), (409, "IpAddressAlreadyAllocated".into()));
+        let (_, other) = network_with_subnet(&c, "10.7.0.0/24", json!(null));
+        let elsewhere = c.update::<Port>(&port.id, json!({"fixed_ips": [{"subnet_id": other.id}]}));
+        assert_eq!(kind(elsewhere).0, 400);
+        assert_eq!(c.get::<Port>(&port.id).unwrap().fixed_ips, moved.fixed_ips);
+
+        // An address under a floating IP stays until the floating IP lets go.
+        let ext: Network = c
+            .create(json!({"name": "ext", "router:external": true}))
+            .unwrap();
+        c.create::<Subnet>(json!({"network_id": ext.id, "cidr": "172.25.0.0/24"}))
+            .unwrap();
+        let fip: FloatingIp = c
+            .create(json!({"floating_network_id": ext.id, "port_id": port.id, "fixed_ip_address": "10.5.0.200"}))
+            .unwrap();
+        let lose = c.update::<Port>(&port.id, json!({"fixed_ips": [{"ip_address": old4[0]}]}));
+        assert_eq!(kind(lose), (409, "IpAddressInUse".into()));
+        c.update::<FloatingIp>(&fip.id, json!({"port_id": null}))
+            .unwrap();
+        let shrunk: Port = c
+            .update(&port.id, json!({"fixed_ips": [{"ip_address": old4[0]}]}))
+            .unwrap();
+        assert_eq!(shrunk.fixed_ips.len(), 1);
+        c.create::<Port>(
+            json!({"network_id": net.id, "fixed_ips": [{"ip_address": "10.5.0.200"}]}),
+        )
+        .expect("10.5.0.200 is free again");
+
+        // Subnet updates: the gateway stays out of the pools, the pools inside the cidr.
+        let clash = c.update::<Subnet>(&v4.id, json!({"gateway_ip": "10.5.0.50"}));
+        assert_eq!(
+            kind(clash),
+            (409, "GatewayConflictWithAllocationPools".into())
+        );
+        let outside = c.update::<Subnet>(
+            &v4.id,
+            json!({"allocation_pools": [{"start": "10.5.0.10", "end": "10.5.1.20"}]}),
+        );
+        assert_eq!(kind(outside).0, 400);
+        let reshaped: Subnet = c
+            .update(
+                &v4.id,
+                json!({"gateway_ip": "10.5.0.254",
+                "allocation_pools": [{"start": "10.5.0.10", "end": "10.5.0.100"}],
+                "dns_nameservers": ["10.5.0.53"],
+                "host_routes": [{"destination": "192.0.2.0/24", "nexthop": "10.5.0.254"}]}),
+            )
+            .unwrap();
+        assert_eq!(
+            reshaped.gateway_ip.map(|g| g.to_string()),
+            Some("10.5.0.254".into())
+        );
+        assert_eq!(reshaped.dns_nameservers, ["10.5.0.53"]);
+        assert_eq!(
+            reshaped.host_routes[0].destination.to_string(),
+            "192.0.2.0/24"
+        );
+        let (ips, errors) = concurrent_creates(std::slice::from_ref(&c), &net.id, 20);
+        assert!(errors.is_empty(), "{errors:?}");
+        for ip in ips.iter().filter(|ip| ip.is_ipv4()) {
+            let last = match ip {
+                IpAddr::V4(a) => a.octets()[3],
+                IpAddr::V6(_) => unreachable!(),
+            };
+            assert!((10..=100).contains(&last), "{ip} is outside the new pool");
+        }
+        let no_gateway: Subnet = c.update(&v4.id, json!({"gateway_ip": null})).unwrap();
+        assert_eq!(no_gateway.gateway_ip, None);
+
+        // The Mizar-MP route takes a bulk create too.
+        let (s, v, _) = c
+            .request(
+                "POST",
+                "/project/p1/ports",
+                Some(
+                    &json!({"ports": [{"network_id": net.id, "veth_name": "eth0"},
+                                       {"network_id": net.id, "veth_name": "eth1"}]}),
+                ),
+            )
+            .unwrap();
+        assert_eq!(s, 201, "{v}");
+        assert_eq!(v["ports"].as_array().map(Vec::len), Some(2));
+    });
+}

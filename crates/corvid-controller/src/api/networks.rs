@@ -13,8 +13,8 @@ use ipnet::IpNet;
 use serde_json::{Map, Value};
 
 use super::{
-    answer_as, attr, body, encode, item_routes, list_route, lookup, object, objects, project_of,
-    Ctl,
+    answer_as, attr, body, encode, if_match, item_routes, list_route, lookup, merge, object,
+    objects, project_of, show_route, update_with, Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -73,6 +73,8 @@ const SUBNET_ATTRS: &[&str] = &[
 const SUBNET_UPDATE: &[&str] = &[
     "name",
     "description",
+    "gateway_ip",
+    "allocation_pools",
     "dns_nameservers",
     "host_routes",
     "enable_dhcp",
@@ -107,7 +109,9 @@ pub fn routes() -> Router<Arc<Controller>> {
         .route("/v2.0/subnets", list_route::<Subnet>().post(create_subnet))
         .route(
             "/v2.0/subnets/{id}",
-            item_routes::<Subnet>(SUBNET_UPDATE).delete(delete_subnet),
+            show_route::<Subnet>()
+                .put(update_subnet)
+                .delete(delete_subnet),
         )
         .route(
             "/v2.0/subnetpools",
@@ -270,6 +274,45 @@ async fn delete_network(State(c): Ctl, Path(id): Path<String>) -> Result<StatusC
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A subnet's gateway lies in its cidr and outside its pools; the pools lie inside the
+/// cidr without overlapping.
+fn check_addressing(
+    cidr: &IpNet,
+    gateway_ip: Option<IpAddr>,
+    pools: &[AllocationPool],
+) -> Result<(), NeutronError> {
+    if let Some(g) = gateway_ip.filter(|g| !cidr.contains(g)) {
+        return Err(NeutronError::invalid_input(format!(
+            "Gateway IP {g} is not in subnet {cidr}"
+        )));
+    }
+    ipam::check_pools(cidr, pools).map_err(NeutronError::bad_request)?;
+    if let Some(g) = gateway_ip.filter(|g| ipam::in_pools(pools, *g)) {
+        return Err(NeutronError::conflict(
+            "GatewayConflictWithAllocationPools",
+            format!("Gateway ip {g} conflicts with allocation pool"),
+        ));
+    }
+    Ok(())
+}
+
+/// PUT of a subnet: plain attributes, and a gateway and pools that still fit the cidr.
+/// Addresses already handed out outside new pools stay with their ports, as in Neutron.
+async fn update_subnet(
+    State(c): Ctl,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    b: Bytes,
+) -> Result<Response, NeutronError> {
+    let attrs = object(&body(&b)?, "subnet", SUBNET_UPDATE)?;
+    let subnet = update_with::<Subnet>(&c, &id, if_match(&headers), |_, s, _| {
+        merge(s, &attrs)?;
+        check_addressing(&s.cidr, s.gateway_ip, &s.allocation_pools)
+    })
+    .await?;
+    Ok(answer_as(StatusCode::OK, "subnet", &subnet))
+}
+
 /// Where a new subnet's prefix comes from.
 fn subnet_cidr(
     obj: &Map<String, Value>,
@@ -387,22 +430,11 @@ async fn create_subnet(
                 Some(_) => attr(&obj, "gateway_ip")?,
                 None => Some(ipam::default_gateway(&cidr)),
             };
-            if let Some(g) = gateway_ip.filter(|g| !cidr.contains(g)) {
-                return Err(NeutronError::invalid_input(format!(
-                    "Gateway IP {g} is not in subnet {cidr}"
-                )));
-            }
             let pools: Vec<AllocationPool> = match attr(&obj, "allocation_pools")? {
                 Some(p) => p,
                 None => ipam::default_pools(&cidr, gateway_ip),
             };
-            ipam::check_pools(&cidr, &pools).map_err(NeutronError::bad_request)?;
-            if let Some(g) = gateway_ip.filter(|g| ipam::in_pools(&pools, *g)) {
-                return Err(NeutronError::conflict(
-                    "GatewayConflictWithAllocationPools",
-                    format!("Gateway ip {g} conflicts with allocation pool"),
-                ));
-            }
+            check_addressing(&cidr, gateway_ip, &pools)?;
             let project = project_of(&obj, &headers);
             let t = now();
             let subnet = Subnet {

@@ -58,6 +58,7 @@ const PORT_ATTRS: &[&str] = &[
 const PORT_UPDATE: &[&str] = &[
     "name",
     "mac_address",
+    "fixed_ips",
     "admin_state_up",
     "device_id",
     "device_owner",
@@ -159,7 +160,7 @@ async fn list_ports(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronE
 }
 
 /// One requested address: a subnet, an address, or both.
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FixedIpRequest {
     subnet_id: Option<String>,
@@ -179,6 +180,13 @@ fn mac_valid(mac: &str) -> bool {
             .iter()
             .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
         && u8::from_str_radix(parts[0], 16).is_ok_and(|b| b & 1 == 0)
+}
+
+fn subnets_of<'v>(v: &'v View, net: &Network) -> Vec<&'v Subnet> {
+    net.subnets
+        .iter()
+        .filter_map(|s| v.subnets.get(s.as_str()).map(|e| &*e.obj))
+        .collect()
 }
 
 /// Resolves one port request against the view; picks addresses and a MAC.
@@ -204,12 +212,7 @@ pub(super) fn plan_port(
         }
     }
     let net = lookup::<Network>(v, &network_id)?;
-    let subnets: Vec<&Subnet> = net
-        .obj
-        .subnets
-        .iter()
-        .filter_map(|s| v.subnets.get(s.as_str()).map(|e| &*e.obj))
-        .collect();
+    let subnets = subnets_of(v, &net.obj);
     let requests = requests.unwrap_or_else(|| {
         // Neutron's default: one address from the first subnet of each IP version.
         let mut seen = HashSet::new();
@@ -237,66 +240,16 @@ pub(super) fn plan_port(
         ],
         ops: Vec::new(),
     };
-    let mut fixed_ips = Vec::new();
-    for r in requests {
-        let subnet = match (&r.subnet_id, r.ip_address) {
-            (Some(s), _) => subnets.iter().find(|x| x.id == *s).copied().ok_or_else(|| {
-                NeutronError::invalid_input(format!("Subnet {s} is not on network {network_id}"))
-            })?,
-            (None, Some(ip)) => subnets.iter().find(|x| x.cidr.contains(&ip)).copied().ok_or_else(|| {
-                NeutronError::new(
-                    StatusCode::BAD_REQUEST,
-                    "InvalidIpForNetwork",
-                    format!("IP address {ip} is not a valid IP for any of the subnets on the specified network."),
-                )
-            })?,
-            (None, None) => return Err(NeutronError::invalid_input("fixed_ips entry needs subnet_id or ip_address")),
-        };
-        let taken = v.ips.get(&subnet.id);
-        let ip = match r.ip_address {
-            Some(ip) => {
-                if !subnet.cidr.contains(&ip) {
-                    return Err(NeutronError::new(
-                        StatusCode::BAD_REQUEST,
-                        "InvalidIpForSubnet",
-                        format!("IP address {ip} is not a valid IP for the specified subnet."),
-                    ));
-                }
-                let key = keys::ip(&subnet.id, ip);
-                if taken.is_some_and(|t| t.contains(&ip))
-                    || fixed_ips.iter().any(|f: &FixedIp| f.ip_address == ip)
-                    || !pending.reserve(key)
-                {
-                    return Err(NeutronError::conflict(
-                        "IpAddressAlreadyAllocated",
-                        format!("IP address {ip} already allocated in subnet {}", subnet.id),
-                    ));
-                }
-                ip
-            }
-            None => pending
-                .pick_ip(subnet, |ip| !taken.is_some_and(|t| t.contains(&ip)))
-                .ok_or_else(|| {
-                    NeutronError::conflict(
-                        "IpAddressGenerationFailure",
-                        format!("No more IP addresses available on network {network_id}."),
-                    )
-                })?,
-        };
-        let key = keys::ip(&subnet.id, ip);
-        txn.compares.push(Compare::CreateRevision(key.clone(), 0));
-        txn.compares.push(Compare::CreateRevision(
-            keys::resource("subnets", &subnet.id),
-            v.subnets
-                .get(subnet.id.as_str())
-                .map_or(0, |e| e.create_revision),
-        ));
-        txn.ops.push(Op::Put(key, id.clone().into_bytes()));
-        fixed_ips.push(FixedIp {
-            subnet_id: subnet.id.clone(),
-            ip_address: ip,
-        });
-    }
+    let fixed_ips = assign_fixed_ips(
+        v,
+        pending,
+        &network_id,
+        &subnets,
+        requests,
+        &id,
+        &[],
+        &mut txn,
+    )?;
     let mac = match attr::<String>(obj, "mac_address")? {
         Some(m) => {
             let m = m.to_ascii_lowercase();
@@ -366,6 +319,98 @@ pub(super) fn plan_port(
     Ok(Plan { port, txn })
 }
 
+/// Resolves requested addresses into the port's fixed IPs, adding to `txn` the compares
+/// and puts that take each new one for `owner`. An address in `held` (the port's own, on
+/// an update) that is asked for again stays as it is; one not asked for again is freed.
+#[allow(clippy::too_many_arguments)]
+fn assign_fixed_ips(
+    v: &View,
+    pending: &mut Pending,
+    network_id: &str,
+    subnets: &[&Subnet],
+    requests: Vec<FixedIpRequest>,
+    owner: &str,
+    held: &[FixedIp],
+    txn: &mut Txn,
+) -> Result<Vec<FixedIp>, NeutronError> {
+    let mut fixed_ips: Vec<FixedIp> = Vec::new();
+    for r in requests {
+        let subnet = match (&r.subnet_id, r.ip_address) {
+            (Some(s), _) => subnets.iter().find(|x| x.id == *s).copied().ok_or_else(|| {
+                NeutronError::invalid_input(format!("Subnet {s} is not on network {network_id}"))
+            })?,
+            (None, Some(ip)) => subnets.iter().find(|x| x.cidr.contains(&ip)).copied().ok_or_else(|| {
+                NeutronError::new(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidIpForNetwork",
+                    format!("IP address {ip} is not a valid IP for any of the subnets on the specified network."),
+                )
+            })?,
+            (None, None) => return Err(NeutronError::invalid_input("fixed_ips entry needs subnet_id or ip_address")),
+        };
+        let taken = v.ips.get(&subnet.id);
+        let ip = match r.ip_address {
+            Some(ip) => {
+                if !subnet.cidr.contains(&ip) {
+                    return Err(NeutronError::new(
+                        StatusCode::BAD_REQUEST,
+                        "InvalidIpForSubnet",
+                        format!("IP address {ip} is not a valid IP for the specified subnet."),
+                    ));
+                }
+                let again = fixed_ips.iter().any(|f| f.ip_address == ip);
+                if !again
+                    && held
+                        .iter()
+                        .any(|h| h.subnet_id == subnet.id && h.ip_address == ip)
+                {
+                    fixed_ips.push(FixedIp {
+                        subnet_id: subnet.id.clone(),
+                        ip_address: ip,
+                    });
+                    continue;
+                }
+                if again
+                    || taken.is_some_and(|t| t.contains(&ip))
+                    || !pending.reserve(keys::ip(&subnet.id, ip))
+                {
+                    return Err(NeutronError::conflict(
+                        "IpAddressAlreadyAllocated",
+                        format!("IP address {ip} already allocated in subnet {}", subnet.id),
+                    ));
+                }
+                ip
+            }
+            None => pending
+                .pick_ip(subnet, |ip| !taken.is_some_and(|t| t.contains(&ip)))
+                .ok_or_else(|| {
+                    NeutronError::conflict(
+                        "IpAddressGenerationFailure",
+                        format!("No more IP addresses available on network {network_id}."),
+                    )
+                })?,
+        };
+        let key = keys::ip(&subnet.id, ip);
+        txn.compares.push(Compare::CreateRevision(key.clone(), 0));
+        txn.compares.push(Compare::CreateRevision(
+            keys::resource("subnets", &subnet.id),
+            v.subnets
+                .get(subnet.id.as_str())
+                .map_or(0, |e| e.create_revision),
+        ));
+        txn.ops.push(Op::Put(key, owner.as_bytes().to_vec()));
+        fixed_ips.push(FixedIp {
+            subnet_id: subnet.id.clone(),
+            ip_address: ip,
+        });
+    }
+    for h in held.iter().filter(|h| !fixed_ips.contains(h)) {
+        txn.ops
+            .push(Op::Delete(keys::ip(&h.subnet_id, h.ip_address)));
+    }
+    Ok(fixed_ips)
+}
+
 fn vif_type(host: &str) -> &'static str {
     if host.is_empty() {
         "unbound"
@@ -409,7 +454,9 @@ async fn update_port(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let attrs = object(&body(&b)?, "port", PORT_UPDATE)?;
+    let mut attrs = object(&body(&b)?, "port", PORT_UPDATE)?;
+    let requests: Option<Vec<FixedIpRequest>> = attr(&attrs, "fixed_ips")?;
+    attrs.remove("fixed_ips");
     if let Some(s) = attrs.get("status") {
         if !s.as_str().is_some_and(|s| STATUSES.contains(&s)) {
             return Err(NeutronError::invalid_input(format!(
@@ -426,6 +473,22 @@ async fn update_port(
         if p.mac_address != old_mac {
             change_mac(v, p, &old_mac, &old_host, txn)?;
         }
+        if let Some(r) = &requests {
+            let net = lookup::<Network>(v, &p.network_id)?;
+            let mut pending = c.pending();
+            let fixed_ips = assign_fixed_ips(
+                v,
+                &mut pending,
+                &p.network_id,
+                &subnets_of(v, &net.obj),
+                r.clone(),
+                &p.id,
+                &p.fixed_ips,
+                txn,
+            )?;
+            check_floating_ips_kept(v, p, &fixed_ips)?;
+            p.fixed_ips = fixed_ips;
+        }
         if p.binding_host_id != old_host {
             p.binding_vif_type = vif_type(&p.binding_host_id).into();
             if !attrs.contains_key("status") {
@@ -439,6 +502,23 @@ async fn update_port(
     })
     .await?;
     Ok(answer_as(StatusCode::OK, "port", &port))
+}
+
+/// A port's address that a floating IP points at cannot go away under it.
+fn check_floating_ips_kept(v: &View, p: &Port, kept: &[FixedIp]) -> Result<(), NeutronError> {
+    let lost = v.floatingips.values().find_map(|f| {
+        let ip = f.obj.fixed_ip_address?;
+        (f.obj.port_id.as_deref() == Some(p.id.as_str())
+            && !kept.iter().any(|k| k.ip_address == ip))
+        .then(|| (f.obj.id.clone(), ip))
+    });
+    match lost {
+        Some((fip, ip)) => Err(NeutronError::conflict(
+            "IpAddressInUse",
+            format!("Unable to complete operation for network {}. The IP address {ip} is in use by floating IP {fip}: disassociate it first.", p.network_id),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A new MAC, as Neutron allows it: valid, free, and only while the port is unbound
