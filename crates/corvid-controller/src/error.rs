@@ -68,11 +68,18 @@ impl NeutronError {
 
 impl From<StoreError> for NeutronError {
     fn from(e: StoreError) -> NeutronError {
-        NeutronError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "StoreUnavailable",
-            e.to_string(),
-        )
+        match e {
+            StoreError::TooLarge(why) => NeutronError::invalid_input(format!(
+                "the request is too large for one store transaction ({why}); etcd takes at most \
+                 --max-txn-ops compares and writes (128 unless raised), about 32 new ports: \
+                 send smaller bulk requests or raise etcd's --max-txn-ops"
+            )),
+            e => NeutronError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "StoreUnavailable",
+                e.to_string(),
+            ),
+        }
     }
 }
 

@@ -700,3 +700,38 @@ fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
         assert_eq!(v["ports"].as_array().map(Vec::len), Some(2));
     });
 }
+
+#[test]
+fn a_bulk_too_large_for_etcd_is_refused_whole_and_redb_takes_it() {
+    let bulk = |c: &Client, net: &str, n: usize| {
+        c.create_bulk::<Port>((0..n).map(|_| json!({"network_id": net})).collect())
+    };
+    let (_dir, spec) = redb_store();
+    let redb = Controller::start(&spec, None);
+    let c = redb.client();
+    let (net, _) = network_with_subnet(&c, "10.8.0.0/16", json!(null));
+    assert_eq!(bulk(&c, &net.id, 300).unwrap().len(), 300);
+
+    let etcd = Etcd::start();
+    let ctl = Controller::start(&format!("etcd:{}", etcd.url), None);
+    let c = ctl.client();
+    let (net, _) = network_with_subnet(&c, "10.8.0.0/16", json!(null));
+    assert_eq!(
+        bulk(&c, &net.id, 32).unwrap().len(),
+        32,
+        "32 ports fit etcd's default --max-txn-ops"
+    );
+    match bulk(&c, &net.id, 40) {
+        Err(corvid_api::ApiError::Neutron {
+            status,
+            kind,
+            message,
+        }) => {
+            assert_eq!((status, kind.as_str()), (400, "InvalidInput"));
+            assert!(message.contains("--max-txn-ops"), "{message}");
+        }
+        other => panic!("expected a 400, got {other:?}"),
+    }
+    let (ports, _) = c.list::<Port>(&[("network_id", &net.id)]).unwrap();
+    assert_eq!(ports.len(), 32, "nothing of the refused bulk was written");
+}

@@ -438,6 +438,10 @@ async fn create_ports(
                 txn.ops.extend(plan.txn.ops);
                 ports.push(plan.port);
             }
+            // Every port of a bulk checks its network and subnet: once is enough, and
+            // etcd counts compares against --max-txn-ops.
+            let mut seen = HashSet::new();
+            txn.compares.retain(|c| seen.insert(c.clone()));
             Ok((txn, (ports, pending)))
         })
         .await?;

@@ -3,7 +3,7 @@
 //! gateway keeps gRPC and protoc out of the build; etcd's own semantics (one revision per
 //! transaction, compares over a key range, watch from a revision) carry over unchanged.
 
-use std::io::BufReader;
+use std::io::{BufReader, Read};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,8 +77,13 @@ impl EtcdStore {
                         .map_err(|e| StoreError::Backend(e.to_string()))
                 }
                 Err(ureq::Error::Status(code, resp)) => {
-                    let text = resp.into_string().unwrap_or_default();
-                    return Err(StoreError::Backend(format!("etcd {path}: {code} {text}")));
+                    let message = error_message(resp);
+                    if message.contains("too many operations in txn request") {
+                        return Err(StoreError::TooLarge(message));
+                    }
+                    return Err(StoreError::Backend(format!(
+                        "etcd {path}: {code} {message}"
+                    )));
                 }
                 Err(e) => last = format!("etcd {ep}: {e}"),
             }
@@ -98,6 +103,21 @@ impl EtcdStore {
             int(&v["header"]["revision"]),
         ))
     }
+}
+
+/// The gateway's error message. Its error bodies are chunked with gRPC trailers that
+/// ureq fails to decode at the end, so this keeps what was read before that.
+fn error_message(resp: ureq::Response) -> String {
+    let mut body = Vec::new();
+    let mut reader = resp.into_reader();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = reader.read(&mut buf) {
+        body.extend_from_slice(&buf[..n]);
+    }
+    serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned())
 }
 
 fn compare(c: &Compare) -> Value {

@@ -24,7 +24,7 @@ pub struct KeyValue {
 }
 
 /// A condition a transaction checks before writing.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Compare {
     /// The key's create revision is this (0: the key does not exist).
     CreateRevision(String, i64),
@@ -79,6 +79,9 @@ pub enum StoreError {
     /// A watch asked for history the store no longer has.
     #[error("store: revision {0} is compacted")]
     Compacted(i64),
+    /// The store refuses a transaction with this many compares or writes.
+    #[error("store: {0}")]
+    TooLarge(String),
 }
 
 /// What a transaction came to: whether its compares held, and the store revision.
