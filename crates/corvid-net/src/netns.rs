@@ -97,7 +97,7 @@ impl Netns {
         Netns::create_in(Path::new(NETNS_RUN_DIR), name)
     }
 
-    /// Creates a namespace bind-mounted at DIR/NAME.
+    /// Creates a namespace bind-mounted at DIR/NAME; DIR becomes a shared mount point.
     pub fn create_in(dir: &Path, name: &str) -> Result<PathBuf> {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
             return Err(io_err(format!("namespace name \"{name}\""))(
@@ -105,6 +105,10 @@ impl Netns {
             ));
         }
         std::fs::create_dir_all(dir).map_err(io_err(dir.display().to_string()))?;
+        share_mount_point(dir).map_err(io_err(format!(
+            "make {} a shared mount point",
+            dir.display()
+        )))?;
         let path = dir.join(name);
         std::fs::OpenOptions::new()
             .write(true)
@@ -177,6 +181,37 @@ fn cstr(path: &Path) -> Result<std::ffi::CString> {
     std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| {
         io_err(path.display().to_string())(io::Error::new(io::ErrorKind::InvalidInput, e))
     })
+}
+
+/// Makes `dir` a shared mount point of its own, as iproute2 and podman do with
+/// /run/netns. A namespace mounted on a file of a plain directory is hidden, and can no
+/// longer be deleted, once another tool bind-mounts the directory onto itself.
+fn share_mount_point(dir: &Path) -> io::Result<()> {
+    let d = cstr(dir).map_err(io::Error::other)?;
+    let none = c"none";
+    let mut bound = false;
+    loop {
+        // SAFETY: valid NUL-terminated strings; a propagation change takes no data.
+        let shared = unsafe {
+            libc::mount(
+                none.as_ptr(),
+                d.as_ptr(),
+                none.as_ptr(),
+                libc::MS_SHARED | libc::MS_REC,
+                std::ptr::null(),
+            )
+        };
+        if shared == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        // EINVAL: not a mount point yet.
+        if bound || e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(e);
+        }
+        mount_bind(dir, dir)?;
+        bound = true;
+    }
 }
 
 fn mount_bind(src: &Path, dst: &Path) -> io::Result<()> {

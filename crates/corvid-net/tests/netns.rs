@@ -67,3 +67,26 @@ fn only_namespaces_open() {
     );
     assert!(Netns::create_named("a/b").is_err());
 }
+
+#[test]
+fn a_namespace_dir_becomes_a_shared_mount_point_so_no_tool_can_hide_a_namespace_under_it() {
+    let dir = std::env::temp_dir().join(format!("cvt{}-nsdir", std::process::id()));
+    std::fs::create_dir(&dir).unwrap();
+    let path = Netns::create_in(&dir, "ns").unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mount = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == dir.to_str())
+        .map(str::to_string);
+    // Podman and `ip netns` bind-mount a namespace directory onto itself unless it is a
+    // mount point already; over a plain one that would hide the namespace's own mount.
+    Netns::delete_path(&path).unwrap();
+    let gone = !path.exists();
+    let c = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    std::fs::remove_dir(&dir).unwrap();
+    let mount = mount.expect("the directory is a mount point");
+    assert!(mount.contains("shared:"), "{mount}");
+    assert!(gone, "the namespace file is gone");
+}
