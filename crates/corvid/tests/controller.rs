@@ -368,6 +368,23 @@ fn resource_lifecycle_filters_tags_and_errors() {
         let (s, doc, _) = c.request("GET", "/openapi.json", None).unwrap();
         assert_eq!(s, 200);
         assert!(doc["paths"]["/v2.0/ports/{id}"]["put"].is_object());
+        // Clients probe extensions before they start (kuryr-libnetwork needs
+        // subnet_allocation, and tags only with a tag extension listed).
+        let (s, ext, _) = c
+            .request("GET", "/v2.0/extensions/subnet_allocation", None)
+            .unwrap();
+        assert_eq!(
+            (s, ext["extension"]["alias"].as_str()),
+            (200, Some("subnet_allocation"))
+        );
+        let (s, _, _) = c.request("GET", "/v2.0/extensions/router", None).unwrap();
+        assert_eq!(s, 404, "no routers here, so no router extension");
+        let (_, all, _) = c.request("GET", "/v2.0/extensions", None).unwrap();
+        assert!(all["extensions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["alias"] == "standard-attr-tag"));
     });
 }
 

@@ -1,6 +1,7 @@
 //! The REST API: routes, authentication, and what every collection shares (show, list,
 //! update, tags). Each resource's own rules live in its module.
 
+mod extensions;
 mod floatingips;
 mod hosts;
 mod lbaas;
@@ -78,6 +79,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .route("/", get(versions))
         .route("/openapi.json", get(openapi::document))
         .route("/v2.0/watch", get(watch::watch))
+        .merge(extensions::routes())
         .merge(networks::routes())
         .merge(ports::routes())
         .merge(floatingips::routes())

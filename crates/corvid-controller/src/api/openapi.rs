@@ -91,6 +91,17 @@ pub async fn document() -> Json<Value> {
             "delete": op("Forget a host".into(), "204", false),
         }),
     );
+    paths.insert(
+        "/v2.0/extensions".into(),
+        json!({"get": op("List the Neutron API extensions served".into(), "200", false)}),
+    );
+    paths.insert(
+        "/v2.0/extensions/{alias}".into(),
+        json!({
+            "parameters": [id_param("alias")],
+            "get": op("Show an extension; 404 if not served".into(), "200", false),
+        }),
+    );
     paths.insert("/v2.0/watch".into(), json!({"get": {
         "summary": "Changes after a revision (long poll), optionally only ports bound to one host",
         "parameters": [
