@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+use redb::{Database, ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
 
 use tokio::sync::oneshot;
 
@@ -141,9 +141,11 @@ impl RedbStore {
     }
 }
 
+/// The key table as the batch's write transaction sees it.
+type KvTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
+
 /// Evaluates one compare against the write transaction's current state.
-fn holds(wtx: &WriteTransaction, c: &Compare) -> Result<bool, redb::Error> {
-    let table = wtx.open_table(KV)?;
+fn holds(table: &KvTable, c: &Compare) -> Result<bool, redb::Error> {
     let revs = |key: &str| -> Result<(i64, i64), redb::Error> {
         Ok(match table.get(key.as_bytes())? {
             Some(g) => (revision_at(g.value(), 0), revision_at(g.value(), 8)),
@@ -160,14 +162,14 @@ fn holds(wtx: &WriteTransaction, c: &Compare) -> Result<bool, redb::Error> {
     })
 }
 
-/// Applies one transaction inside the batch's write transaction.
-fn apply(wtx: &WriteTransaction, txn: &Txn, rev: i64) -> Result<Option<Vec<Event>>, redb::Error> {
+/// Applies one transaction inside the batch's write transaction. The table is opened
+/// once per batch: each open and close rewrites the table's root entry.
+fn apply(table: &mut KvTable, txn: &Txn, rev: i64) -> Result<Option<Vec<Event>>, redb::Error> {
     for c in &txn.compares {
-        if !holds(wtx, c)? {
+        if !holds(table, c)? {
             return Ok(None);
         }
     }
-    let mut table = wtx.open_table(KV)?;
     let mut events = Vec::with_capacity(txn.ops.len());
     for op in &txn.ops {
         match op {
@@ -220,8 +222,9 @@ fn writer(db: &Database, feed: &Mutex<Feed>, rx: Receiver<(Txn, Reply)>, mut rev
             let wtx = db.begin_write()?;
             let mut rev = revision;
             let mut outcomes = Vec::with_capacity(batch.len());
+            let mut table = wtx.open_table(KV)?;
             for (txn, _) in &batch {
-                match apply(&wtx, txn, rev + 1)? {
+                match apply(&mut table, txn, rev + 1)? {
                     Some(events) => {
                         rev += 1;
                         outcomes.push((true, rev, events));
@@ -229,22 +232,25 @@ fn writer(db: &Database, feed: &Mutex<Feed>, rx: Receiver<(Txn, Reply)>, mut rev
                     None => outcomes.push((false, rev, Vec::new())),
                 }
             }
+            drop(table);
             wtx.open_table(META)?.insert(REVISION, rev)?;
             wtx.commit()?;
             Ok(outcomes)
         })();
         match committed {
             Ok(outcomes) => {
+                let answers: Vec<(bool, i64)> =
+                    outcomes.iter().map(|(ok, rev, _)| (*ok, *rev)).collect();
                 let mut f = feed.lock().unwrap_or_else(|p| p.into_inner());
-                for (ok, rev, events) in &outcomes {
-                    if *ok {
-                        publish(&mut f, *rev, events.clone());
+                for (ok, rev, events) in outcomes {
+                    if ok {
+                        publish(&mut f, rev, events);
                     }
                 }
                 revision = f.revision;
                 drop(f);
-                for ((_, reply), (ok, rev, _)) in batch.into_iter().zip(outcomes) {
-                    let _ = reply.send(Ok((ok, rev)));
+                for ((_, reply), answer) in batch.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
                 }
             }
             Err(e) => {
