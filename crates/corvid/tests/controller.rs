@@ -258,6 +258,14 @@ fn resource_lifecycle_filters_tags_and_errors() {
             ])
             .unwrap();
         assert_eq!(made.len(), 2);
+        for (path, body) in [
+            ("/v2.0/ports", json!({"ports": []})),
+            ("/v2.0/networks", json!({"networks": []})),
+            ("/project/p1/ports", json!({"port": {}, "ports": []})),
+        ] {
+            let (s, v, _) = c.request("POST", path, Some(&body)).unwrap();
+            assert_eq!(s, 400, "an empty bulk on {path} is refused at once: {v}");
+        }
 
         // Subnet pools carve by prefix length.
         let pool: SubnetPool = c.create(json!({"name": "p", "prefixes": ["10.10.0.0/16"], "default_prefixlen": 24, "min_prefixlen": 16, "max_prefixlen": 28})).unwrap();

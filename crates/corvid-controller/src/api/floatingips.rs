@@ -22,7 +22,7 @@ use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
 use crate::view::View;
 
-const FIP_ATTRS: &[&str] = &[
+pub(super) const FIP_ATTRS: &[&str] = &[
     "floating_network_id",
     "port_id",
     "fixed_ip_address",
@@ -33,7 +33,7 @@ const FIP_ATTRS: &[&str] = &[
     "project_id",
     "tenant_id",
 ];
-const FIP_UPDATE: &[&str] = &["port_id", "fixed_ip_address", "description"];
+pub(super) const FIP_UPDATE: &[&str] = &["port_id", "fixed_ip_address", "description"];
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()

@@ -18,7 +18,7 @@ use crate::keys;
 use crate::store::{Compare, Op, Txn};
 use crate::util::now;
 
-const HOST_ATTRS: &[&str] = &["underlay_ip", "description", "tags"];
+pub(super) const HOST_ATTRS: &[&str] = &["underlay_ip", "description", "tags"];
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()

@@ -112,6 +112,15 @@ const MEMBER: Spec = Spec {
     update: &["name", "admin_state_up", "tags", "weight", "backup"],
 };
 
+/// What a create and an update of `singular` take, for the OpenAPI document.
+pub(super) fn attributes(singular: &str) -> Option<(Vec<&'static str>, &'static [&'static str])> {
+    let spec = [&LOADBALANCER, &LISTENER, &POOL, &MEMBER]
+        .into_iter()
+        .find(|s| s.singular == singular)?;
+    let create = COMMON.iter().chain(spec.attrs).map(|(k, _)| *k).collect();
+    Some((create, spec.update))
+}
+
 pub fn routes() -> Router<Arc<Controller>> {
     let mut r = Router::new();
     for spec in [&LOADBALANCER, &LISTENER, &POOL] {

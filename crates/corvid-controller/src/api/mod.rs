@@ -159,6 +159,11 @@ pub fn objects(
     let Some(items) = v.get(plural).and_then(Value::as_array) else {
         return Ok((false, vec![object(v, singular, allowed)?]));
     };
+    if items.is_empty() {
+        return Err(NeutronError::bad_request(format!(
+            "\"{plural}\" holds no {singular} to create"
+        )));
+    }
     let mut out = Vec::with_capacity(items.len());
     for item in items {
         let o = item.as_object().ok_or_else(|| {

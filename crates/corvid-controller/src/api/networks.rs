@@ -23,7 +23,7 @@ use crate::keys;
 use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
 
-const NETWORK_ATTRS: &[&str] = &[
+pub(super) const NETWORK_ATTRS: &[&str] = &[
     "id",
     "name",
     "admin_state_up",
@@ -39,7 +39,7 @@ const NETWORK_ATTRS: &[&str] = &[
     "provider:segmentation_id",
     "corvid:masquerade",
 ];
-const NETWORK_UPDATE: &[&str] = &[
+pub(super) const NETWORK_UPDATE: &[&str] = &[
     "corvid:masquerade",
     "name",
     "admin_state_up",
@@ -49,7 +49,7 @@ const NETWORK_UPDATE: &[&str] = &[
     "port_security_enabled",
     "router:external",
 ];
-const SUBNET_ATTRS: &[&str] = &[
+pub(super) const SUBNET_ATTRS: &[&str] = &[
     "id",
     "name",
     "network_id",
@@ -70,7 +70,7 @@ const SUBNET_ATTRS: &[&str] = &[
     "ipv6_address_mode",
     "service_types",
 ];
-const SUBNET_UPDATE: &[&str] = &[
+pub(super) const SUBNET_UPDATE: &[&str] = &[
     "name",
     "description",
     "gateway_ip",
@@ -80,7 +80,7 @@ const SUBNET_UPDATE: &[&str] = &[
     "enable_dhcp",
     "service_types",
 ];
-const POOL_ATTRS: &[&str] = &[
+pub(super) const POOL_ATTRS: &[&str] = &[
     "id",
     "name",
     "prefixes",
@@ -94,7 +94,7 @@ const POOL_ATTRS: &[&str] = &[
     "project_id",
     "tenant_id",
 ];
-const POOL_UPDATE: &[&str] = &["name", "description", "is_default", "default_prefixlen"];
+pub(super) const POOL_UPDATE: &[&str] = &["name", "description", "is_default", "default_prefixlen"];
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()

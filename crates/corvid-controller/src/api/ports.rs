@@ -28,7 +28,7 @@ use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
 use crate::view::{Entry, View};
 
-const PORT_ATTRS: &[&str] = &[
+pub(super) const PORT_ATTRS: &[&str] = &[
     "id",
     "name",
     "network_id",
@@ -55,7 +55,7 @@ const PORT_ATTRS: &[&str] = &[
     "dns_name",
     "dns_domain",
 ];
-const PORT_UPDATE: &[&str] = &[
+pub(super) const PORT_UPDATE: &[&str] = &[
     "name",
     "mac_address",
     "fixed_ips",

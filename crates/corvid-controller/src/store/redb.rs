@@ -225,6 +225,9 @@ fn writer(db: &Database, feed: &Mutex<Feed>, rx: Receiver<(Txn, Reply)>, mut rev
             let mut table = wtx.open_table(KV)?;
             for (txn, _) in &batch {
                 match apply(&mut table, txn, rev + 1)? {
+                    // Nothing changed (no ops, or deletes of absent keys): as in etcd, no
+                    // new revision, which no watcher would ever see.
+                    Some(events) if events.is_empty() => outcomes.push((true, rev, events)),
                     Some(events) => {
                         rev += 1;
                         outcomes.push((true, rev, events));
@@ -387,6 +390,15 @@ mod tests {
             })
             .collect();
         assert_eq!(revs, [("/k", &b"b"[..], 1, 2), ("/l", &b"c"[..], 2, 2)]);
+        let nothing = Txn {
+            compares: vec![Compare::ModRevision("/k".into(), 2)],
+            ops: vec![Op::Delete("/gone".into())],
+        };
+        assert_eq!(
+            run(&store, nothing),
+            (true, 2),
+            "a change of nothing keeps the revision"
+        );
     }
 
     #[test]
