@@ -19,10 +19,21 @@ command -v runc >/dev/null || need+=(runc)
 [ -x /usr/bin/busybox ] || need+=(busybox-static)
 command -v etcd >/dev/null || need+=(etcd-server)
 [ -x /usr/sbin/dockerd ] || need+=(docker.io)
+command -v python3 >/dev/null || need+=(python3 python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
     apt-get install -y "${need[@]}"
+fi
+# The API fuzz test (crates/corvid/tests/api_fuzz.rs) drives schemathesis.
+if ! command -v schemathesis >/dev/null; then
+    python3 -m pip install --quiet --break-system-packages schemathesis==4.32.5 2>/dev/null \
+        || python3 -m pip install --quiet schemathesis==4.32.5
+    hash -r
+    command -v schemathesis >/dev/null || {
+        echo "scripts/test.sh: schemathesis installed but not on PATH ($PATH)" >&2
+        exit 1
+    }
 fi
 
 cargo fmt --all -- --check
