@@ -387,6 +387,51 @@ fn resource_lifecycle_filters_tags_and_errors() {
         );
         let (s, _, _) = c.request("GET", "/v2.0/extensions/router", None).unwrap();
         assert_eq!(s, 404, "no routers here, so no router extension");
+        // python-neutronclient puts `.json` after every path, as Neutron allows.
+        let (s, ext, _) = c
+            .request("GET", "/v2.0/extensions/subnet_allocation.json", None)
+            .unwrap();
+        assert_eq!(
+            (s, ext["extension"]["alias"].as_str()),
+            (200, Some("subnet_allocation"))
+        );
+        let (s, v, _) = c
+            .request("GET", "/v2.0/ports.json?device_id=dev-b&fields=id", None)
+            .unwrap();
+        assert_eq!(
+            (s, v["ports"][0]["id"].as_str()),
+            (200, Some(auto.id.as_str()))
+        );
+        let (s, v, _) = c
+            .request(
+                "POST",
+                "/v2.0/networks.json",
+                Some(&json!({"network": {"name": "suffixed"}})),
+            )
+            .unwrap();
+        assert_eq!(s, 201, "{v}");
+        let (s, _, _) = c
+            .request(
+                "PUT",
+                &format!(
+                    "/v2.0/networks/{}/tags/from-cli.json",
+                    v["network"]["id"].as_str().unwrap()
+                ),
+                None,
+            )
+            .unwrap();
+        assert_eq!(s, 201);
+        let (s, v, _) = c
+            .request(
+                "GET",
+                &format!(
+                    "/v2.0/networks/{}.json",
+                    v["network"]["id"].as_str().unwrap()
+                ),
+                None,
+            )
+            .unwrap();
+        assert_eq!((s, &v["network"]["tags"]), (200, &json!(["from-cli"])));
         let (_, all, _) = c.request("GET", "/v2.0/extensions", None).unwrap();
         assert!(all["extensions"]
             .as_array()

@@ -91,8 +91,36 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .merge(tag_routes::<Port>())
         .merge(tag_routes::<FloatingIp>())
         .fallback(not_found);
-    api.layer(middleware::from_fn_with_state(ctl.clone(), authenticate))
-        .with_state(ctl)
+    let api = api
+        .layer(middleware::from_fn_with_state(ctl.clone(), authenticate))
+        .with_state(ctl);
+    // The rewrite has to come before routing, so the API sits behind a router of its own.
+    Router::new().fallback_service(
+        tower::ServiceBuilder::new()
+            .map_request(strip_format_suffix)
+            .service(api),
+    )
+}
+
+/// python-neutronclient, which kuryr-libnetwork and many scripts use, asks for
+/// `/v2.0/ports.json` and `/v2.0/ports/<id>.json`; Neutron takes the suffix as the answer's
+/// format. JSON is the only one here, so the suffix is dropped.
+fn strip_format_suffix(mut req: Request) -> Request {
+    let uri = req.uri();
+    let path = uri.path();
+    if let Some(stripped) = path
+        .strip_prefix("/v2.0/")
+        .and_then(|p| p.strip_suffix(".json"))
+    {
+        let rewritten = match uri.query() {
+            Some(q) => format!("/v2.0/{stripped}?{q}"),
+            None => format!("/v2.0/{stripped}"),
+        };
+        if let Ok(u) = rewritten.parse() {
+            *req.uri_mut() = u;
+        }
+    }
+    req
 }
 
 async fn authenticate(State(ctl): Ctl, req: Request, next: Next) -> Response {
