@@ -25,10 +25,12 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update
     apt-get install -y "${need[@]}"
 fi
-# The API fuzz test (crates/corvid/tests/api_fuzz.rs) drives schemathesis.
-if ! command -v schemathesis >/dev/null; then
-    python3 -m pip install --quiet --break-system-packages schemathesis==4.32.5 2>/dev/null \
-        || python3 -m pip install --quiet schemathesis==4.32.5
+# The API fuzz test (crates/corvid/tests/api_fuzz.rs) drives schemathesis, and
+# crates/corvid/tests/neutron_client.rs the client kuryr-libnetwork uses.
+if ! command -v schemathesis >/dev/null || ! python3 -c 'import neutronclient' 2>/dev/null; then
+    py=(schemathesis==4.32.5 python-neutronclient==14.0.0)
+    python3 -m pip install --quiet --break-system-packages "${py[@]}" 2>/dev/null \
+        || python3 -m pip install --quiet "${py[@]}"
     hash -r
     command -v schemathesis >/dev/null || {
         echo "scripts/test.sh: schemathesis installed but not on PATH ($PATH)" >&2
