@@ -46,12 +46,7 @@ fn resource_lifecycle_filters_tags_and_errors() {
         let net: Network = c.get(&net.id).unwrap();
         assert_eq!(net.subnets, vec![sub.id.clone()]);
 
-        let auto: Port = c
-            .create(json!({"network_id": net.id, "name": "auto", "device_id": "dev-a"}))
-            .unwrap();
-        assert_eq!(auto.status, "DOWN");
-        assert!(auto.mac_address.starts_with("fa:16:3e:"));
-        assert!(sub.cidr.contains(&auto.fixed_ips[0].ip_address));
+        // The chosen address first: the picker starts at a random point and could take it.
         let fixed: Port = c
             .create(
                 json!({"network_id": net.id, "name": "fixed", "mac_address": "fa:16:3e:11:22:33",
@@ -60,6 +55,12 @@ fn resource_lifecycle_filters_tags_and_errors() {
             )
             .unwrap();
         assert_eq!(fixed.binding_vif_type, "veth");
+        let auto: Port = c
+            .create(json!({"network_id": net.id, "name": "auto", "device_id": "dev-a"}))
+            .unwrap();
+        assert_eq!(auto.status, "DOWN");
+        assert!(auto.mac_address.starts_with("fa:16:3e:"));
+        assert!(sub.cidr.contains(&auto.fixed_ips[0].ip_address));
 
         // Errors, in Neutron's types and codes.
         let dup = c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": sub.id, "ip_address": "10.0.0.50"}]}));
@@ -668,13 +669,18 @@ fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
         assert!(v6.cidr.contains(&old6[0]));
 
         // fixed_ips on update is the whole new list: keep the IPv4 address, add a chosen
-        // one, drop the IPv6 one.
+        // one (not the one the picker took), drop the IPv6 one.
+        let chosen = if old4[0].to_string() == "10.5.0.200" {
+            "10.5.0.201"
+        } else {
+            "10.5.0.200"
+        };
         let moved: Port = c
             .update(
                 &port.id,
                 json!({"fixed_ips": [
                 {"ip_address": old4[0]},
-                {"subnet_id": v4.id, "ip_address": "10.5.0.200"}]}),
+                {"subnet_id": v4.id, "ip_address": chosen}]}),
             )
             .unwrap();
         let addrs: Vec<String> = moved
@@ -682,7 +688,7 @@ fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
             .iter()
             .map(|f| f.ip_address.to_string())
             .collect();
-        assert_eq!(addrs, [old4[0].to_string(), "10.5.0.200".to_string()]);
+        assert_eq!(addrs, [old4[0].to_string(), chosen.to_string()]);
         c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": v6.id, "ip_address": old6[0]}]}))
             .expect("the dropped IPv6 address is free again");
         let taken = c.update::<Port>(&port.id, json!({"fixed_ips": [{"ip_address": old6[0]}]}));
@@ -699,7 +705,7 @@ fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
         c.create::<Subnet>(json!({"network_id": ext.id, "cidr": "172.25.0.0/24"}))
             .unwrap();
         let fip: FloatingIp = c
-            .create(json!({"floating_network_id": ext.id, "port_id": port.id, "fixed_ip_address": "10.5.0.200"}))
+            .create(json!({"floating_network_id": ext.id, "port_id": port.id, "fixed_ip_address": chosen}))
             .unwrap();
         let lose = c.update::<Port>(&port.id, json!({"fixed_ips": [{"ip_address": old4[0]}]}));
         assert_eq!(kind(lose), (409, "IpAddressInUse".into()));
@@ -709,10 +715,8 @@ fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
             .update(&port.id, json!({"fixed_ips": [{"ip_address": old4[0]}]}))
             .unwrap();
         assert_eq!(shrunk.fixed_ips.len(), 1);
-        c.create::<Port>(
-            json!({"network_id": net.id, "fixed_ips": [{"ip_address": "10.5.0.200"}]}),
-        )
-        .expect("10.5.0.200 is free again");
+        c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"ip_address": chosen}]}))
+            .expect("the chosen address is free again");
 
         // Subnet updates: the gateway stays out of the pools, the pools inside the cidr.
         let clash = c.update::<Subnet>(&v4.id, json!({"gateway_ip": "10.5.0.50"}));
