@@ -26,9 +26,10 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y "${need[@]}"
 fi
 # The API fuzz test (crates/corvid/tests/api_fuzz.rs) drives schemathesis, and
-# crates/corvid/tests/neutron_client.rs the client kuryr-libnetwork uses.
-if ! command -v schemathesis >/dev/null || ! python3 -c 'import neutronclient' 2>/dev/null; then
-    py=(schemathesis==4.32.5 python-neutronclient==14.0.0)
+# crates/corvid/tests/openstack_clients.rs the real OpenStack clients.
+if ! command -v schemathesis >/dev/null \
+    || ! python3 -c 'import neutronclient, openstack' 2>/dev/null; then
+    py=(schemathesis==4.32.5 python-neutronclient==14.0.0 openstacksdk==4.22.0)
     python3 -m pip install --quiet --break-system-packages "${py[@]}" 2>/dev/null \
         || python3 -m pip install --quiet "${py[@]}"
     hash -r

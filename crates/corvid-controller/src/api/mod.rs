@@ -77,6 +77,10 @@ kind!(Host, "Host", hosts);
 pub fn router(ctl: Arc<Controller>) -> Router {
     let api = Router::new()
         .route("/", get(versions))
+        .route("/v2.0", get(resources))
+        .route("/v2.0/", get(resources))
+        .route("/v2", get(lbaas_version))
+        .route("/v2/", get(lbaas_version))
         .route("/openapi.json", get(openapi::document))
         .route("/v2.0/watch", get(watch::watch))
         .merge(extensions::routes())
@@ -149,10 +153,38 @@ async fn not_found() -> NeutronError {
     )
 }
 
-async fn versions() -> Json<Value> {
-    Json(
-        json!({"versions": [{"id": "v2.0", "status": "CURRENT", "links": [{"rel": "self", "href": "/v2.0/"}]}]}),
-    )
+/// This server's base URL as the client reached it: version documents carry absolute
+/// links, and keystoneauth (openstacksdk's discovery) follows only those.
+fn base_url(headers: &HeaderMap) -> String {
+    let host = headers
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1:9696");
+    format!("http://{host}")
+}
+
+/// `GET /`: Neutron's version list.
+async fn versions(headers: HeaderMap) -> Json<Value> {
+    let href = format!("{}/v2.0/", base_url(&headers));
+    Json(json!({"versions": [{"id": "v2.0", "status": "CURRENT",
+        "links": [{"rel": "self", "href": href}]}]}))
+}
+
+/// `GET /v2.0/`: Neutron's list of collections.
+async fn resources(headers: HeaderMap) -> Json<Value> {
+    let base = base_url(&headers);
+    let collections = ["networks", "subnets", "subnetpools", "ports", "floatingips"];
+    Json(json!({"resources": collections.iter().map(|c| json!({
+        "name": c.trim_end_matches('s'), "collection": c,
+        "links": [{"rel": "self", "href": format!("{base}/v2.0/{c}")}],
+    })).collect::<Vec<_>>()}))
+}
+
+/// `GET /v2`: the load-balancer API's version, where Octavia clients discover it.
+async fn lbaas_version(headers: HeaderMap) -> Json<Value> {
+    let href = format!("{}/v2", base_url(&headers));
+    Json(json!({"version": {"id": "v2.0", "status": "CURRENT",
+        "links": [{"rel": "self", "href": href}]}}))
 }
 
 /// Parses a JSON request body.

@@ -1,0 +1,49 @@
+"""Drives a corvid controller with openstacksdk, the client kuryr-kubernetes and most
+current OpenStack tools use: keystoneauth discovers the network API at `/` and the
+load-balancer API at `/v2` before any call. Exits non-zero on the first surprise."""
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+import openstack  # noqa: E402
+
+url = sys.argv[1]
+conn = openstack.connection.Connection(
+    auth_type="none",
+    auth={"endpoint": url},
+    network_endpoint_override=url,
+    load_balancer_endpoint_override=url + "/v2",
+    region_name="RegionOne",
+)
+net = conn.network.create_network(name="sdk-net")
+sub = conn.network.create_subnet(network_id=net.id, cidr="10.61.0.0/24", ip_version=4)
+assert sub.gateway_ip == "10.61.0.1", sub
+port = conn.network.create_port(network_id=net.id, device_id="c9", name="p9")
+ip = port.fixed_ips[0]["ip_address"]
+assert port.status == "DOWN" and port.mac_address.startswith("fa:16:3e:"), port
+assert [p.id for p in conn.network.ports(device_id="c9")] == [port.id]
+conn.network.set_tags(port, ["a", "b"])
+assert sorted(conn.network.get_port(port.id).tags) == ["a", "b"]
+assert "subnet_allocation" in {e.alias for e in conn.network.extensions()}
+
+lb = conn.load_balancer.create_load_balancer(name="lb1", vip_subnet_id=sub.id)
+assert lb.vip_address and lb.vip_address != ip, lb
+listener = conn.load_balancer.create_listener(
+    loadbalancer_id=lb.id, protocol="TCP", protocol_port=80
+)
+pool = conn.load_balancer.create_pool(
+    listener_id=listener.id, protocol="TCP", lb_algorithm="ROUND_ROBIN"
+)
+member = conn.load_balancer.create_member(pool, address=ip, protocol_port=8080)
+assert [m.address for m in conn.load_balancer.members(pool)] == [ip]
+conn.load_balancer.delete_member(member, pool)
+conn.load_balancer.delete_pool(pool)
+conn.load_balancer.delete_listener(listener)
+conn.load_balancer.delete_load_balancer(lb)
+assert list(conn.load_balancer.load_balancers()) == []
+
+conn.network.delete_port(port)
+conn.network.delete_subnet(sub)
+conn.network.delete_network(net)
+assert list(conn.network.networks()) == []
+print("openstacksdk: ok")
