@@ -3,7 +3,7 @@
 //! gateway keeps gRPC and protoc out of the build; etcd's own semantics (one revision per
 //! transaction, compares over a key range, watch from a revision) carry over unchanged.
 
-use std::io::{BufReader, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,9 +72,8 @@ impl EtcdStore {
         for ep in &self.endpoints {
             match self.agent.post(&format!("{ep}{path}")).send_json(body) {
                 Ok(resp) => {
-                    return resp
-                        .into_json()
-                        .map_err(|e| StoreError::Backend(e.to_string()))
+                    return serde_json::from_slice(&read_body(resp))
+                        .map_err(|e| StoreError::Backend(format!("etcd {path}: {e}")))
                 }
                 Err(ureq::Error::Status(code, resp)) => {
                     let message = error_message(resp);
@@ -105,15 +104,22 @@ impl EtcdStore {
     }
 }
 
-/// The gateway's error message. Its error bodies are chunked with gRPC trailers that
-/// ureq fails to decode at the end, so this keeps what was read before that.
-fn error_message(resp: ureq::Response) -> String {
+/// A gateway answer's body. Answers are chunked with gRPC trailers that ureq fails to
+/// decode at the very end, so this keeps what was read before that; parsing the bytes
+/// at once is also several times cheaper than serde_json's byte-by-byte reader.
+fn read_body(resp: ureq::Response) -> Vec<u8> {
     let mut body = Vec::new();
     let mut reader = resp.into_reader();
-    let mut buf = [0u8; 4096];
+    let mut buf = [0u8; 16 << 10];
     while let Ok(n @ 1..) = reader.read(&mut buf) {
         body.extend_from_slice(&buf[..n]);
     }
+    body
+}
+
+/// The gateway's error message.
+fn error_message(resp: ureq::Response) -> String {
+    let body = read_body(resp);
     serde_json::from_slice::<Value>(&body)
         .ok()
         .and_then(|v| v["message"].as_str().map(str::to_string))
@@ -192,10 +198,14 @@ impl Store for EtcdStore {
         std::thread::Builder::new()
             .name("corvid-etcd-watch".into())
             .spawn(move || {
-                let messages = serde_json::Deserializer::from_reader(BufReader::new(reader))
-                    .into_iter::<Value>();
-                for msg in messages {
-                    let msg = match msg {
+                // The gateway writes one JSON message a line.
+                for line in BufReader::new(reader).split(b'\n') {
+                    // An error is the stream's end: its trailer is where ureq gives up.
+                    let Ok(line) = line else { break };
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    let msg = match serde_json::from_slice::<Value>(&line) {
                         Ok(m) => m,
                         Err(e) => {
                             let _ = tx.send(Err(StoreError::Backend(format!("etcd watch: {e}"))));
