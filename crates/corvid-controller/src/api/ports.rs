@@ -212,19 +212,6 @@ pub(super) fn plan_port(
         }
     }
     let net = lookup::<Network>(v, &network_id)?;
-    let subnets = subnets_of(v, &net.obj);
-    let requests = requests.unwrap_or_else(|| {
-        // Neutron's default: one address from the first subnet of each IP version.
-        let mut seen = HashSet::new();
-        subnets
-            .iter()
-            .filter(|s| seen.insert(s.ip_version))
-            .map(|s| FixedIpRequest {
-                subnet_id: Some(s.id.clone()),
-                ip_address: None,
-            })
-            .collect()
-    });
     let id: String = attr(obj, "id")?.unwrap_or_else(new_id);
     if v.ports.contains_key(id.as_str()) {
         return Err(NeutronError::conflict(
@@ -240,16 +227,7 @@ pub(super) fn plan_port(
         ],
         ops: Vec::new(),
     };
-    let fixed_ips = assign_fixed_ips(
-        v,
-        pending,
-        &network_id,
-        &subnets,
-        requests,
-        &id,
-        &[],
-        &mut txn,
-    )?;
+    let fixed_ips = assign_fixed_ips(v, pending, &net.obj, requests, &id, &[], &mut txn)?;
     let mac = match attr::<String>(obj, "mac_address")? {
         Some(m) => {
             let m = m.to_ascii_lowercase();
@@ -319,20 +297,32 @@ pub(super) fn plan_port(
     Ok(Plan { port, txn })
 }
 
-/// Resolves requested addresses into the port's fixed IPs, adding to `txn` the compares
-/// and puts that take each new one for `owner`. An address in `held` (the port's own, on
-/// an update) that is asked for again stays as it is; one not asked for again is freed.
-#[allow(clippy::too_many_arguments)]
+/// Resolves requested addresses (`None`: Neutron's default, one address from the first
+/// subnet of each IP version) into the port's fixed IPs on `net`, adding to `txn` the
+/// compares and puts that take each new one for `owner`. An address in `held` (the port's
+/// own, on an update) that is asked for again stays as it is; one not asked for again is
+/// freed.
 fn assign_fixed_ips(
     v: &View,
     pending: &mut Pending,
-    network_id: &str,
-    subnets: &[&Subnet],
-    requests: Vec<FixedIpRequest>,
+    net: &Network,
+    requests: Option<Vec<FixedIpRequest>>,
     owner: &str,
     held: &[FixedIp],
     txn: &mut Txn,
 ) -> Result<Vec<FixedIp>, NeutronError> {
+    let (network_id, subnets) = (&net.id, subnets_of(v, net));
+    let requests = requests.unwrap_or_else(|| {
+        let mut seen = HashSet::new();
+        subnets
+            .iter()
+            .filter(|s| seen.insert(s.ip_version))
+            .map(|s| FixedIpRequest {
+                subnet_id: Some(s.id.clone()),
+                ip_address: None,
+            })
+            .collect()
+    });
     let mut fixed_ips: Vec<FixedIp> = Vec::new();
     for r in requests {
         let subnet = match (&r.subnet_id, r.ip_address) {
@@ -483,9 +473,8 @@ async fn update_port(
             let fixed_ips = assign_fixed_ips(
                 v,
                 &mut pending,
-                &p.network_id,
-                &subnets_of(v, &net.obj),
-                r.clone(),
+                &net.obj,
+                Some(r.clone()),
                 &p.id,
                 &p.fixed_ips,
                 txn,
