@@ -24,11 +24,19 @@ pub struct BridgeSpec<'a> {
 }
 
 /// Returns the bridge, creating it (up) when missing; a same-named non-bridge is an error.
+///
+/// A bridge without a MAC of its own takes the lowest MAC among its ports, so the
+/// gateway's MAC would change whenever a container comes or goes, and the others would
+/// keep sending to the old one until their ARP entry expires. A new bridge is therefore
+/// given a random MAC at creation, and an existing one whose MAC still follows its
+/// ports (made by an older corvid, or by hand) is fixed to the MAC it has now, which
+/// is the one its containers know.
 pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
-    let existing = match host.link_by_name(spec.name)? {
+    let mut existing = match host.link_by_name(spec.name)? {
         Some(link) => link,
         None => {
-            match host.add_bridge(spec.name, spec.mtu, spec.vlan_filtering) {
+            let mac = random_mac();
+            match host.add_bridge(spec.name, spec.mtu, spec.vlan_filtering, Some(&mac)) {
                 Err(e) if e.errno() == Some(libc::EEXIST) => {}
                 r => r?,
             }
@@ -48,6 +56,15 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
             source: io::Error::from_raw_os_error(libc::EEXIST),
         });
     }
+    if !mac_is_fixed(host, &existing)? {
+        let mac = if existing.mac.is_empty() || existing.mac == ZERO_MAC {
+            random_mac()
+        } else {
+            existing.mac.clone()
+        };
+        host.set_mac(&existing, &mac)?;
+        existing.mac = mac;
+    }
     if spec.vlan_filtering {
         host.set_vlan_filtering(&existing)?;
     }
@@ -58,6 +75,40 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
         host.set_promisc(&existing, true)?;
     }
     Ok(existing)
+}
+
+/// What an unfixed bridge shows once its last port has left.
+const ZERO_MAC: &str = "00:00:00:00:00:00";
+
+/// The kernel's NET_ADDR_SET: the MAC was chosen by someone, not inherited from a port.
+const ADDR_SET: &str = "3";
+
+/// Whether the bridge keeps its MAC when ports come and go.
+fn mac_is_fixed(host: &mut Netlink, bridge: &Link) -> Result<bool> {
+    if let Some(kind) = sysfs_addr_assign_type(bridge) {
+        return Ok(kind == ADDR_SET);
+    }
+    // Without the kernel's word: an unfixed bridge with ports carries the lowest of
+    // their MACs. One without ports is fixed to the MAC it has, which changes nothing.
+    if bridge.mac.is_empty() || bridge.mac == ZERO_MAC {
+        return Ok(false);
+    }
+    let ports = host.bridge_ports(bridge)?;
+    Ok(!ports.is_empty() && ports.iter().all(|p| p.mac != bridge.mac))
+}
+
+/// The bridge's `addr_assign_type` from sysfs, when sysfs shows this namespace: it
+/// shows the one it was mounted in, which a caller that only entered a namespace (no
+/// `ip netns exec`) does not share, so the device found must be the same one.
+fn sysfs_addr_assign_type(bridge: &Link) -> Option<String> {
+    let dir = std::path::Path::new("/sys/class/net").join(&bridge.name);
+    let read = |file: &str| {
+        std::fs::read_to_string(dir.join(file))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let same = read("ifindex")? == bridge.index.to_string() && read("address")? == bridge.mac;
+    same.then(|| read("addr_assign_type")).flatten()
 }
 
 /// How a port is plugged.

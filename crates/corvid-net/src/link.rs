@@ -67,6 +67,13 @@ pub fn parse_mac(s: &str) -> Option<Vec<u8>> {
     (bytes.len() == 6).then_some(bytes)
 }
 
+fn mac_bytes(mac: &str, link: &str) -> Result<Vec<u8>> {
+    parse_mac(mac).ok_or_else(|| crate::Error::Netlink {
+        op: format!("set the MAC of {link}: {mac} is not a MAC address"),
+        source: std::io::Error::from_raw_os_error(libc::EINVAL),
+    })
+}
+
 impl Link {
     fn from_message(m: LinkMessage) -> Link {
         let mut link = Link {
@@ -176,9 +183,21 @@ impl Netlink {
             .map_err(netlink_err(op))
     }
 
-    /// Creates a bridge, up; fails with EEXIST when the name is taken.
-    pub fn add_bridge(&mut self, name: &str, mtu: Option<u32>, vlan_filtering: bool) -> Result<()> {
+    /// Creates a bridge, up; fails with EEXIST when the name is taken. With `mac` the
+    /// bridge's MAC is fixed from birth: the kernel then never replaces it with the
+    /// lowest MAC among its ports, which changes as ports come and go.
+    pub fn add_bridge(
+        &mut self,
+        name: &str,
+        mtu: Option<u32>,
+        vlan_filtering: bool,
+        mac: Option<&str>,
+    ) -> Result<()> {
         let mut m = new_up_link(name, mtu);
+        if let Some(mac) = mac {
+            m.attributes
+                .push(LinkAttribute::Address(mac_bytes(mac, name)?));
+        }
         let mut info = vec![LinkInfo::Kind(InfoKind::Bridge)];
         if vlan_filtering {
             info.push(LinkInfo::Data(InfoData::Bridge(vec![
@@ -227,11 +246,8 @@ impl Netlink {
         peer.attributes.extend(single_queue());
         peer.attributes.push(LinkAttribute::NetNsFd(peer_ns.fd()));
         if let Some(mac) = peer_mac {
-            let bytes = parse_mac(mac).ok_or_else(|| crate::Error::Netlink {
-                op: format!("create veth {name}: bad MAC {mac}"),
-                source: std::io::Error::from_raw_os_error(libc::EINVAL),
-            })?;
-            peer.attributes.push(LinkAttribute::Address(bytes));
+            peer.attributes
+                .push(LinkAttribute::Address(mac_bytes(mac, peer_name)?));
         }
         let mut m = new_up_link(name, mtu);
         m.attributes.extend(single_queue());
@@ -257,6 +273,32 @@ impl Netlink {
             RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
             _ => None,
         }))
+    }
+
+    /// Sets a link's MAC. The kernel marks the address as chosen, so a bridge keeps it
+    /// whatever ports join or leave.
+    pub fn set_mac(&mut self, link: &Link, mac: &str) -> Result<()> {
+        let mut m = change(link.index);
+        m.attributes
+            .push(LinkAttribute::Address(mac_bytes(mac, &link.name)?));
+        self.change_link(m, format!("set the MAC of {} to {mac}", link.name))
+    }
+
+    /// The links attached to a bridge (the kernel filters the dump).
+    pub fn bridge_ports(&mut self, bridge: &Link) -> Result<Vec<Link>> {
+        let mut q = LinkMessage::default();
+        q.attributes.push(LinkAttribute::Controller(bridge.index));
+        let replies = self
+            .request(RouteNetlinkMessage::GetLink(q), NLM_F_DUMP)
+            .map_err(netlink_err(format!("list the ports of {}", bridge.name)))?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+                _ => None,
+            })
+            .filter(|l| l.master == Some(bridge.index))
+            .collect())
     }
 
     /// Sets a link administratively up.

@@ -298,14 +298,10 @@ fn finish(
         undo.masq = Some(tag.clone());
         nft::add_masquerade(&tag, &addrs).map_err(errors::net)?;
     }
-    let bridge_now = host
-        .link_by_index(bridge.index)
-        .map_err(errors::net)?
-        .unwrap_or_else(|| bridge.clone());
     prev.interfaces.extend([
         Interface {
-            name: bridge_now.name.clone(),
-            mac: bridge_now.mac.clone(),
+            name: bridge.name.clone(),
+            mac: bridge.mac.clone(),
             ..Interface::default()
         },
         Interface {

@@ -468,7 +468,7 @@ fn options_hairpin_promisc_mtu_vlan_and_prev_result() {
 fn vlan_tags_the_port() {
     let probe = TestNs::new();
     let mut nl = probe.netlink();
-    if let Err(e) = nl.add_bridge("cvtprobe", None, true) {
+    if let Err(e) = nl.add_bridge("cvtprobe", None, true, None) {
         assert_eq!(e.errno(), Some(libc::EOPNOTSUPP), "{e}");
         eprintln!(
             "skipped: this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)"
@@ -534,7 +534,7 @@ fn gc_releases_what_is_not_valid() {
 fn force_address_replaces_a_foreign_gateway() {
     let net = Net::new("1.0.0", "");
     let mut nl = net.host.netlink();
-    nl.add_bridge("cvtbr0", None, false).unwrap();
+    nl.add_bridge("cvtbr0", None, false, None).unwrap();
     let br = nl.link_by_name("cvtbr0").unwrap().unwrap();
     let foreign: ipnet::IpNet = "10.77.0.250/24".parse().unwrap();
     nl.add_address(br.index, &foreign).unwrap();
@@ -561,4 +561,157 @@ fn force_address_replaces_a_foreign_gateway() {
         .collect();
     assert_eq!(addrs, ["10.77.0.1/24"]);
     assert!(c.ping("10.77.0.1"));
+}
+
+/// The bridge's MAC as the kernel shows it.
+fn bridge_mac(host: &TestNs, name: &str) -> String {
+    host.netlink().link_by_name(name).unwrap().unwrap().mac
+}
+
+/// Host ends on the bridge, lowest MAC first: a bridge whose MAC follows its ports would
+/// take the first one's.
+fn ports_by_mac(host: &TestNs, bridge: &str) -> Vec<(String, u32)> {
+    let mut nl = host.netlink();
+    let br = nl.link_by_name(bridge).unwrap().unwrap();
+    let mut ports: Vec<_> = nl
+        .bridge_ports(&br)
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.mac, l.index))
+        .collect();
+    ports.sort();
+    ports
+}
+
+#[test]
+fn the_gateway_mac_stays_while_containers_come_and_go() {
+    for masq in [false, true] {
+        let mut net = Net::new("1.0.0", "");
+        let mut conf: Value = serde_json::from_str(&net.conf).unwrap();
+        conf["ipMasq"] = json!(masq);
+        net.conf = conf.to_string();
+        let mut live: Vec<(String, TestNs)> = Vec::new();
+        let mut gateway_mac = None;
+        let all_reach_the_gateway = |live: &[(String, TestNs)], step: &str| {
+            for (id, ns) in live {
+                assert!(
+                    ns.ping("10.77.0.1"),
+                    "masq {masq}, {step}: {id} lost the gateway"
+                );
+            }
+        };
+        for i in 0..6 {
+            let id = format!("churn{i}");
+            let ns = TestNs::new();
+            let r = net.call("ADD", &id, &ns).ok();
+            let mac = bridge_mac(&net.host, "cvtbr0");
+            assert_eq!(
+                r["interfaces"][0]["mac"],
+                mac.as_str(),
+                "the result's bridge MAC"
+            );
+            assert_eq!(
+                *gateway_mac.get_or_insert(mac.clone()),
+                mac,
+                "after ADD {id}"
+            );
+            live.push((id, ns));
+            all_reach_the_gateway(&live, &format!("after ADD churn{i}"));
+        }
+        // Leave in the order that moves an unfixed bridge's MAC every time: the container
+        // behind the lowest port MAC first.
+        while !live.is_empty() {
+            let (_, lowest) = ports_by_mac(&net.host, "cvtbr0")[0].clone();
+            let pos = live
+                .iter()
+                .position(|(_, ns)| {
+                    let eth0 = ns.netlink().link_by_name("eth0").unwrap().unwrap();
+                    eth0.peer_index == Some(lowest)
+                })
+                .expect("a container behind the lowest port");
+            let (id, ns) = live.remove(pos);
+            net.call("DEL", &id, &ns).ok();
+            let mac = bridge_mac(&net.host, "cvtbr0");
+            assert_eq!(gateway_mac.as_deref(), Some(mac.as_str()), "after DEL {id}");
+            all_reach_the_gateway(&live, &format!("after DEL {id}"));
+        }
+        net.assert_clean();
+    }
+}
+
+#[test]
+fn a_bridge_made_by_hand_keeps_the_mac_it_had() {
+    // Whether corvid learns from sysfs (a plugin run under `ip netns exec`, which mounts
+    // the namespace's sysfs) or from the bridge's ports (a plugin that only entered the
+    // namespace), an unfixed bridge is fixed to its MAC of the moment.
+    for sysfs in [false, true] {
+        let net = Net::new("1.0.0", "");
+        let mut nl = net.host.netlink();
+        nl.add_bridge("cvtbr0", None, false, None).unwrap();
+        let here = net.host.open();
+        nl.add_veth("cvtlow", None, "cvtlowpeer", &here, None, None)
+            .unwrap();
+        let low = nl.link_by_name("cvtlow").unwrap().unwrap();
+        nl.set_mac(&low, "02:00:00:00:00:01").unwrap();
+        let br = nl.link_by_name("cvtbr0").unwrap().unwrap();
+        let mut enslave = std::process::Command::new("ip");
+        enslave.args([
+            "-n",
+            &net.host.name,
+            "link",
+            "set",
+            "cvtlow",
+            "master",
+            "cvtbr0",
+        ]);
+        assert!(enslave.status().unwrap().success());
+        assert_eq!(bridge_mac(&net.host, "cvtbr0"), "02:00:00:00:00:01");
+
+        let c = TestNs::new();
+        let add = net.call("ADD", "hand", &c);
+        let r = if sysfs {
+            let mut cmd = std::process::Command::new("ip");
+            cmd.args(["netns", "exec", &net.host.name])
+                .arg(&add.plugin)
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .envs(add.env.iter().map(|(k, v)| (k, v)))
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped());
+            let mut child = cmd.spawn().unwrap();
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(add.stdin.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{out:?}");
+            serde_json::from_slice::<Value>(&out.stdout).unwrap()
+        } else {
+            add.ok()
+        };
+        assert_eq!(
+            r["interfaces"][0]["mac"], "02:00:00:00:00:01",
+            "sysfs {sysfs}"
+        );
+        // The port whose MAC the bridge had leaves: the bridge keeps it.
+        nl.delete_link(&low).unwrap();
+        assert_eq!(
+            bridge_mac(&net.host, "cvtbr0"),
+            "02:00:00:00:00:01",
+            "sysfs {sysfs}"
+        );
+        assert!(c.ping("10.77.0.1"), "sysfs {sysfs}");
+        let fixed = std::process::Command::new("ip")
+            .args(["netns", "exec", &net.host.name, "cat"])
+            .arg("/sys/class/net/cvtbr0/addr_assign_type")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&fixed.stdout).trim(), "3");
+        assert_eq!(br.index, nl.link_by_name("cvtbr0").unwrap().unwrap().index);
+        net.call("DEL", "hand", &c).ok();
+        net.assert_clean();
+    }
 }
