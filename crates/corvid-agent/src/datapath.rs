@@ -4,11 +4,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use corvid_net::bridge::{configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, PortSpec};
+use corvid_net::bridge::{
+    ensure_bridge, ensure_gateway, ensure_plugged, BridgeSpec, Plugged, PortSpec,
+};
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nft::{self, MasqueradeTag};
 use corvid_net::overlay::VxlanSpec;
-use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
 
@@ -116,21 +117,14 @@ impl Datapath {
         Ok(bridge)
     }
 
-    /// Binds a port: its veth pair on the bridge, MAC, addresses and routes in its
-    /// namespace. Nothing is left behind when a step fails.
-    pub fn plug(&mut self, bridge: &Link, mtu: u32, p: &PortPlan) -> Result<()> {
+    /// Makes a port plugged as its plan says: its veth pair on the bridge, and in its
+    /// namespace the interface up with the port's MAC, addresses and routes. A pair left
+    /// half-made (an agent killed mid-plug) or altered by hand is finished or made anew;
+    /// nothing is left behind when a step fails.
+    pub fn ensure_port(&mut self, bridge: &Link, mtu: u32, p: &PortPlan) -> Result<Plugged> {
         let ns = Netns::open(&p.netns)?;
         let mut container = Netlink::open_in(&ns)?;
-        if container.link_by_name(&p.ifname)?.is_some() {
-            return Err(Error::Netlink {
-                op: format!(
-                    "plug port {}: {} already exists in {}",
-                    p.id, p.ifname, p.netns
-                ),
-                source: std::io::Error::from_raw_os_error(libc::EEXIST),
-            });
-        }
-        let port = plug(
+        ensure_plugged(
             &mut self.nl,
             &mut container,
             &ns,
@@ -144,14 +138,9 @@ impl Datapath {
                 mac: Some(&p.mac),
                 host_name: Some(&p.host_veth),
             },
-        )?;
-        let routes: Vec<RouteSpec> = p
-            .routes
-            .iter()
-            .map(|(dst, gw)| RouteSpec::new(*dst, *gw, port.container.index))
-            .collect();
-        configure(&mut container, &port.container, &p.addrs, &routes)
-            .inspect_err(|_| drop(self.nl.delete_link(&port.host)))
+            &p.addrs,
+            &p.routes,
+        )
     }
 
     /// Writes the masquerade rules of every network that asks for one, when they changed.

@@ -19,6 +19,7 @@ use corvid_api::{ApiError, Client};
 use crate::cache::{Cache, Dirty};
 use crate::datapath::Datapath;
 use crate::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
+use corvid_net::bridge::Plugged;
 
 /// How an agent is started.
 #[derive(Debug, Clone)]
@@ -56,8 +57,12 @@ pub struct Agent {
     dp: Datapath,
     cache: Cache,
     underlay: IpAddr,
-    /// Ports whose plug failed, with the revision that failed: retried once they change.
+    /// Ports whose plug failed, with the revision that failed: retried once they change,
+    /// or at the next full pass.
     failed: HashMap<String, u64>,
+    /// Ports whose namespace side was last found complete, with the revision then: a
+    /// port is checked again when it changes and at every full pass.
+    checked: HashMap<String, u64>,
 }
 
 /// The local address this host uses to reach `url`'s host (no packet is sent); the
@@ -111,6 +116,7 @@ impl Agent {
             cache: Cache::default(),
             underlay,
             failed: HashMap::new(),
+            checked: HashMap::new(),
         })
     }
 
@@ -234,22 +240,44 @@ impl Agent {
                 links[&n.bridge].clone()
             };
             for p in &n.ports {
-                if !links.contains_key(&p.host_veth) {
-                    if self.failed.get(&p.id) == Some(&p.revision) {
-                        continue;
+                let full = *dirty == Dirty::All;
+                if !full
+                    && links.contains_key(&p.host_veth)
+                    && self.checked.get(&p.id) == Some(&p.revision)
+                {
+                    continue;
+                }
+                if !full && self.failed.get(&p.id) == Some(&p.revision) {
+                    continue;
+                }
+                match self.dp.ensure_port(&bridge, n.mtu, p) {
+                    Ok(plugged) => {
+                        match &plugged {
+                            Plugged::Finished(steps) => log(&format!(
+                                "port {}: finished its plug: {}",
+                                p.id,
+                                steps.join(", ")
+                            )),
+                            Plugged::New { replaced: true } => log(&format!(
+                                "port {}: its veth pair was unusable and is made anew",
+                                p.id
+                            )),
+                            Plugged::New { replaced: false } | Plugged::Intact => {}
+                        }
+                        self.failed.remove(&p.id);
+                        self.checked.insert(p.id.clone(), p.revision);
+                        if p.status != "ACTIVE" {
+                            reports.push((p.id.clone(), p.revision, "ACTIVE"));
+                        }
                     }
-                    if let Err(e) = self.dp.plug(&bridge, n.mtu, p) {
+                    Err(e) => {
                         log(&format!("port {}: {e}", p.id));
                         self.failed.insert(p.id.clone(), p.revision);
+                        self.checked.remove(&p.id);
                         if p.status != "ERROR" {
-                            reports.push((p.id.clone(), "ERROR"));
+                            reports.push((p.id.clone(), p.revision, "ERROR"));
                         }
-                        continue;
                     }
-                    self.failed.remove(&p.id);
-                }
-                if p.status != "ACTIVE" {
-                    reports.push((p.id.clone(), "ACTIVE"));
                 }
             }
         }
@@ -259,9 +287,15 @@ impl Agent {
         }
         self.failed
             .retain(|id, _| self.cache.ports.contains_key(id));
-        for (id, status) in reports {
+        self.checked
+            .retain(|id, _| self.cache.ports.contains_key(id));
+        for (id, checked_at, status) in reports {
             match self.client.set_port_status(&id, status) {
-                Ok(()) | Err(ApiError::Neutron { status: 404, .. }) => {}
+                // Only the report itself came after the check: nothing new to check.
+                Ok(port) if status == "ACTIVE" && port.revision_number == checked_at + 1 => {
+                    self.checked.insert(id, port.revision_number);
+                }
+                Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}
                 Err(e) => log(&format!("report port {id} {status}: {e}")),
             }
         }

@@ -189,10 +189,10 @@ impl Client {
         self.call("PUT", &path, None).map(drop)
     }
 
-    /// Reports a port's status (`ACTIVE` once plugged, `DOWN` once unplugged).
-    pub fn set_port_status(&self, id: &str, status: &str) -> Result<(), ApiError> {
+    /// Reports a port's status (`ACTIVE` once plugged, `DOWN` once unplugged); returns
+    /// the port as updated.
+    pub fn set_port_status(&self, id: &str, status: &str) -> Result<crate::Port, ApiError> {
         self.update::<crate::Port>(id, json!({ "status": status }))
-            .map(drop)
     }
 
     /// Registers (or re-registers) a host and the underlay address its tunnels end at.

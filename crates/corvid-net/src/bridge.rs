@@ -9,6 +9,10 @@ use crate::route::RouteSpec;
 use crate::{netlink_err, Error, Result};
 use ipnet::IpNet;
 use std::io;
+use std::net::IpAddr;
+
+/// The kernel's main routing table.
+const RT_TABLE_MAIN: u8 = 254;
 
 /// The bridge a port attaches to.
 #[derive(Debug, Clone)]
@@ -314,4 +318,168 @@ pub fn ensure_gateway(
         Err(e) if e.errno() == Some(libc::EEXIST) => Ok(()),
         r => r,
     }
+}
+
+/// What [`ensure_plugged`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plugged {
+    /// Both ends and the namespace side were as asked.
+    Intact,
+    /// A new pair was made; `replaced` when an unusable one was removed first (a
+    /// namespace end missing or with another MAC, a host end off the bridge).
+    New {
+        /// An old pair was removed first.
+        replaced: bool,
+    },
+    /// The pair was there but its namespace side was not finished: these steps were done.
+    Finished(Vec<String>),
+}
+
+/// Makes a port plugged as asked, whatever an interrupted earlier attempt or a hand
+/// left behind: the pair is kept when both ends are there, joined, on `bridge` and with
+/// the asked MAC, and then finished in place (both ends up, the addresses exactly
+/// `addrs`, bar IPv6 link-local ones, and each of `routes` present); otherwise it is
+/// removed and plugged anew. `spec.host_name` names the host end and is required: it
+/// is how the pair is found again. Routes the port does not ask for are left alone, as
+/// something else in the namespace may have added them.
+pub fn ensure_plugged(
+    host: &mut Netlink,
+    container: &mut Netlink,
+    netns: &Netns,
+    bridge: &Link,
+    spec: &PortSpec,
+    addrs: &[IpNet],
+    routes: &[(IpNet, Option<IpAddr>)],
+) -> Result<Plugged> {
+    let Some(host_name) = spec.host_name else {
+        return Err(netlink_err(format!(
+            "check port {}: no host end name to find it by",
+            spec.ifname
+        ))(io::Error::from_raw_os_error(libc::EINVAL)));
+    };
+    let host_end = host.link_by_name(host_name)?;
+    let pod_end = container.link_by_name(spec.ifname)?;
+    let replaced = match (host_end, pod_end) {
+        (Some(h), Some(c)) if is_pair(&h, &c, bridge, spec) => {
+            let port = Port {
+                host: h,
+                container: c,
+            };
+            let mut done = Vec::new();
+            if !port.host.up {
+                host.set_up(&port.host)?;
+                done.push(format!("{host_name} set up"));
+            }
+            if !port.container.up {
+                container.set_up(&port.container)?;
+                done.push(format!("{} set up", spec.ifname));
+            }
+            done.extend(sync_addresses(container, &port.container, addrs)?);
+            done.extend(sync_routes(container, &port.container, routes)?);
+            return Ok(if done.is_empty() {
+                Plugged::Intact
+            } else {
+                Plugged::Finished(done)
+            });
+        }
+        (h, c) => {
+            if let Some(h) = &h {
+                host.delete_link(h)?;
+            }
+            // Deleting the host end took its peer along; what still holds the name is
+            // not this port's and is not ours to remove.
+            if c.is_some() && container.link_by_name(spec.ifname)?.is_some() {
+                return Err(netlink_err(format!(
+                    "plug {host_name}: {} already exists in {} and is not its peer",
+                    spec.ifname,
+                    netns.path().display()
+                ))(io::Error::from_raw_os_error(
+                    libc::EEXIST,
+                )));
+            }
+            h.is_some()
+        }
+    };
+    let port = plug(host, container, netns, bridge, spec)?;
+    let routes: Vec<RouteSpec> = routes
+        .iter()
+        .map(|(dst, gw)| RouteSpec::new(*dst, *gw, port.container.index))
+        .collect();
+    configure(container, &port.container, addrs, &routes)
+        .inspect_err(|_| drop(host.delete_link(&port.host)))?;
+    Ok(Plugged::New { replaced })
+}
+
+/// Whether `h` and `c` are the two ends of one pair, `h` on the bridge and `c` with the
+/// asked MAC.
+fn is_pair(h: &Link, c: &Link, bridge: &Link, spec: &PortSpec) -> bool {
+    h.kind == LinkKind::Veth
+        && c.kind == LinkKind::Veth
+        && c.peer_index == Some(h.index)
+        && h.peer_index == Some(c.index)
+        && h.master == Some(bridge.index)
+        && spec.mac.is_none_or(|m| m.eq_ignore_ascii_case(&c.mac))
+}
+
+fn is_link_local(a: &IpNet) -> bool {
+    matches!(a.addr(), IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// Adds the missing addresses and removes the others (IPv6 link-local ones stay).
+fn sync_addresses(nl: &mut Netlink, link: &Link, want: &[IpNet]) -> Result<Vec<String>> {
+    let have: Vec<IpNet> = nl
+        .addresses(Some(link.index))?
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect();
+    let mut done = Vec::new();
+    // Removals first: deleting a primary IPv4 address takes the secondaries of its
+    // subnet with it, so one added before would go too.
+    for a in have
+        .iter()
+        .filter(|a| !want.contains(a) && !is_link_local(a))
+    {
+        nl.delete_address(link.index, a)?;
+        done.push(format!("address {a} removed from {}", link.name));
+    }
+    for a in want.iter().filter(|a| !have.contains(a)) {
+        match nl.add_address(link.index, a) {
+            Err(e) if e.errno() == Some(libc::EEXIST) => {}
+            r => r?,
+        }
+        done.push(format!("address {a} added to {}", link.name));
+    }
+    Ok(done)
+}
+
+/// Adds the missing routes, replacing one to the same destination via another gateway.
+fn sync_routes(
+    nl: &mut Netlink,
+    link: &Link,
+    want: &[(IpNet, Option<IpAddr>)],
+) -> Result<Vec<String>> {
+    let main = Some(u32::from(RT_TABLE_MAIN));
+    let have: Vec<RouteSpec> = nl
+        .routes()?
+        .into_iter()
+        .filter(|r| r.oif == link.index && r.table == main)
+        .collect();
+    let mut done = Vec::new();
+    for (dst, gw) in want {
+        let dst = dst.trunc();
+        if have.iter().any(|r| r.dst == dst && r.gw == *gw) {
+            continue;
+        }
+        for stale in have.iter().filter(|r| r.dst == dst) {
+            nl.delete_route(stale)?;
+        }
+        match nl.add_route(&RouteSpec::new(dst, *gw, link.index)) {
+            // Another network's interface holds the default route: it keeps it.
+            Err(e) if e.errno() == Some(libc::EEXIST) && dst.prefix_len() == 0 => continue,
+            r => r?,
+        }
+        let via = gw.map(|g| format!(" via {g}")).unwrap_or_default();
+        done.push(format!("route to {dst}{via} added"));
+    }
+    Ok(done)
 }

@@ -63,62 +63,84 @@ fn from_route_address(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
+fn message(r: &RouteSpec) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = if r.dst.addr().is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    m.header.destination_prefix_length = r.dst.prefix_len();
+    m.header.protocol = RouteProtocol::Boot;
+    m.header.kind = RouteType::Unicast;
+    m.header.scope = match r.scope {
+        Some(s) => RouteScope::from(s),
+        None if r.gw.is_some() => RouteScope::Universe,
+        None => RouteScope::Link,
+    };
+    let table = r.table.unwrap_or(RouteHeader::RT_TABLE_MAIN as u32);
+    if table < 256 {
+        m.header.table = table as u8;
+    } else {
+        m.header.table = 0;
+        m.attributes.push(RouteAttribute::Table(table));
+    }
+    if r.dst.prefix_len() > 0 {
+        m.attributes
+            .push(RouteAttribute::Destination(route_address(r.dst.addr())));
+    }
+    if let Some(gw) = r.gw {
+        m.attributes
+            .push(RouteAttribute::Gateway(route_address(gw)));
+    }
+    m.attributes.push(RouteAttribute::Oif(r.oif));
+    if let Some(p) = r.priority {
+        m.attributes.push(RouteAttribute::Priority(p));
+    }
+    let mut metrics = Vec::new();
+    if let Some(mtu) = r.mtu {
+        metrics.push(RouteMetric::Mtu(mtu));
+    }
+    if let Some(mss) = r.advmss {
+        metrics.push(RouteMetric::Advmss(mss));
+    }
+    if !metrics.is_empty() {
+        m.attributes.push(RouteAttribute::Metrics(metrics));
+    }
+    m
+}
+
+fn describe(r: &RouteSpec) -> String {
+    format!(
+        "route to {}{}",
+        r.dst,
+        r.gw.map(|g| format!(" via {g}")).unwrap_or_default()
+    )
+}
+
 impl Netlink {
     /// Installs a route; fails with EEXIST when an equal one is there.
     pub fn add_route(&mut self, r: &RouteSpec) -> Result<()> {
-        let mut m = RouteMessage::default();
-        m.header.address_family = if r.dst.addr().is_ipv4() {
-            AddressFamily::Inet
-        } else {
-            AddressFamily::Inet6
-        };
-        m.header.destination_prefix_length = r.dst.prefix_len();
-        m.header.protocol = RouteProtocol::Boot;
-        m.header.kind = RouteType::Unicast;
-        m.header.scope = match r.scope {
-            Some(s) => RouteScope::from(s),
-            None if r.gw.is_some() => RouteScope::Universe,
-            None => RouteScope::Link,
-        };
-        let table = r.table.unwrap_or(RouteHeader::RT_TABLE_MAIN as u32);
-        if table < 256 {
-            m.header.table = table as u8;
-        } else {
-            m.header.table = 0;
-            m.attributes.push(RouteAttribute::Table(table));
-        }
-        if r.dst.prefix_len() > 0 {
-            m.attributes
-                .push(RouteAttribute::Destination(route_address(r.dst.addr())));
-        }
-        if let Some(gw) = r.gw {
-            m.attributes
-                .push(RouteAttribute::Gateway(route_address(gw)));
-        }
-        m.attributes.push(RouteAttribute::Oif(r.oif));
-        if let Some(p) = r.priority {
-            m.attributes.push(RouteAttribute::Priority(p));
-        }
-        let mut metrics = Vec::new();
-        if let Some(mtu) = r.mtu {
-            metrics.push(RouteMetric::Mtu(mtu));
-        }
-        if let Some(mss) = r.advmss {
-            metrics.push(RouteMetric::Advmss(mss));
-        }
-        if !metrics.is_empty() {
-            m.attributes.push(RouteAttribute::Metrics(metrics));
-        }
         self.request(
-            RouteNetlinkMessage::NewRoute(m),
+            RouteNetlinkMessage::NewRoute(message(r)),
             NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
         )
         .map(drop)
-        .map_err(netlink_err(format!(
-            "add route to {}{}",
-            r.dst,
-            r.gw.map(|g| format!(" via {g}")).unwrap_or_default()
-        )))
+        .map_err(netlink_err(format!("add {}", describe(r))))
+    }
+
+    /// Removes a route; one that is already gone is fine.
+    pub fn delete_route(&mut self, r: &RouteSpec) -> Result<()> {
+        let mut m = message(r);
+        // Any protocol and scope: the kernel matches on what is given.
+        m.header.protocol = RouteProtocol::Unspec;
+        m.header.scope = RouteScope::NoWhere;
+        match self.request(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            r2 => r2
+                .map(drop)
+                .map_err(netlink_err(format!("delete {}", describe(r)))),
+        }
     }
 
     /// The unicast routes of every table, as (destination, gateway, outgoing interface).
