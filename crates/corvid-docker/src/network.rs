@@ -4,7 +4,7 @@
 
 use base64::Engine;
 use corvid_api::{Network, Port, Subnet};
-use corvid_net::bridge::{ensure_bridge, plug, BridgeSpec, PortSpec};
+use corvid_net::bridge::{ensure_bridge, ensure_plugged, BridgeSpec, PortSpec};
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 use serde_json::{json, Value};
@@ -316,37 +316,36 @@ impl Driver {
         let src = container_veth(&port.id);
         self.allow_forwarding()?;
         let mut nl = Netlink::open()?;
-        if nl.link_by_name(&host_name)?.is_none() {
-            let bridge = ensure_bridge(
-                &mut nl,
-                &BridgeSpec {
-                    name: &corvid_agent::names::bridge(&net.id),
-                    mtu: Some(net.mtu),
-                    vlan_filtering: false,
-                    promisc: false,
-                },
-            )?;
-            let here = Netns::current()?;
-            let mut peer = Netlink::open()?;
-            if let Some(stale) = nl.link_by_name(&src)? {
-                nl.delete_link(&stale)?;
-            }
-            plug(
-                &mut nl,
-                &mut peer,
-                &here,
-                &bridge,
-                &PortSpec {
-                    ifname: &src,
-                    mtu: Some(net.mtu),
-                    hairpin: false,
-                    vlan: None,
-                    keep_default_vlan: true,
-                    mac: Some(&port.mac_address),
-                    host_name: Some(&host_name),
-                },
-            )?;
-        }
+        let bridge = ensure_bridge(
+            &mut nl,
+            &BridgeSpec {
+                name: &corvid_agent::names::bridge(&net.id),
+                mtu: Some(net.mtu),
+                vlan_filtering: false,
+                promisc: false,
+            },
+        )?;
+        // A pair left by an interrupted Join, or whose end Docker took into a sandbox
+        // and gave back, is checked: kept when whole, made anew otherwise.
+        let here = Netns::current()?;
+        let mut peer = Netlink::open()?;
+        ensure_plugged(
+            &mut nl,
+            &mut peer,
+            &here,
+            &bridge,
+            &PortSpec {
+                ifname: &src,
+                mtu: Some(net.mtu),
+                hairpin: false,
+                vlan: None,
+                keep_default_vlan: true,
+                mac: Some(&port.mac_address),
+                host_name: Some(&host_name),
+            },
+            &[],
+            &[],
+        )?;
         let subnets: Vec<Subnet> = port
             .fixed_ips
             .iter()

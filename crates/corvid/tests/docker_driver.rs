@@ -273,3 +273,85 @@ fn bad_input_is_an_err_and_changes_nothing() {
     assert!(err("NetworkDriver.Join", &ids.to_string()).contains("corvid controller"));
     assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
 }
+
+#[test]
+fn a_join_repairs_what_an_interrupted_one_left() {
+    let s = Setup::new("dj");
+    let call = |method: &str, body: Value| {
+        let (status, v) = post(&s.socket, method, &body.to_string());
+        assert_eq!(status, 200, "{method} {body} -> {v}");
+        v
+    };
+    let pool = call(
+        "IpamDriver.RequestPool",
+        json!({"Pool": "10.216.0.0/24", "V6": false}),
+    );
+    let pool_id = pool["PoolID"].as_str().unwrap();
+    let gw = json!({"PoolID": pool_id, "Address": "",
+        "Options": {"RequestAddressType": "com.docker.network.gateway"}});
+    call("IpamDriver.RequestAddress", gw);
+    let net = "2cea0df0253027f487de2501d72190ee94c90cbe4599d65fe58ecb2a13a47f90";
+    let ep = "db33feb4acb5db0e7bc8e2e31e1ffd9f739b6e77e90d53b64ac04e644f32a6f5";
+    call(
+        "NetworkDriver.CreateNetwork",
+        json!({"NetworkID": net, "Options": {"com.docker.network.generic": {}},
+            "IPv4Data": [{"Gateway": "10.216.0.1/24", "Pool": "10.216.0.0/24"}], "IPv6Data": []}),
+    );
+    let addr = call(
+        "IpamDriver.RequestAddress",
+        json!({"PoolID": pool_id, "Address": "", "Options": null}),
+    );
+    let created = call(
+        "NetworkDriver.CreateEndpoint",
+        json!({"NetworkID": net, "EndpointID": ep,
+            "Interface": {"Address": addr["Address"], "AddressIPv6": "", "MacAddress": ""}}),
+    );
+    let mac = created["Interface"]["MacAddress"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let join = json!({"NetworkID": net, "EndpointID": ep, "SandboxKey": "/var/run/docker/netns/x"});
+    // The pair Docker gets: its end with the endpoint's MAC, up, the host end on the bridge.
+    let whole = |what: &str| {
+        let src = call("NetworkDriver.Join", join.clone())["InterfaceName"]["SrcName"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut nl = s.host.netlink();
+        let end = nl.link_by_name(&src).unwrap().expect(what);
+        assert_eq!(end.mac, mac, "{what}");
+        assert!(end.up, "{what}");
+        let host_end = nl.link_by_index(end.peer_index.unwrap()).unwrap().unwrap();
+        let bridge = nl.link_by_index(host_end.master.expect(what)).unwrap();
+        assert!(bridge.unwrap().name.starts_with("cvb"), "{what}");
+        assert_eq!(s.host.links("cvp").len(), 1, "{what}");
+        (src, host_end.name)
+    };
+    let (src, host_end) = whole("the first Join");
+    // Interrupted states: the host end off the bridge; Docker's end with another MAC and
+    // down; Docker's end gone (kept in a sandbox) with the host end left.
+    s.host.ip(&format!("link set {host_end} nomaster"));
+    whole("after the host end left the bridge");
+    s.host.ip(&format!("link set {src} down"));
+    s.host
+        .ip(&format!("link set {src} address 02:42:00:00:00:99"));
+    whole("after the MAC changed");
+    let sandbox = Ns::new(&format!("cvt{}dj", std::process::id()), "sandbox");
+    s.host
+        .ip(&format!("link set {src} netns {}", sandbox.name()));
+    whole("after the end went into a sandbox");
+    assert!(
+        sandbox.links(&src).is_empty(),
+        "the old pair went as a whole"
+    );
+
+    call(
+        "NetworkDriver.Leave",
+        json!({"NetworkID": net, "EndpointID": ep}),
+    );
+    call(
+        "NetworkDriver.DeleteEndpoint",
+        json!({"NetworkID": net, "EndpointID": ep}),
+    );
+    assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
+}

@@ -164,11 +164,17 @@ impl Cluster {
     }
 
     pub fn start_agent(&mut self, i: usize) {
+        self.start_agent_with(i, &[]);
+    }
+
+    /// Starts host `i`'s agent with extra arguments (e.g. `--resync 1`).
+    pub fn start_agent_with(&mut self, i: usize, extra: &[&str]) {
         let child = self.hosts[i]
             .command(env!("CARGO_BIN_EXE_corvid"))
             .args(["agent", "--host-id", &format!("h{}", i + 1)])
             .args(["--controller", &url()])
             .args(["--underlay-ip", &underlay_ip(i)])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -1,0 +1,287 @@
+//! The agent killed in the middle of plugging ports, pod sides altered by hand, and pods
+//! coming and going: every ADD that succeeds has a working pod side, every port the
+//! controller shows ACTIVE answers from its gateway, and the gateway's MAC never moves.
+//! Runs as root, in the simulated cluster of `support/cluster.rs`.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cluster::ns::{wait_until, Ns};
+use cluster::{cni_result, result_ip, url, Cluster};
+use corvid_api::{Port, Subnet};
+use corvid_net::link::LinkKind;
+use serde_json::{json, Value};
+
+/// The `corvid` plugin's configuration for host h1 on `subnet`.
+fn plugin_conf(subnet: &Subnet) -> Value {
+    json!({
+        "cniVersion": "1.1.0", "name": "crash-h1", "type": "corvid", "mpurl": url(),
+        "project": "corvid", "subnet": subnet.id, "hostId": "h1", "timeout": 30
+    })
+}
+
+/// What is wrong with the pod side an ADD reported, if anything: eth0 up with the
+/// result's MAC and address, a default route via the gateway, and the gateway answers.
+fn pod_side_fault(pod: &Ns, result: &Value) -> Option<String> {
+    let mut nl = pod.netlink();
+    let Some(eth0) = nl.link_by_name("eth0").unwrap() else {
+        return Some("no eth0".into());
+    };
+    if !eth0.up {
+        return Some("eth0 is down".into());
+    }
+    if result["interfaces"][0]["mac"] != eth0.mac.as_str() {
+        return Some(format!("eth0 has MAC {}", eth0.mac));
+    }
+    let want = result["ips"][0]["address"].as_str().unwrap();
+    let addrs: Vec<String> = nl
+        .addresses(Some(eth0.index))
+        .unwrap()
+        .into_iter()
+        .map(|(_, a)| a.to_string())
+        .collect();
+    if !addrs.iter().any(|a| a == want) {
+        return Some(format!("eth0 lacks {want}: it has {addrs:?}"));
+    }
+    let gw = result["ips"][0]["gateway"].as_str().unwrap();
+    let default = nl
+        .routes()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.dst.prefix_len() == 0 && r.dst.addr().is_ipv4());
+    if default.as_ref().and_then(|r| r.gw).map(|g| g.to_string()) != Some(gw.to_string()) {
+        return Some(format!("default route {default:?}, not via {gw}"));
+    }
+    (!pod.ping(gw)).then(|| format!("the gateway {gw} does not answer"))
+}
+
+/// True when the pod has its eth0 but not yet all of it: up, an IPv4 address, a
+/// default route.
+fn is_half_plugged(pod: &Ns) -> bool {
+    let mut nl = pod.netlink();
+    let Some(eth0) = nl.link_by_name("eth0").unwrap() else {
+        return false;
+    };
+    let addressed = nl
+        .addresses(Some(eth0.index))
+        .unwrap()
+        .iter()
+        .any(|(_, a)| a.addr().is_ipv4());
+    let routed = nl
+        .routes()
+        .unwrap()
+        .iter()
+        .any(|r| r.dst.prefix_len() == 0 && r.oif == eth0.index);
+    !(eth0.up && addressed && routed)
+}
+
+/// The MAC of host h1's bridge for the network.
+fn bridge_mac(cluster: &Cluster) -> String {
+    let mut nl = cluster.hosts[0].netlink();
+    let bridges: Vec<_> = nl
+        .links()
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.kind == LinkKind::Bridge && l.name.starts_with("cvb"))
+        .collect();
+    assert_eq!(bridges.len(), 1, "one network, one bridge");
+    bridges[0].mac.clone()
+}
+
+/// A small xorshift generator: the delays need spread, not quality.
+struct Delays(u64);
+
+impl Delays {
+    fn new() -> Delays {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        eprintln!("delay seed {seed}");
+        Delays(seed)
+    }
+
+    fn micros(&mut self, max: u64) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        Duration::from_micros(self.0 % max)
+    }
+}
+
+#[test]
+fn an_agent_killed_while_plugging_never_reports_a_half_plugged_port() {
+    let mut cluster = Cluster::new("ak");
+    let (_net, subnet) = cluster.network("crash", "10.61.0.0/24", false);
+    let conf = plugin_conf(&subnet);
+    let mut delays = Delays::new();
+    let mut pods = Vec::new();
+    let mut gateway_mac = None;
+    const KILLS: usize = 60;
+    let mut half_plugged = 0;
+    for i in 0..KILLS {
+        let pod = cluster.pod(&format!("k{i}"));
+        let mut in_pod = pod.netlink();
+        let add = cluster.plugin(0, "ADD", &format!("crash{i}"), &pod, &conf);
+        if i % 2 == 0 {
+            // 0-30 ms: before the agent hears of the port, while it plugs it, or after.
+            std::thread::sleep(delays.micros(30_000));
+        } else {
+            // Aimed: once the pair exists, within the pod side's configuration.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while in_pod.link_by_name("eth0").unwrap().is_none() && Instant::now() < deadline {}
+            let spin = Instant::now() + delays.micros(150);
+            while Instant::now() < spin {}
+        }
+        cluster.agents[0].as_mut().unwrap().kill9();
+        if is_half_plugged(&pod) {
+            half_plugged += 1;
+        }
+        cluster.start_agent(0);
+        let out = add.wait_with_output().unwrap();
+        let result = cni_result(&out);
+        if let Some(fault) = pod_side_fault(&pod, &result) {
+            panic!("ADD {i} succeeded with a broken pod side: {fault}");
+        }
+        let mac = bridge_mac(&cluster);
+        assert_eq!(
+            *gateway_mac.get_or_insert(mac.clone()),
+            mac,
+            "after ADD {i}"
+        );
+        pods.push(pod);
+    }
+    eprintln!("{half_plugged} of {KILLS} kills left a half-plugged port");
+    assert!(
+        half_plugged > 0,
+        "no kill landed inside a plug: the test tested nothing"
+    );
+    // Every port the controller shows ACTIVE answers from its gateway.
+    let active: Vec<Port> = cluster
+        .ports()
+        .into_iter()
+        .filter(|p| p.status == "ACTIVE")
+        .collect();
+    assert_eq!(active.len(), KILLS, "every port ACTIVE");
+    for port in active {
+        let pod = pods
+            .iter()
+            .find(|p| {
+                p.netlink()
+                    .link_by_name("eth0")
+                    .unwrap()
+                    .is_some_and(|l| l.mac == port.mac_address)
+            })
+            .unwrap_or_else(|| panic!("no pod has port {}'s MAC", port.id));
+        assert!(pod.ping("10.61.0.1"), "ACTIVE port {} is cut off", port.id);
+    }
+}
+
+#[test]
+fn a_pod_side_altered_by_hand_is_repaired_by_a_restart_and_by_the_resync() {
+    let mut cluster = Cluster::new("ar");
+    let (_net, subnet) = cluster.network("fix", "10.62.0.0/24", false);
+    let pod = cluster.pod("a");
+    let result = cni_result(&cluster.add(0, "fix", &pod));
+    assert_eq!(pod_side_fault(&pod, &result), None);
+    let break_it = |pod: &Ns| {
+        pod.ip("addr flush dev eth0");
+        pod.ip("link set eth0 down");
+        assert!(pod_side_fault(pod, &result).is_some());
+    };
+    let repaired = |pod: &Ns, how: &str| {
+        let start = Instant::now();
+        wait_until(how, Duration::from_secs(15), || {
+            pod_side_fault(pod, &result).is_none()
+        });
+        eprintln!("{how}: {:?}", start.elapsed());
+    };
+
+    // A restart compares every pod side with the controller.
+    break_it(&pod);
+    cluster.agents[0].as_mut().unwrap().kill9();
+    cluster.start_agent(0);
+    repaired(&pod, "repair by a restart");
+
+    // So does the periodic full pass, without a restart.
+    cluster.agents[0].as_mut().unwrap().kill9();
+    cluster.start_agent_with(0, &["--resync", "1"]);
+    break_it(&pod);
+    repaired(&pod, "repair by the resync");
+
+    // A port given another address is re-addressed in place.
+    let port = cluster
+        .ports()
+        .into_iter()
+        .find(|p| p.mac_address == result["interfaces"][0]["mac"].as_str().unwrap())
+        .unwrap();
+    let old = result_ip(&result);
+    cluster.api(|c| {
+        c.update::<Port>(
+            &port.id,
+            json!({"fixed_ips": [{"subnet_id": subnet.id, "ip_address": "10.62.0.200"}]}),
+        )
+        .unwrap()
+    });
+    wait_until("the new address", Duration::from_secs(15), || {
+        let addrs = pod.netlink().addresses(None).unwrap();
+        let has = |ip: &str| addrs.iter().any(|(_, a)| a.addr().to_string() == ip);
+        has("10.62.0.200") && !has(&old)
+    });
+    assert!(pod.ping("10.62.0.1"));
+}
+
+#[test]
+fn the_agent_bridge_keeps_its_mac_while_pods_come_and_go() {
+    let cluster = Cluster::new("am");
+    cluster.network("churn", "10.63.0.0/24", false);
+    let mut pods = Vec::new();
+    let mut gateway_mac = None;
+    for i in 0..5 {
+        let pod = cluster.pod(&format!("m{i}"));
+        cni_result(&cluster.add(0, "churn", &pod));
+        let mac = bridge_mac(&cluster);
+        assert_eq!(
+            *gateway_mac.get_or_insert(mac.clone()),
+            mac,
+            "after ADD {i}"
+        );
+        pods.push(pod);
+        for p in &pods {
+            assert!(
+                p.ping("10.63.0.1"),
+                "after ADD {i}: {} lost the gateway",
+                p.name()
+            );
+        }
+    }
+    // The pod behind the lowest MAC on the bridge leaves first, each time: the one an
+    // unfixed bridge would have taken its MAC from.
+    while !pods.is_empty() {
+        let mut host = cluster.hosts[0].netlink();
+        let pos = (0..pods.len())
+            .min_by_key(|&i| {
+                let eth0 = pods[i].netlink().link_by_name("eth0").unwrap().unwrap();
+                host.link_by_index(eth0.peer_index.unwrap())
+                    .unwrap()
+                    .unwrap()
+                    .mac
+            })
+            .unwrap();
+        let gone = pods.remove(pos);
+        let out = cluster.del(0, "churn", &gone);
+        assert!(out.status.success(), "{out:?}");
+        wait_until("the pod's veth to go", Duration::from_secs(15), || {
+            gone.netlink().link_by_name("eth0").unwrap().is_none()
+        });
+        if !pods.is_empty() {
+            assert_eq!(gateway_mac.as_deref(), Some(bridge_mac(&cluster).as_str()));
+        }
+        for p in &pods {
+            assert!(p.ping("10.63.0.1"), "{} lost the gateway", p.name());
+        }
+    }
+}
