@@ -92,13 +92,12 @@ fn mac_is_fixed(host: &mut Netlink, bridge: &Link) -> Result<bool> {
     if let Some(kind) = sysfs_addr_assign_type(bridge) {
         return Ok(kind == ADDR_SET);
     }
-    // Without the kernel's word: an unfixed bridge with ports carries the lowest of
-    // their MACs. One without ports is fixed to the MAC it has, which changes nothing.
+    // Without the kernel's word: a bridge that took its MAC from a port finds that MAC's
+    // forwarding entry on the port; its own MAC's entry is on the bridge itself.
     if bridge.mac.is_empty() || bridge.mac == ZERO_MAC {
         return Ok(false);
     }
-    let ports = host.bridge_ports(bridge)?;
-    Ok(!ports.is_empty() && ports.iter().all(|p| p.mac != bridge.mac))
+    Ok(host.fdb_owner(bridge, &bridge.mac)? == Some(bridge.index))
 }
 
 /// The bridge's `addr_assign_type` from sysfs, when sysfs shows this namespace: it

@@ -6,8 +6,8 @@ use crate::{netlink_err, Result};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL};
 use netlink_packet_route::link::{
     AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridge, InfoBridgePort, InfoData,
-    InfoKind, InfoPortData, InfoPortKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo,
-    LinkMessage,
+    InfoKind, InfoPortData, InfoPortKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags,
+    LinkInfo, LinkMessage,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
@@ -288,6 +288,9 @@ impl Netlink {
     pub fn bridge_ports(&mut self, bridge: &Link) -> Result<Vec<Link>> {
         let mut q = LinkMessage::default();
         q.attributes.push(LinkAttribute::Controller(bridge.index));
+        // Counters are most of each port's answer and nobody here reads them.
+        q.attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
         let replies = self
             .request(RouteNetlinkMessage::GetLink(q), NLM_F_DUMP)
             .map_err(netlink_err(format!("list the ports of {}", bridge.name)))?;

@@ -184,6 +184,28 @@ impl Netlink {
             .collect())
     }
 
+    /// The index of the device a bridge's forwarding table sends `mac` to (untagged), if
+    /// it has an entry for it: the bridge's own index for the bridge's own address.
+    pub fn fdb_owner(&mut self, bridge: &Link, mac: &str) -> Result<Option<u32>> {
+        let op = || format!("look up {mac} in the fdb of {}", bridge.name);
+        let bytes = parse_mac(mac)
+            .ok_or_else(|| netlink_err(op())(io::Error::from_raw_os_error(libc::EINVAL)))?;
+        let mut m = NeighbourMessage::default();
+        m.header.family = AddressFamily::Bridge;
+        m.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(bytes));
+        m.attributes
+            .push(NeighbourAttribute::Controller(bridge.index));
+        match self.request(RouteNetlinkMessage::GetNeighbour(m), 0) {
+            Ok(replies) => Ok(replies.into_iter().find_map(|r| match r {
+                RouteNetlinkMessage::NewNeighbour(n) => Some(n.header.ifindex),
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(netlink_err(op())(e)),
+        }
+    }
+
     /// Adds or replaces a permanent neighbour entry on a device.
     pub fn set_neighbour(&mut self, link: &Link, e: &NeighbourEntry) -> Result<()> {
         let op = || format!("set neighbour {} at {} on {}", e.ip, e.mac, link.name);
