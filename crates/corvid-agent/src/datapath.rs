@@ -13,8 +13,8 @@ use corvid_net::overlay::VxlanSpec;
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
 
-use crate::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 use crate::plan::{NetworkPlan, PortPlan};
+use corvid_net::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 
 /// This host's datapath: a netlink socket and what masquerade rules were last written.
 pub struct Datapath {

@@ -7,7 +7,6 @@
 
 pub mod cache;
 pub mod datapath;
-pub mod names;
 pub mod plan;
 
 use std::collections::{HashMap, HashSet};
@@ -18,8 +17,8 @@ use corvid_api::{ApiError, Client};
 
 use crate::cache::{Cache, Dirty};
 use crate::datapath::Datapath;
-use crate::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 use corvid_net::bridge::Plugged;
+use corvid_net::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 
 /// How an agent is started.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use corvid_net::overlay::{FdbEntry, NeighbourEntry};
 use ipnet::IpNet;
 
 use crate::cache::Cache;
-use crate::names;
+use corvid_net::names;
 
 /// A port this agent plugs.
 #[derive(Debug, Clone, PartialEq)]

@@ -35,7 +35,7 @@ pub fn decode_mac(b64: &str) -> Result<String> {
 
 /// The name Docker gets for the container end until it moves it into the sandbox.
 pub fn container_veth(port: &str) -> String {
-    let host = corvid_agent::names::host_veth(port);
+    let host = corvid_net::names::host_veth(port);
     format!("cvc{}", &host[3..])
 }
 
@@ -303,7 +303,7 @@ impl Driver {
             "mac_address": port.mac_address,
             "fixed_ips": port.fixed_ips,
             "status": port.status,
-            "host_veth": corvid_agent::names::host_veth(&port.id),
+            "host_veth": corvid_net::names::host_veth(&port.id),
         }}))
     }
 
@@ -312,14 +312,14 @@ impl Driver {
     pub(crate) fn join(&self, req: &Value) -> Result<Value> {
         let net = self.network(docker_id(req, "NetworkID")?)?;
         let port = self.endpoint(docker_id(req, "EndpointID")?)?;
-        let host_name = corvid_agent::names::host_veth(&port.id);
+        let host_name = corvid_net::names::host_veth(&port.id);
         let src = container_veth(&port.id);
         self.allow_forwarding()?;
         let mut nl = Netlink::open()?;
         let bridge = ensure_bridge(
             &mut nl,
             &BridgeSpec {
-                name: &corvid_agent::names::bridge(&net.id),
+                name: &corvid_net::names::bridge(&net.id),
                 mtu: Some(net.mtu),
                 vlan_filtering: false,
                 promisc: false,
@@ -393,7 +393,7 @@ impl Driver {
     fn unbind(&self, port: &Port) -> Result<()> {
         let mut nl = Netlink::open()?;
         for name in [
-            corvid_agent::names::host_veth(&port.id),
+            corvid_net::names::host_veth(&port.id),
             container_veth(&port.id),
         ] {
             if let Some(link) = nl.link_by_name(&name)? {

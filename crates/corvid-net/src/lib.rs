@@ -6,6 +6,7 @@
 
 pub mod bridge;
 pub mod link;
+pub mod names;
 pub mod netlink;
 pub mod netns;
 pub mod nft;

@@ -15,15 +15,15 @@ use std::process::{Command, Stdio};
 pub const TABLE: &str = "corvid";
 const CHAIN: &str = "postrouting";
 
+/// FNV-1a over the parts, each ended by a zero byte so ("ab", "c") and ("a", "bc") differ.
 fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    use std::hash::Hasher;
+    let mut h = fnv::FnvHasher::default();
     for part in parts {
-        for b in part.bytes().chain(std::iter::once(0)) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        h.write(part.as_bytes());
+        h.write(&[0]);
     }
-    h
+    h.finish()
 }
 
 /// Names the rules of one attachment: `corvid:<network hash>:<attachment hash>`.
@@ -259,5 +259,18 @@ mod tests {
         );
         assert!(a.as_str().starts_with(&network_prefix("net1")));
         assert!(a.as_str().len() < 128);
+    }
+
+    #[test]
+    fn tags_are_those_earlier_versions_wrote() {
+        // Rules written before an upgrade are found and removed by these tags.
+        assert_eq!(
+            MasqueradeTag::new("net", "ctr", "eth0").as_str(),
+            "corvid:e53f18baa0319ec8:4f23bddf6d4f4663"
+        );
+        assert_eq!(
+            MasqueradeTag::network("n1").as_str(),
+            "corvid-net:21cece1925f18240"
+        );
     }
 }

@@ -178,10 +178,9 @@ fn runtime_conf(a: &Attach) -> Result<RuntimeConf, Error> {
         },
     };
     let container_id = a.container_id.clone().unwrap_or_else(|| {
-        let h = a.netns.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        });
-        format!("corvid-{h:016x}")
+        let mut h = fnv::FnvHasher::default();
+        std::hash::Hasher::write(&mut h, a.netns.as_bytes());
+        format!("corvid-{:016x}", std::hash::Hasher::finish(&h))
     });
     Ok(RuntimeConf {
         container_id,

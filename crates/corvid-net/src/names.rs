@@ -1,17 +1,14 @@
-//! Device names derived from controller IDs, so a restarted agent (or the Docker driver)
-//! finds what it made without keeping any state of its own. Each is at most 15 bytes.
+//! Device names derived from controller IDs, so a restarted agent (or the Docker driver,
+//! or any other adapter that binds ports) finds what it made without keeping any state of
+//! its own. Each is at most 15 bytes, and a name never changes between versions: the
+//! devices of a running host are found by it after an upgrade.
 
-fn fnv1a(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
+use std::hash::Hasher;
 
 fn name(prefix: &str, id: &str) -> String {
-    format!("{prefix}{:012x}", fnv1a(id) & 0xffff_ffff_ffff)
+    let mut h = fnv::FnvHasher::default();
+    h.write(id.as_bytes());
+    format!("{prefix}{:012x}", h.finish() & 0xffff_ffff_ffff)
 }
 
 /// Prefix of the bridges the agent owns.
@@ -48,5 +45,13 @@ mod tests {
         }
         assert_eq!(bridge(id), bridge(id));
         assert_ne!(bridge(id), bridge("3dda2801-d675-4688-a63f-dcda8d327f51"));
+    }
+
+    #[test]
+    fn names_are_those_earlier_versions_gave() {
+        let id = "3dda2801-d675-4688-a63f-dcda8d327f50";
+        assert_eq!(bridge(id), "cvb60b95b215aa9");
+        assert_eq!(vxlan(id), "cvx60b95b215aa9");
+        assert_eq!(host_veth(id), "cvp60b95b215aa9");
     }
 }
