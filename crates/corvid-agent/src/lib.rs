@@ -220,6 +220,7 @@ impl Agent {
             }
         }
         let mut reports = Vec::new();
+        let full = *dirty == Dirty::All;
         for n in plans.values() {
             let needs_sync = match dirty {
                 Dirty::All => true,
@@ -239,14 +240,10 @@ impl Agent {
                 links[&n.bridge].clone()
             };
             for p in &n.ports {
-                let full = *dirty == Dirty::All;
-                if !full
-                    && links.contains_key(&p.host_veth)
-                    && self.checked.get(&p.id) == Some(&p.revision)
-                {
-                    continue;
-                }
-                if !full && self.failed.get(&p.id) == Some(&p.revision) {
+                let settled = (links.contains_key(&p.host_veth)
+                    && self.checked.get(&p.id) == Some(&p.revision))
+                    || self.failed.get(&p.id) == Some(&p.revision);
+                if settled && !full {
                     continue;
                 }
                 match self.dp.ensure_port(&bridge, n.mtu, p) {

@@ -360,21 +360,17 @@ pub fn ensure_plugged(
     let pod_end = container.link_by_name(spec.ifname)?;
     let replaced = match (host_end, pod_end) {
         (Some(h), Some(c)) if is_pair(&h, &c, bridge, spec) => {
-            let port = Port {
-                host: h,
-                container: c,
-            };
             let mut done = Vec::new();
-            if !port.host.up {
-                host.set_up(&port.host)?;
+            if !h.up {
+                host.set_up(&h)?;
                 done.push(format!("{host_name} set up"));
             }
-            if !port.container.up {
-                container.set_up(&port.container)?;
+            if !c.up {
+                container.set_up(&c)?;
                 done.push(format!("{} set up", spec.ifname));
             }
-            done.extend(sync_addresses(container, &port.container, addrs)?);
-            done.extend(sync_routes(container, &port.container, routes)?);
+            done.extend(sync_addresses(container, &c, addrs)?);
+            done.extend(sync_routes(container, &c, routes)?);
             return Ok(if done.is_empty() {
                 Plugged::Intact
             } else {
