@@ -34,6 +34,18 @@ pub enum Dirty {
 }
 
 impl Dirty {
+    /// What either touched.
+    pub fn merge(self, other: Dirty) -> Dirty {
+        match (self, other) {
+            (Dirty::All, _) | (_, Dirty::All) => Dirty::All,
+            (Dirty::None, d) | (d, Dirty::None) => d,
+            (Dirty::Networks(mut a), Dirty::Networks(b)) => {
+                a.extend(b);
+                Dirty::Networks(a)
+            }
+        }
+    }
+
     fn network(&mut self, id: &str) {
         match self {
             Dirty::All => {}
@@ -159,5 +171,15 @@ mod tests {
             c.apply(&[event("put", "loadbalancers", "x", json!({}))]),
             Dirty::None
         );
+    }
+
+    #[test]
+    fn merged_dirt_covers_both() {
+        let nets = |ids: &[&str]| Dirty::Networks(ids.iter().map(|s| s.to_string()).collect());
+        assert_eq!(nets(&["a"]).merge(nets(&["b"])), nets(&["a", "b"]));
+        assert_eq!(Dirty::None.merge(nets(&["a"])), nets(&["a"]));
+        assert_eq!(nets(&["a"]).merge(Dirty::None), nets(&["a"]));
+        assert_eq!(nets(&["a"]).merge(Dirty::All), Dirty::All);
+        assert_eq!(Dirty::None.merge(Dirty::None), Dirty::None);
     }
 }

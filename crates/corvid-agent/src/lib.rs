@@ -9,7 +9,7 @@ pub mod cache;
 pub mod datapath;
 pub mod plan;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use corvid_api::{ApiError, Client};
 use crate::cache::{Cache, Dirty};
 use crate::datapath::Datapath;
 use corvid_net::bridge::Plugged;
+use corvid_net::link::Link;
 use corvid_net::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 
 /// How an agent is started.
@@ -139,7 +140,7 @@ impl Agent {
             match loaded {
                 Ok(cache) => {
                     self.cache = cache;
-                    self.reconcile(&Dirty::All);
+                    self.reconcile(Dirty::All);
                     return;
                 }
                 Err(e) => {
@@ -170,9 +171,9 @@ impl Agent {
                     }
                     if last_full.elapsed() >= self.cfg.resync {
                         last_full = Instant::now();
-                        self.reconcile(&Dirty::All);
+                        self.reconcile(Dirty::All);
                     } else if dirty != Dirty::None {
-                        self.reconcile(&dirty);
+                        self.reconcile(dirty);
                     }
                 }
                 Err(ApiError::Neutron { status: 410, .. }) => return,
@@ -187,42 +188,61 @@ impl Agent {
         }
     }
 
+    /// Applies what the controller committed since the cache's revision, without waiting.
+    fn catch_up(&mut self) -> Result<Dirty, ApiError> {
+        let mut dirty = Dirty::None;
+        loop {
+            let page = self
+                .client
+                .watch(self.cache.revision, None, Duration::ZERO)?;
+            if page.events.is_empty() {
+                self.cache.revision = page.revision;
+                return Ok(dirty);
+            }
+            dirty = dirty.merge(self.cache.apply(&page.events));
+            self.cache.revision = page.revision;
+        }
+    }
+
     /// One pass: unplug what is no longer bound here, bring up the networks `dirty`
     /// names (and any whose bridge is missing), plug missing ports, report status.
-    pub fn reconcile(&mut self, dirty: &Dirty) {
+    pub fn reconcile(&mut self, dirty: Dirty) {
         if let Err(e) = self.try_reconcile(dirty) {
             log(&format!("reconcile: {e}"));
         }
     }
 
-    fn try_reconcile(&mut self, dirty: &Dirty) -> Result<(), corvid_net::Error> {
-        let plans = plan::plan(&self.cache, &self.cfg.host_id);
+    fn try_reconcile(&mut self, mut dirty: Dirty) -> Result<(), corvid_net::Error> {
+        let mut plans = plan::plan(&self.cache, &self.cfg.host_id);
         let mut links = self.dp.owned_links()?;
-        let wanted: HashSet<String> = plans
-            .values()
-            .flat_map(|n| {
-                [n.bridge.clone(), n.vxlan.clone()]
-                    .into_iter()
-                    .chain(n.ports.iter().map(|p| p.host_veth.clone()))
-                    .chain(n.external.iter().cloned())
-            })
-            .collect();
-        for prefix in [VETH_PREFIX, VXLAN_PREFIX, BRIDGE_PREFIX] {
-            let stale: Vec<String> = links
-                .keys()
-                .filter(|n| n.starts_with(prefix) && !wanted.contains(*n))
-                .cloned()
-                .collect();
-            for name in stale {
-                if let Some(l) = links.remove(&name) {
-                    self.dp.remove(&l)?;
+        let mut stale = stale_links(&plans, &links);
+        if !stale.is_empty() {
+            // A link can be younger than the cache: a Docker Join plugs a port whose
+            // creation the watch has not brought yet. Only what is unknown after catching
+            // up with the controller is removed; when it cannot be asked, nothing is.
+            match self.catch_up() {
+                Ok(caught) => {
+                    plans = plan::plan(&self.cache, &self.cfg.host_id);
+                    stale = stale_links(&plans, &links);
+                    dirty = dirty.merge(caught);
+                }
+                Err(e) => {
+                    log(&format!(
+                        "keeping unknown links until the controller answers: {e}"
+                    ));
+                    stale.clear();
                 }
             }
         }
+        for name in stale {
+            if let Some(l) = links.remove(&name) {
+                self.dp.remove(&l)?;
+            }
+        }
         let mut reports = Vec::new();
-        let full = *dirty == Dirty::All;
+        let full = dirty == Dirty::All;
         for n in plans.values() {
-            let needs_sync = match dirty {
+            let needs_sync = match &dirty {
                 Dirty::All => true,
                 Dirty::Networks(set) => set.contains(&n.id),
                 Dirty::None => false,
@@ -301,4 +321,31 @@ impl Agent {
 
 fn log(msg: &str) {
     eprintln!("corvid-agent: {msg}");
+}
+
+/// The owned links no plan asks for, ports' ends before the devices they hang on.
+fn stale_links(
+    plans: &BTreeMap<String, plan::NetworkPlan>,
+    links: &HashMap<String, Link>,
+) -> Vec<String> {
+    let wanted: HashSet<&str> = plans
+        .values()
+        .flat_map(|n| {
+            [n.bridge.as_str(), n.vxlan.as_str()]
+                .into_iter()
+                .chain(n.ports.iter().map(|p| p.host_veth.as_str()))
+                .chain(n.external.iter().map(String::as_str))
+        })
+        .collect();
+    let mut stale: Vec<String> = links
+        .keys()
+        .filter(|n| !wanted.contains(n.as_str()))
+        .cloned()
+        .collect();
+    stale.sort_by_key(|n| {
+        [VETH_PREFIX, VXLAN_PREFIX, BRIDGE_PREFIX]
+            .iter()
+            .position(|p| n.starts_with(p))
+    });
+    stale
 }

@@ -1,6 +1,7 @@
 //! The agent killed in the middle of plugging ports, pod sides altered by hand, and pods
 //! coming and going: every ADD that succeeds has a working pod side, every port the
-//! controller shows ACTIVE answers from its gateway, and the gateway's MAC never moves.
+//! controller shows ACTIVE answers from its gateway, the gateway's MAC never moves, and
+//! a link made for a port the agent has not heard of yet is not taken for a stale one.
 //! Runs as root, in the simulated cluster of `support/cluster.rs`.
 
 #[path = "support/cluster.rs"]
@@ -284,4 +285,57 @@ fn the_agent_bridge_keeps_its_mac_while_pods_come_and_go() {
             assert!(p.ping("10.63.0.1"), "{} lost the gateway", p.name());
         }
     }
+}
+
+#[test]
+fn an_agent_keeps_the_links_a_driver_made_for_ports_it_has_not_heard_of_yet() {
+    let cluster = Cluster::new("ay");
+    let (net, _subnet) = cluster.network("young", "10.63.0.0/24", false);
+    let h1 = &cluster.hosts[0];
+    let agent = cluster.agents[0].as_ref().unwrap().0.id() as libc::pid_t;
+    let create = |i: usize| -> Port {
+        cluster.api(|c| {
+            c.create(json!({
+                "network_id": net.id, "binding:host_id": "h1", "device_owner": "docker",
+                "device_id": format!("young{i}")
+            }))
+            .unwrap()
+        })
+    };
+    let first = create(0);
+    wait_until("the agent has the network", Duration::from_secs(20), || {
+        !h1.links("cvb").is_empty()
+    });
+    const ROUNDS: usize = 5;
+    let mut names = Vec::new();
+    for i in 1..=ROUNDS {
+        // The agent holds a page that ends just before a port is bound here, and only
+        // reads it once the port's pair exists, as when a Docker Join follows at once.
+        assert_eq!(unsafe { libc::kill(agent, libc::SIGSTOP) }, 0);
+        std::thread::sleep(Duration::from_millis(50));
+        cluster.api(|c| {
+            c.set_port_status(&first.id, if i % 2 == 1 { "DOWN" } else { "ACTIVE" })
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let port = create(i);
+        let name = corvid_net::names::host_veth(&port.id);
+        h1.ip(&format!(
+            "link add {name} type veth peer name cvc{}",
+            &name[3..]
+        ));
+        names.push(name);
+        assert_eq!(unsafe { libc::kill(agent, libc::SIGCONT) }, 0);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A link for no port at all is the agent's to remove.
+    let orphan = corvid_net::names::host_veth("not-a-port");
+    h1.ip(&format!("link add {orphan} type veth peer name cvcorphan"));
+    cluster.api(|c| c.set_port_status(&first.id, "DOWN").unwrap());
+    wait_until("the orphan's link removed", Duration::from_secs(20), || {
+        h1.links(&orphan).is_empty()
+    });
+    let kept = h1.links("cvp");
+    let lost: Vec<&String> = names.iter().filter(|n| !kept.contains(n)).collect();
+    assert!(lost.is_empty(), "the agent removed {lost:?}");
 }
