@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// The error codes corvid uses: the spec's well-known ones (below 100) and corvid's own.
+/// The spec's well-known error codes (below 100) and those every corvid plugin shares; a
+/// plugin's own codes live with the plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum ErrorCode {
@@ -39,16 +40,14 @@ pub enum ErrorCode {
     CheckFailed = 104,
     /// 105: a delegated plugin could not be run or gave no valid answer.
     Delegate = 105,
-    /// 106: the network controller could not be reached.
-    ControllerUnreachable = 106,
-    /// 107: the port did not come UP in time (no agent on this host plugged it).
-    PortTimeout = 107,
-    /// 108: the controller refused the request.
-    ControllerRefused = 108,
-    /// 109: the host's agent could not plug the port.
-    PortFailed = 109,
     /// 999: a failure inside the plugin itself (the reference plugins' generic code).
     Internal = 999,
+}
+
+impl From<ErrorCode> for u32 {
+    fn from(c: ErrorCode) -> u32 {
+        c as u32
+    }
 }
 
 /// A CNI error as the spec prints it: `{"cniVersion", "code", "msg", "details"}`.
@@ -64,10 +63,10 @@ pub struct Error {
 }
 
 impl Error {
-    /// An error with a code and a message.
-    pub fn new(code: ErrorCode, msg: impl Into<String>) -> Error {
+    /// An error with a code (a well-known one or a plugin's own) and a message.
+    pub fn new(code: impl Into<u32>, msg: impl Into<String>) -> Error {
         Error {
-            code: code as u32,
+            code: code.into(),
             msg: msg.into(),
             details: String::new(),
         }

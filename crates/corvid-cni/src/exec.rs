@@ -3,6 +3,7 @@
 //! `runtimeConfig`, DEL in reverse, a failed ADD undone), and cache each ADD's result in
 //! libcni's layout so CHECK and DEL get it back after a restart.
 
+use crate::command::Command;
 use crate::config::Attachment;
 use crate::conflist::NetConfList;
 use crate::error::{Error, ErrorCode};
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -127,32 +128,13 @@ fn plugin_error(plugin: &str, e: Error) -> Error {
     }
 }
 
-fn command_name(add: Op) -> &'static str {
-    match add {
-        Op::Add => "ADD",
-        Op::Del => "DEL",
-        Op::Check => "CHECK",
-        Op::Gc => "GC",
-        Op::Status => "STATUS",
-        Op::Version => "VERSION",
-    }
-}
-
-/// A command the runtime sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// ADD.
-    Add,
-    /// DEL.
-    Del,
-    /// CHECK.
-    Check,
-    /// GC.
-    Gc,
-    /// STATUS.
-    Status,
-    /// VERSION.
-    Version,
+/// Why running a plugin failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// It could not be found, started or talked to, or did not finish in time.
+    NotRun(Error),
+    /// It ran and failed with this error.
+    Failed(Error),
 }
 
 impl Runtime {
@@ -175,15 +157,44 @@ impl Runtime {
     pub fn run_plugin(
         &self,
         plugin: &str,
-        op: Op,
+        command: Command,
         rt: &RuntimeConf,
         stdin: &[u8],
     ) -> Result<Vec<u8>, Error> {
-        let exe = self.find(plugin)?;
+        self.invoke(plugin, command, rt, stdin)
+            .map_err(|f| match f {
+                Failure::NotRun(e) => e,
+                Failure::Failed(e) => plugin_error(plugin, e),
+            })
+    }
+
+    /// The one way corvid execs a plugin, for the runtime side and for a plugin delegating
+    /// to another (its IPAM) alike: found on the plugin path, CNI_* from `rt`, the rest of
+    /// the environment inherited, killed with us and past the timeout.
+    pub fn invoke(
+        &self,
+        plugin: &str,
+        command: Command,
+        rt: &RuntimeConf,
+        stdin: &[u8],
+    ) -> Result<Vec<u8>, Failure> {
+        let exe = self.find(plugin).map_err(Failure::NotRun)?;
         let path = std::env::join_paths(&self.plugin_dirs).unwrap_or_default();
         let args: Vec<String> = rt.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let mut child = Command::new(&exe)
-            .env("CNI_COMMAND", command_name(op))
+        let mut cmd = std::process::Command::new(&exe);
+        // A plugin must not outlive its caller: orphaned, an IPAM could allocate after
+        // the runtime's DEL.
+        // SAFETY: the closure only makes the prctl system call, which is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))
+                .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd
+            .env("CNI_COMMAND", command.as_str())
             .env("CNI_CONTAINERID", &rt.container_id)
             .env("CNI_NETNS", &rt.netns)
             .env("CNI_IFNAME", &rt.ifname)
@@ -194,10 +205,10 @@ impl Runtime {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| {
-                Error::new(
+                Failure::NotRun(Error::new(
                     ErrorCode::Io,
                     format!("plugin {plugin} could not be started: {e}"),
-                )
+                ))
             })?;
         let mut input = child.stdin.take().expect("piped");
         let mut output = child.stdout.take().expect("piped");
@@ -212,31 +223,28 @@ impl Runtime {
             let read = output.read_to_end(&mut out).map(|_| out);
             let _ = tx.send(read);
         });
+        let io = |e: std::io::Error| {
+            Failure::NotRun(Error::new(ErrorCode::Io, format!("plugin {plugin}: {e}")))
+        };
         let out = match rx.recv_timeout(self.timeout) {
-            Ok(read) => {
-                read.map_err(|e| Error::new(ErrorCode::Io, format!("plugin {plugin}: {e}")))?
-            }
+            Ok(read) => read.map_err(io)?,
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error::new(
+                return Err(Failure::NotRun(Error::new(
                     ErrorCode::TryAgainLater,
                     format!(
-                        "plugin {plugin} did not finish {} within {:?}; killed",
-                        command_name(op),
+                        "plugin {plugin} did not finish {command} within {:?}; killed",
                         self.timeout
                     ),
-                ));
+                )));
             }
         };
-        let status = child
-            .wait()
-            .map_err(|e| Error::new(ErrorCode::Io, format!("plugin {plugin}: {e}")))?;
+        let status = child.wait().map_err(io)?;
         if status.success() {
             return Ok(out);
         }
-        Err(plugin_error(
-            plugin,
+        Err(Failure::Failed(
             Error::from_plugin_output(&out).unwrap_or_else(|| {
                 Error::new(
                     ErrorCode::Decoding,
@@ -361,7 +369,7 @@ impl Runtime {
             let name = list.plugin_type(i);
             let conf = self.plugin_config(list, i, rt, prev.as_ref());
             let out = self
-                .run_plugin(name, Op::Add, rt, conf.to_string().as_bytes())
+                .run_plugin(name, Command::Add, rt, conf.to_string().as_bytes())
                 .map_err(|e| self.explain_version(name, list, e));
             let parsed = out.and_then(|out| {
                 let v: Value = serde_json::from_slice(&out).map_err(|e| {
@@ -413,7 +421,7 @@ impl Runtime {
         for i in (0..list.plugins.len()).rev() {
             let name = list.plugin_type(i);
             let conf = self.plugin_config(list, i, rt, prev);
-            if let Err(e) = self.run_plugin(name, Op::Del, rt, conf.to_string().as_bytes()) {
+            if let Err(e) = self.run_plugin(name, Command::Del, rt, conf.to_string().as_bytes()) {
                 if !best_effort {
                     return Err(e);
                 }
@@ -466,7 +474,7 @@ impl Runtime {
         for i in 0..list.plugins.len() {
             let name = list.plugin_type(i);
             let conf = self.plugin_config(list, i, rt, Some(&cached));
-            self.run_plugin(name, Op::Check, rt, conf.to_string().as_bytes())?;
+            self.run_plugin(name, Command::Check, rt, conf.to_string().as_bytes())?;
         }
         Ok(())
     }
@@ -501,7 +509,7 @@ impl Runtime {
             conf["cni.dev/valid-attachments"] = valid.clone();
             self.run_plugin(
                 name,
-                Op::Gc,
+                Command::Gc,
                 &RuntimeConf::default(),
                 conf.to_string().as_bytes(),
             )?;
@@ -525,7 +533,7 @@ impl Runtime {
             let conf = list.plugin_config(i, None);
             self.run_plugin(
                 name,
-                Op::Status,
+                Command::Status,
                 &RuntimeConf::default(),
                 conf.to_string().as_bytes(),
             )?;
@@ -559,7 +567,7 @@ impl Runtime {
         let stdin = serde_json::json!({"cniVersion": version.as_str()}).to_string();
         let out = self.run_plugin(
             plugin,
-            Op::Version,
+            Command::Version,
             &RuntimeConf::default(),
             stdin.as_bytes(),
         )?;

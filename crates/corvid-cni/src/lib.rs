@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod args;
+pub mod command;
 pub mod config;
 pub mod conflist;
 pub mod error;
@@ -13,6 +14,7 @@ pub mod result;
 pub mod skel;
 pub mod version;
 
+pub use command::Command;
 pub use config::NetConf;
 pub use conflist::NetConfList;
 pub use error::{Error, ErrorCode};

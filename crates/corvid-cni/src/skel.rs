@@ -2,6 +2,7 @@
 //! spec's error JSON out.
 
 use crate::args::CniArgs;
+use crate::command::Command;
 use crate::config::NetConf;
 use crate::error::{Error, ErrorCode};
 use crate::result::CniResult;
@@ -9,56 +10,6 @@ use crate::version::{version_info, Version};
 use std::io::{Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-
-/// A CNI command, from CNI_COMMAND.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
-    /// Attach the container.
-    Add,
-    /// Detach the container; succeeds when nothing is left.
-    Del,
-    /// Verify the container's network against `prevResult`.
-    Check,
-    /// Report the supported versions.
-    Version,
-    /// Release everything not in `cni.dev/valid-attachments`.
-    Gc,
-    /// Report whether ADD can be served now.
-    Status,
-}
-
-impl Command {
-    /// Parses CNI_COMMAND.
-    pub fn parse(s: &str) -> Result<Command, Error> {
-        Ok(match s {
-            "ADD" => Command::Add,
-            "DEL" => Command::Del,
-            "CHECK" => Command::Check,
-            "VERSION" => Command::Version,
-            "GC" => Command::Gc,
-            "STATUS" => Command::Status,
-            _ => {
-                return Err(Error::new(
-                    ErrorCode::InvalidEnvironment,
-                    format!("unknown CNI_COMMAND \"{s}\""),
-                )
-                .with_details("expected ADD, DEL, CHECK, VERSION, GC or STATUS"))
-            }
-        })
-    }
-
-    /// The environment variables the spec requires for this command.
-    fn required_env(self) -> &'static [&'static str] {
-        match self {
-            Command::Add | Command::Check => {
-                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"]
-            }
-            Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"],
-            Command::Gc | Command::Status => &["CNI_PATH"],
-            Command::Version => &[],
-        }
-    }
-}
 
 /// Everything a plugin gets for one invocation, checked.
 #[derive(Debug, Clone)]
@@ -173,14 +124,7 @@ fn build_args(
         Command::Gc | Command::Status if !version.allows_gc_and_status() => {
             return Err(Error::new(
                 ErrorCode::IncompatibleVersion,
-                format!(
-                    "CNI version {version} does not allow {}",
-                    if command == Command::Gc {
-                        "GC"
-                    } else {
-                        "STATUS"
-                    }
-                ),
+                format!("CNI version {version} does not allow {command}"),
             ))
         }
         _ => {}

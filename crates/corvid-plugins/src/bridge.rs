@@ -3,7 +3,8 @@
 
 use crate::{delegate, errors};
 use corvid_cni::result::{Interface, Route};
-use corvid_cni::skel::{validate_ifname, CmdArgs, Command, Plugin};
+use corvid_cni::skel::{validate_ifname, CmdArgs, Plugin};
+use corvid_cni::Command;
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::bridge::{
     configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, Port, PortSpec,

@@ -18,6 +18,26 @@ use crate::errors;
 /// The controller-backed plugin.
 pub struct Controller;
 
+/// This plugin's own CNI error codes (the spec leaves 100 and up to plugins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Code {
+    /// 106: the network controller could not be reached.
+    ControllerUnreachable = 106,
+    /// 107: the port did not come UP in time (no agent on this host plugged it).
+    PortTimeout = 107,
+    /// 108: the controller refused the request.
+    ControllerRefused = 108,
+    /// 109: the host's agent could not plug the port.
+    PortFailed = 109,
+}
+
+impl From<Code> for u32 {
+    fn from(c: Code) -> u32 {
+        c as u32
+    }
+}
+
 fn default_timeout() -> u64 {
     60
 }
@@ -97,7 +117,7 @@ pub fn port_id(network: &str, container_id: &str, ifname: &str) -> String {
 fn api(e: ApiError, conf: &Conf, doing: &str) -> Error {
     match e {
         ApiError::Transport(why) => Error::new(
-            ErrorCode::ControllerUnreachable,
+            Code::ControllerUnreachable,
             format!(
                 "{doing}: the corvid controller at {} is unreachable",
                 conf.url
@@ -119,12 +139,12 @@ fn api(e: ApiError, conf: &Conf, doing: &str) -> Error {
             message,
             ..
         } => Error::new(
-            ErrorCode::ControllerRefused,
+            Code::ControllerRefused,
             format!("{doing}: the controller answered {status} {kind}"),
         )
         .with_details(message),
         ApiError::Decode(why) => Error::new(
-            ErrorCode::ControllerRefused,
+            Code::ControllerRefused,
             format!("{doing}: unexpected answer from the controller"),
         )
         .with_details(why),
@@ -213,7 +233,7 @@ fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
         .map_err(|e| api(e, conf, "read the port"))?;
     let mut port = ports.into_iter().next().ok_or_else(|| {
         Error::new(
-            ErrorCode::ControllerRefused,
+            Code::ControllerRefused,
             format!("port {id} vanished while waiting for it to come UP"),
         )
     })?;
@@ -222,7 +242,7 @@ fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
             "ACTIVE" => return Ok(port),
             "ERROR" => {
                 return Err(Error::new(
-                    ErrorCode::PortFailed,
+                    Code::PortFailed,
                     format!(
                         "the agent of host {} could not plug port {id}: see its log",
                         conf.host_id
@@ -234,7 +254,7 @@ fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::new(
-                ErrorCode::PortTimeout,
+                Code::PortTimeout,
                 format!(
                     "port {id} is not UP after {}s: is `corvid agent --host-id {}` running on this host?",
                     conf.timeout, conf.host_id
@@ -273,7 +293,7 @@ fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
         for e in page.events.into_iter().filter(|e| e.id == id) {
             if e.kind == "delete" {
                 return Err(Error::new(
-                    ErrorCode::ControllerRefused,
+                    Code::ControllerRefused,
                     format!("port {id} was deleted while waiting for it to come UP"),
                 ));
             }
@@ -314,7 +334,7 @@ fn result_of(
     let cidr: IpNet = subnet["cidr"]
         .as_str()
         .and_then(|c| c.parse().ok())
-        .ok_or_else(|| Error::new(ErrorCode::ControllerRefused, "the subnet has no cidr"))?;
+        .ok_or_else(|| Error::new(Code::ControllerRefused, "the subnet has no cidr"))?;
     let gateway = subnet["gateway_ip"].as_str().and_then(|g| g.parse().ok());
     let mut result = CniResult {
         interfaces: vec![Interface {

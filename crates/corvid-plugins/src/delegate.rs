@@ -1,22 +1,12 @@
 //! Running a delegated plugin (the IPAM plugin of `ipam.type`) exactly as the spec says:
-//! found on CNI_PATH, same environment and stdin, CNI_COMMAND set for the call.
+//! found on CNI_PATH, same environment and stdin, CNI_COMMAND set for the call; in-process
+//! when the delegate is this very binary.
 
-use corvid_cni::skel::{CmdArgs, Command, Plugin};
-use corvid_cni::{CniResult, Error, ErrorCode};
-use std::io::Write;
+use corvid_cni::exec::{Failure, Runtime, RuntimeConf};
+use corvid_cni::skel::{CmdArgs, Plugin};
+use corvid_cni::{CniResult, Command, Error, ErrorCode};
 use std::path::PathBuf;
-use std::process::Stdio;
-
-fn command_name(c: Command) -> &'static str {
-    match c {
-        Command::Add => "ADD",
-        Command::Del => "DEL",
-        Command::Check => "CHECK",
-        Command::Version => "VERSION",
-        Command::Gc => "GC",
-        Command::Status => "STATUS",
-    }
-}
+use std::time::Duration;
 
 /// Finds a plugin on CNI_PATH; not finding it is a delegation failure (105).
 pub fn find(plugin: &str, path: &[PathBuf]) -> Result<PathBuf, Error> {
@@ -64,54 +54,46 @@ pub fn call(
 
 /// Runs `plugin` for `command` with the invocation's stdin; ADD returns its result.
 /// A plugin of this binary runs in-process (see [`in_process`]); anything else, the
-/// reference host-local say, is exec'd.
+/// reference host-local say, is exec'd by the runtime side's invocation layer.
 pub fn run(plugin: &str, command: Command, args: &CmdArgs) -> Result<Option<CniResult>, Error> {
     if let Some(own) = in_process(plugin, args) {
         return call(own, command, args);
     }
-    let exe = find(plugin, &args.path)?;
-    let failed = |what: String| {
-        Error::new(
-            ErrorCode::Delegate,
-            format!("delegated plugin \"{plugin}\" {what}"),
-        )
+    let runtime = Runtime {
+        plugin_dirs: args.path.clone(),
+        // Bounded by our own caller's timeout: the delegate dies with us.
+        timeout: Duration::MAX,
+        ..Runtime::new(Vec::new())
     };
-    let mut cmd = std::process::Command::new(&exe);
-    // A delegate must not outlive us: orphaned, it could allocate after the runtime's DEL.
-    // SAFETY: prctl is async-signal-safe and only affects the child.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .env("CNI_COMMAND", command_name(command))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| failed(format!("could not be started: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(&args.stdin)
-            .map_err(|e| failed(format!("did not take its configuration: {e}")))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| failed(format!("did not finish: {e}")))?;
-    if !out.status.success() {
-        return Err(Error::from_plugin_output(&out.stdout).unwrap_or_else(|| {
-            failed(format!("failed ({}) without an error message", out.status))
-                .with_details(String::from_utf8_lossy(&out.stdout).into_owned())
-        }));
-    }
+    let rt = RuntimeConf {
+        container_id: args.container_id.clone(),
+        netns: args
+            .netns
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        ifname: args.ifname.clone(),
+        args: args.args.0.clone(),
+        capability_args: Default::default(),
+    };
+    let out = runtime
+        .invoke(plugin, command, &rt, &args.stdin)
+        .map_err(|f| match f {
+            Failure::Failed(e) => e,
+            Failure::NotRun(e) => Error {
+                code: ErrorCode::Delegate.into(),
+                msg: format!("delegated plugin \"{plugin}\": {}", e.msg),
+                ..e
+            },
+        })?;
     if command != Command::Add {
         return Ok(None);
     }
-    let value: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| failed(format!("printed an unreadable result: {e}")))?;
+    let value: serde_json::Value = serde_json::from_slice(&out).map_err(|e| {
+        Error::new(
+            ErrorCode::Delegate,
+            format!("delegated plugin \"{plugin}\" printed an unreadable result: {e}"),
+        )
+    })?;
     CniResult::parse(&value, args.version).map(|(r, _)| Some(r))
 }

@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use corvid_cni::config::Attachment;
 use corvid_cni::exec::{load_dir, Runtime, RuntimeConf};
-use corvid_cni::{Error, NetConfList};
+use corvid_cni::{Command, Error, NetConfList};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -219,13 +219,13 @@ fn describe(result: &Value) -> String {
     lines.join("\n")
 }
 
-fn attach(paths: &Paths, a: &Attach, op: &str) -> Result<Option<Value>, Error> {
+fn attach(paths: &Paths, a: &Attach, command: Command) -> Result<Option<Value>, Error> {
     let (bytes, list) = find_network(&paths.conf_dir, &a.network)?;
     let conf = runtime_conf(a)?;
     let rt = runtime(paths);
-    match op {
-        "add" => rt.add(&bytes, &list, &conf).map(Some),
-        "del" => rt.del(&list, &conf).map(|_| None),
+    match command {
+        Command::Add => rt.add(&bytes, &list, &conf).map(Some),
+        Command::Del => rt.del(&list, &conf).map(|_| None),
         _ => rt.check(&list, &conf).map(|_| None),
     }
 }
@@ -338,7 +338,7 @@ pub fn run(args: CniArgs) -> ExitCode {
     let paths = &args.paths;
     let outcome = match &args.command {
         CniCommand::Install { dir, from } => install(dir, from.as_deref()),
-        CniCommand::Add(a) => attach(paths, a, "add").map(|result| {
+        CniCommand::Add(a) => attach(paths, a, Command::Add).map(|result| {
             if let Some(r) = result {
                 if paths.json {
                     println!("{r}");
@@ -347,8 +347,8 @@ pub fn run(args: CniArgs) -> ExitCode {
                 }
             }
         }),
-        CniCommand::Del(a) => attach(paths, a, "del").map(drop),
-        CniCommand::Check(a) => attach(paths, a, "check").map(drop),
+        CniCommand::Del(a) => attach(paths, a, Command::Del).map(drop),
+        CniCommand::Check(a) => attach(paths, a, Command::Check).map(drop),
         CniCommand::Gc { network, keep } => gc(paths, network, keep),
         CniCommand::Status { network } => find_network(&paths.conf_dir, network)
             .and_then(|(_, list)| runtime(paths).status(&list)),
