@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use corvid_api::{ApiError, Client, Host, Network, Port, Resource, Subnet, WatchEvent};
+use corvid_api::{ApiError, Client, EventKind, Host, Network, Port, Resource, Subnet, WatchEvent};
 use serde_json::Value;
 
 /// Controller objects by ID, current at `revision`.
@@ -66,10 +66,10 @@ fn list<R: Resource>(client: &Client) -> Result<(HashMap<String, R>, i64), ApiEr
 }
 
 fn upsert<R: Resource>(table: &mut HashMap<String, R>, e: &WatchEvent) -> Option<R> {
-    if e.kind == "delete" {
+    if e.kind == EventKind::Delete {
         return table.remove(&e.id);
     }
-    match serde_json::from_value::<R>(e.object.clone()) {
+    match e.decode::<R>() {
         Ok(obj) => table.insert(e.id.clone(), obj),
         Err(_) => None,
     }
@@ -139,10 +139,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn event(kind: &str, resource: &str, id: &str, object: Value) -> WatchEvent {
+    fn event(kind: EventKind, resource: &str, id: &str, object: Value) -> WatchEvent {
         WatchEvent {
             revision: 1,
-            kind: kind.into(),
+            kind,
             resource: resource.into(),
             id: id.into(),
             object,
@@ -153,14 +153,14 @@ mod tests {
     fn port_events_dirty_their_network_and_hosts_dirty_everything() {
         let mut c = Cache::default();
         let d = c.apply(&[event(
-            "put",
+            EventKind::Put,
             "ports",
             "p1",
             json!({"id": "p1", "network_id": "n1"}),
         )]);
         assert_eq!(d, Dirty::Networks(BTreeSet::from(["n1".to_string()])));
         let d = c.apply(&[event(
-            "put",
+            EventKind::Put,
             "hosts",
             "h",
             json!({"id": "h", "underlay_ip": "10.0.0.1", "created_at": "", "updated_at": "", "revision_number": 1}),
@@ -168,7 +168,7 @@ mod tests {
         assert_eq!(d, Dirty::All);
         assert!(c.hosts.contains_key("h"));
         assert_eq!(
-            c.apply(&[event("put", "loadbalancers", "x", json!({}))]),
+            c.apply(&[event(EventKind::Put, "loadbalancers", "x", json!({}))]),
             Dirty::None
         );
     }

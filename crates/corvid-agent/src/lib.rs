@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
-use corvid_api::{ApiError, Client};
+use corvid_api::{ApiError, Client, Status, WatchFilter};
 
 use crate::cache::{Cache, Dirty};
 use crate::datapath::Datapath;
@@ -158,10 +158,11 @@ impl Agent {
         let mut failures = 0u32;
         loop {
             let wait = WATCH_WAIT.min(self.cfg.resync.saturating_sub(last_full.elapsed()));
-            match self
-                .client
-                .watch(self.cache.revision, None, wait.max(Duration::from_secs(1)))
-            {
+            match self.client.watch(
+                self.cache.revision,
+                &WatchFilter::default(),
+                wait.max(Duration::from_secs(1)),
+            ) {
                 Ok(page) => {
                     failures = 0;
                     let dirty = self.cache.apply(&page.events);
@@ -192,9 +193,9 @@ impl Agent {
     fn catch_up(&mut self) -> Result<Dirty, ApiError> {
         let mut dirty = Dirty::None;
         loop {
-            let page = self
-                .client
-                .watch(self.cache.revision, None, Duration::ZERO)?;
+            let page =
+                self.client
+                    .watch(self.cache.revision, &WatchFilter::default(), Duration::ZERO)?;
             if page.events.is_empty() {
                 self.cache.revision = page.revision;
                 return Ok(dirty);
@@ -234,9 +235,14 @@ impl Agent {
                 }
             }
         }
+        // One link that cannot go must not keep the others, or the ports, waiting.
         for name in stale {
             if let Some(l) = links.remove(&name) {
-                self.dp.remove(&l)?;
+                if let Err(e) = self.dp.remove(&l) {
+                    log(&format!(
+                        "remove {name}, which no port or network needs: {e}"
+                    ));
+                }
             }
         }
         let mut reports = Vec::new();
@@ -282,16 +288,16 @@ impl Agent {
                         }
                         self.failed.remove(&p.id);
                         self.checked.insert(p.id.clone(), p.revision);
-                        if p.status != "ACTIVE" {
-                            reports.push((p.id.clone(), p.revision, "ACTIVE"));
+                        if p.status != Status::Active {
+                            reports.push((p.id.clone(), p.revision, Status::Active));
                         }
                     }
                     Err(e) => {
                         log(&format!("port {}: {e}", p.id));
                         self.failed.insert(p.id.clone(), p.revision);
                         self.checked.remove(&p.id);
-                        if p.status != "ERROR" {
-                            reports.push((p.id.clone(), p.revision, "ERROR"));
+                        if p.status != Status::Error {
+                            reports.push((p.id.clone(), p.revision, Status::Error));
                         }
                     }
                 }
@@ -308,7 +314,7 @@ impl Agent {
         for (id, checked_at, status) in reports {
             match self.client.set_port_status(&id, status) {
                 // Only the report itself came after the check: nothing new to check.
-                Ok(port) if status == "ACTIVE" && port.revision_number == checked_at + 1 => {
+                Ok(port) if status == Status::Active && port.revision_number == checked_at + 1 => {
                     self.checked.insert(id, port.revision_number);
                 }
                 Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use corvid_api::{Network, Port};
+use corvid_api::{Network, Port, Status};
 use corvid_net::overlay::{FdbEntry, NeighbourEntry};
 use ipnet::IpNet;
 
@@ -31,7 +31,7 @@ pub struct PortPlan {
     /// Routes: the default via the gateway, then the subnets' host routes.
     pub routes: Vec<(IpNet, Option<IpAddr>)>,
     /// The status the controller shows.
-    pub status: String,
+    pub status: Status,
 }
 
 /// One network's datapath on this host.
@@ -163,7 +163,7 @@ pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
             mac: p.mac_address.to_ascii_lowercase(),
             addrs,
             routes,
-            status: p.status.clone(),
+            status: p.status,
         });
     }
     plan

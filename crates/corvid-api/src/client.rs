@@ -49,7 +49,18 @@ impl ApiError {
 pub struct Client {
     base: String,
     token: Option<String>,
+    /// `/project/<name>` when the client speaks the Mizar-MP routes of one project.
+    scope: Option<String>,
     agent: ureq::Agent,
+}
+
+/// Which changes a watch asks for; the default is all of them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WatchFilter<'a> {
+    /// Only ports bound to this host, before or after the change (and no other resource).
+    pub host_id: Option<&'a str>,
+    /// Only this collection (`ports`).
+    pub resource: Option<&'a str>,
 }
 
 impl Client {
@@ -58,6 +69,7 @@ impl Client {
         Client {
             base: base.trim_end_matches('/').to_string(),
             token: None,
+            scope: None,
             agent: ureq::AgentBuilder::new()
                 .timeout_connect(Duration::from_secs(5))
                 .max_idle_connections_per_host(64)
@@ -69,6 +81,16 @@ impl Client {
     pub fn with_token(mut self, token: &str) -> Client {
         self.token = Some(token.to_string());
         self
+    }
+
+    /// The same controller through the Mizar-MP agreement's routes of `project`
+    /// (`/project/<project>/ports`, `/project/<project>/subnets/<id>`), which a Mizar-MP
+    /// controller serves as well; the watch feed stays where it is.
+    pub fn project(&self, project: &str) -> Client {
+        Client {
+            scope: Some(format!("/project/{}", encode(project))),
+            ..self.clone()
+        }
     }
 
     /// The controller's base URL.
@@ -121,15 +143,19 @@ impl Client {
         serde_json::from_value(v).map_err(|e| ApiError::Decode(e.to_string()))
     }
 
-    fn collection<R: Resource>() -> String {
-        format!("{}/{}", R::PREFIX, R::PLURAL)
+    fn collection<R: Resource>(&self) -> String {
+        format!(
+            "{}/{}",
+            self.scope.as_deref().unwrap_or(R::PREFIX),
+            R::PLURAL
+        )
     }
 
     /// Creates one resource from its attributes (the inner object of `{"port": {...}}`).
     pub fn create<R: Resource>(&self, attrs: Value) -> Result<R, ApiError> {
         let v = self.call(
             "POST",
-            &Self::collection::<R>(),
+            &self.collection::<R>(),
             Some(&json!({ R::SINGULAR: attrs })),
         )?;
         Self::decode(v[R::SINGULAR].clone())
@@ -139,7 +165,7 @@ impl Client {
     pub fn create_bulk<R: Resource>(&self, attrs: Vec<Value>) -> Result<Vec<R>, ApiError> {
         let v = self.call(
             "POST",
-            &Self::collection::<R>(),
+            &self.collection::<R>(),
             Some(&json!({ R::PLURAL: attrs })),
         )?;
         Self::decode(v[R::PLURAL].clone())
@@ -147,7 +173,7 @@ impl Client {
 
     /// Shows one resource.
     pub fn get<R: Resource>(&self, id: &str) -> Result<R, ApiError> {
-        let v = self.call("GET", &format!("{}/{id}", Self::collection::<R>()), None)?;
+        let v = self.call("GET", &format!("{}/{id}", self.collection::<R>()), None)?;
         Self::decode(v[R::SINGULAR].clone())
     }
 
@@ -158,7 +184,7 @@ impl Client {
             .iter()
             .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
             .collect();
-        let path = format!("{}?{}", Self::collection::<R>(), query.join("&"));
+        let path = format!("{}?{}", self.collection::<R>(), query.join("&"));
         let (status, value, revision) = self.request("GET", &path, None)?;
         let value = check(status, value)?;
         Ok((
@@ -171,7 +197,7 @@ impl Client {
     pub fn update<R: Resource>(&self, id: &str, attrs: Value) -> Result<R, ApiError> {
         let v = self.call(
             "PUT",
-            &format!("{}/{id}", Self::collection::<R>()),
+            &format!("{}/{id}", self.collection::<R>()),
             Some(&json!({ R::SINGULAR: attrs })),
         )?;
         Self::decode(v[R::SINGULAR].clone())
@@ -179,19 +205,23 @@ impl Client {
 
     /// Deletes one resource.
     pub fn delete<R: Resource>(&self, id: &str) -> Result<(), ApiError> {
-        self.call("DELETE", &format!("{}/{id}", Self::collection::<R>()), None)
+        self.call("DELETE", &format!("{}/{id}", self.collection::<R>()), None)
             .map(drop)
     }
 
     /// Adds one tag to a resource.
     pub fn add_tag<R: Resource>(&self, id: &str, tag: &str) -> Result<(), ApiError> {
-        let path = format!("{}/{id}/tags/{}", Self::collection::<R>(), encode(tag));
+        let path = format!("{}/{id}/tags/{}", self.collection::<R>(), encode(tag));
         self.call("PUT", &path, None).map(drop)
     }
 
-    /// Reports a port's status (`ACTIVE` once plugged, `DOWN` once unplugged); returns
-    /// the port as updated.
-    pub fn set_port_status(&self, id: &str, status: &str) -> Result<crate::Port, ApiError> {
+    /// Reports a port's status (ACTIVE once plugged, DOWN once unplugged); returns the
+    /// port as updated.
+    pub fn set_port_status(
+        &self,
+        id: &str,
+        status: crate::Status,
+    ) -> Result<crate::Port, ApiError> {
         self.update::<crate::Port>(id, json!({ "status": status }))
     }
 
@@ -210,16 +240,19 @@ impl Client {
         Self::decode(v["host"].clone())
     }
 
-    /// Waits up to `timeout` for changes after revision `since`, optionally only those
-    /// concerning ports bound to `host_id`. A 410 means the revision is too old: list again.
+    /// Waits up to `timeout` for changes after revision `since` that `filter` lets
+    /// through. A 410 means the revision is too old: list again.
     pub fn watch(
         &self,
         since: i64,
-        host_id: Option<&str>,
+        filter: &WatchFilter,
         timeout: Duration,
     ) -> Result<WatchPage, ApiError> {
         let mut path = format!("/v2.0/watch?since={since}&timeout={}", timeout.as_secs());
-        if let Some(h) = host_id {
+        if let Some(r) = filter.resource {
+            path.push_str(&format!("&resource={}", encode(r)));
+        }
+        if let Some(h) = filter.host_id {
             path.push_str(&format!("&binding:host_id={}", encode(h)));
         }
         Self::decode(self.call("GET", &path, None)?)
@@ -244,14 +277,14 @@ fn check(status: u16, value: Value) -> Result<Value, ApiError> {
 
 /// Percent-encodes a query component.
 fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b':' => {
-                out.push(b as char)
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, QUERY_COMPONENT).to_string()
 }
+
+/// Everything but RFC 3986's unreserved characters and ':' (which Neutron's attribute
+/// names carry, `binding:host_id`).
+const QUERY_COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b':');

@@ -7,8 +7,8 @@
 pub mod client;
 pub mod model;
 
-pub use client::{ApiError, Client};
+pub use client::{ApiError, Client, WatchFilter};
 pub use model::{
-    AllocationPool, FixedIp, FloatingIp, Host, HostRoute, Network, Port, PortDetails, Resource,
-    Subnet, SubnetPool, WatchEvent, WatchPage,
+    AllocationPool, EventKind, FixedIp, FloatingIp, Host, HostRoute, Network, Port, PortDetails,
+    Resource, Status, Subnet, SubnetPool, WatchEvent, WatchPage,
 };

@@ -21,6 +21,44 @@ pub trait Resource:
     fn id(&self) -> &str;
 }
 
+/// The operational status of a network, port or floating IP, as Neutron names it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Status {
+    /// Working: a port plugged and checked by its host's agent. The Mizar-MP routes call
+    /// it `UP`, which reads back as this.
+    #[serde(alias = "UP")]
+    Active,
+    /// Not (yet) working: a port nobody has plugged.
+    #[default]
+    Down,
+    /// Being set up.
+    Build,
+    /// Failed: the agent could not plug the port.
+    Error,
+}
+
+impl Status {
+    /// Every status, in the order the API documents them.
+    pub const ALL: [Status; 4] = [Status::Active, Status::Down, Status::Build, Status::Error];
+
+    /// The name the API uses (`ACTIVE`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Active => "ACTIVE",
+            Status::Down => "DOWN",
+            Status::Build => "BUILD",
+            Status::Error => "ERROR",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A layer-2 network: the thing ports attach to and subnets are carved on.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Network {
@@ -37,7 +75,7 @@ pub struct Network {
     /// MTU of the network's datapath.
     pub mtu: u32,
     /// Always ACTIVE: corvid networks have no provisioning step.
-    pub status: String,
+    pub status: Status,
     /// IDs of the subnets on this network, in creation order.
     pub subnets: Vec<String>,
     /// Visible to other projects.
@@ -228,7 +266,7 @@ pub struct Port {
     /// Administrative state.
     pub admin_state_up: bool,
     /// DOWN when created; the agent that plugs it reports ACTIVE.
-    pub status: String,
+    pub status: Status,
     /// What uses the port (container or pod ID).
     pub device_id: String,
     /// Who uses the port (`kuryr:container`, `compute:kuryr`, ...).
@@ -301,7 +339,7 @@ pub struct PortDetails {
     /// Port administrative state.
     pub admin_state_up: bool,
     /// Port status.
-    pub status: String,
+    pub status: Status,
     /// Port device.
     pub device_id: String,
     /// Port owner.
@@ -328,7 +366,7 @@ pub struct FloatingIp {
     /// The port address it maps to, if associated.
     pub fixed_ip_address: Option<IpAddr>,
     /// DOWN until an agent programs it.
-    pub status: String,
+    pub status: Status,
     /// Free-form description.
     pub description: String,
     /// Summary of the associated port.
@@ -380,20 +418,37 @@ impl Resource for Host {
     }
 }
 
+/// What a change in the watch feed did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// Created or updated.
+    Put,
+    /// Deleted.
+    Delete,
+}
+
 /// One change in the watch feed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WatchEvent {
     /// Store revision of the change; the feed is ordered by it.
     pub revision: i64,
-    /// `put` (created or updated) or `delete`.
+    /// Created or updated, or deleted.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: EventKind,
     /// Collection name (`ports`, `networks`, `loadbalancers`, ...).
     pub resource: String,
     /// The resource's ID.
     pub id: String,
     /// The object after a put, the last state before a delete.
     pub object: Value,
+}
+
+impl WatchEvent {
+    /// The object, read as the resource it is.
+    pub fn decode<R: Resource>(&self) -> Result<R, serde_json::Error> {
+        R::deserialize(&self.object)
+    }
 }
 
 /// A page of the watch feed: events after the asked revision, and where to resume.

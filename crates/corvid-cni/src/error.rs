@@ -91,6 +91,32 @@ impl Error {
         v
     }
 
+    /// This error with the step it happened in before its message.
+    pub fn during(self, step: &str) -> Error {
+        Error {
+            msg: format!("{step}: {}", self.msg),
+            ..self
+        }
+    }
+
+    /// The outcome of a teardown that went on past every failed step: success when
+    /// nothing failed, otherwise the first failure's code with every failure's message.
+    pub fn all(failures: Vec<Error>) -> Result<(), Error> {
+        let mut failures = failures.into_iter();
+        let Some(first) = failures.next() else {
+            return Ok(());
+        };
+        Err(failures.fold(first, |acc, e| Error {
+            msg: format!("{}; {}", acc.msg, e.msg),
+            details: [acc.details, e.details]
+                .into_iter()
+                .filter(|d| !d.is_empty())
+                .collect::<Vec<_>>()
+                .join("; "),
+            ..acc
+        }))
+    }
+
     /// Reads an error a delegated plugin printed; `None` when the text is not error JSON.
     pub fn from_plugin_output(out: &[u8]) -> Option<Error> {
         let e: Error = serde_json::from_slice(out).ok()?;
@@ -124,6 +150,19 @@ mod tests {
         );
         let plain = Error::new(ErrorCode::Io, "x").to_json("0.4.0");
         assert!(plain.get("details").is_none());
+    }
+
+    #[test]
+    fn a_teardown_reports_every_failure_with_the_first_code() {
+        assert_eq!(Error::all(Vec::new()), Ok(()));
+        let e = Error::all(vec![
+            Error::new(ErrorCode::Kernel, "gone").during("delete veth cvp1"),
+            Error::new(ErrorCode::Io, "busy").with_details("lock"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.code, 103);
+        assert_eq!(e.msg, "delete veth cvp1: gone; busy");
+        assert_eq!(e.details, "lock");
     }
 
     #[test]

@@ -77,47 +77,18 @@ pub struct CacheEntry {
 
 /// libcni stores `config` as a Go []byte, i.e. base64 text.
 mod config_bytes {
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
     pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-        for chunk in bytes.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        s.serialize_str(&out)
+        s.serialize_str(&STANDARD.encode(bytes))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        let mut out = Vec::with_capacity(text.len() / 4 * 3);
-        let (mut acc, mut bits) = (0u32, 0);
-        for c in text.bytes().filter(|c| *c != b'=') {
-            let v = ALPHABET
-                .iter()
-                .position(|a| *a == c)
-                .ok_or_else(|| serde::de::Error::custom("config is not base64"))?;
-            acc = acc << 6 | v as u32;
-            bits += 6;
-            if bits >= 8 {
-                bits -= 8;
-                out.push((acc >> bits) as u8);
-            }
-        }
-        Ok(out)
+        STANDARD
+            .decode(String::deserialize(d)?)
+            .map_err(|e| serde::de::Error::custom(format!("config is not base64: {e}")))
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use corvid_api::{FloatingIp, Host, Network, Port, Subnet, SubnetPool};
+use corvid_api::{EventKind, FloatingIp, Host, Network, Port, Subnet, SubnetPool};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -52,8 +52,8 @@ pub type Table<T> = HashMap<Arc<str>, Entry<T>>;
 pub struct FeedEntry {
     /// Store revision.
     pub revision: i64,
-    /// `put` or `delete`.
-    pub kind: &'static str,
+    /// Created or updated, or deleted.
+    pub kind: EventKind,
     /// Collection name.
     pub resource: Arc<str>,
     /// Object ID.
@@ -269,7 +269,11 @@ impl View {
                 if let (true, Some(object)) = (record, object) {
                     self.feed.push_back(FeedEntry {
                         revision: kv.mod_revision,
-                        kind: if deleted { "delete" } else { "put" },
+                        kind: if deleted {
+                            EventKind::Delete
+                        } else {
+                            EventKind::Put
+                        },
                         resource: coll.into(),
                         id: id.into(),
                         object: object.into(),

@@ -3,7 +3,7 @@
 //! with the same corvid-net functions the agent and the bridge plugin use.
 
 use base64::Engine;
-use corvid_api::{Network, Port, Subnet};
+use corvid_api::{Network, Port, Status, Subnet};
 use corvid_net::bridge::{ensure_bridge, ensure_plugged, BridgeSpec, PortSpec};
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
@@ -260,11 +260,14 @@ impl Driver {
     /// gone.
     pub(crate) fn delete_endpoint(&self, req: &Value) -> Result<Value> {
         if let Ok(port) = self.endpoint(docker_id(req, "EndpointID")?) {
-            self.unbind(&port)?;
+            // A veth left behind is the agent's to remove once the port is gone; the port
+            // and its address go regardless.
+            let unbound = self.unbind(&port);
             self.delete_gone_ok::<Port>(&port.id)?;
             for f in &port.fixed_ips {
                 self.delete_subnet_if_empty(&f.subnet_id)?;
             }
+            unbound?;
         }
         Ok(json!({}))
     }
@@ -377,7 +380,7 @@ impl Driver {
         if !routes.is_empty() {
             answer["StaticRoutes"] = json!(routes);
         }
-        self.client.set_port_status(&port.id, "ACTIVE")?;
+        self.client.set_port_status(&port.id, Status::Active)?;
         Ok(answer)
     }
 
@@ -385,22 +388,32 @@ impl Driver {
     /// is gone); the port is DOWN.
     pub(crate) fn leave(&self, req: &Value) -> Result<Value> {
         let port = self.endpoint(docker_id(req, "EndpointID")?)?;
-        self.unbind(&port)?;
-        self.client.set_port_status(&port.id, "DOWN")?;
-        Ok(json!({}))
+        // Reported DOWN even when a veth end would not go: the port is no longer plugged.
+        let unbound = self.unbind(&port);
+        self.client.set_port_status(&port.id, Status::Down)?;
+        unbound.map(|_| json!({}))
     }
 
+    /// Removes the port's veth pair, both ends tried whatever the other did.
     fn unbind(&self, port: &Port) -> Result<()> {
         let mut nl = Netlink::open()?;
+        let mut failures = Vec::new();
         for name in [
             corvid_net::names::host_veth(&port.id),
             container_veth(&port.id),
         ] {
-            if let Some(link) = nl.link_by_name(&name)? {
-                nl.delete_link(&link)?;
+            let removed = nl
+                .link_by_name(&name)
+                .and_then(|l| l.map_or(Ok(()), |l| nl.delete_link(&l)));
+            if let Err(e) = removed {
+                failures.push(format!("delete veth {name} of port {}: {e}", port.id));
             }
         }
-        Ok(())
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(DriverError::new(failures.join("; ")))
+        }
     }
 }
 

@@ -8,11 +8,13 @@
 //! moves where the next search starts, nothing more.
 
 use crate::Error;
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, CWD};
+use rustix::io::Errno;
+use rustix::process::Pid;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
@@ -70,11 +72,12 @@ impl Store {
     /// [`StoreLock::reserve`] gives it one.
     pub fn prepare_lease(&self, id: &str, ifname: &str) -> Result<PreparedLease, Error> {
         let content = format!("{}{LINE_BREAK}{ifname}", id.trim());
-        let unnamed = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_TMPFILE)
-            .mode(0o644)
-            .open(&self.dir);
+        let unnamed = rustix::fs::open(
+            &self.dir,
+            OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map(File::from);
         match unnamed {
             Ok(mut f) => {
                 f.write_all(content.as_bytes())
@@ -83,17 +86,12 @@ impl Store {
                 Ok(PreparedLease::Unnamed(f))
             }
             // Filesystems without O_TMPFILE answer with one of these.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
-                ) =>
-            {
+            Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
                 let path = write_temp(&self.dir, &content)?;
                 Ok(PreparedLease::Named { path, content })
             }
             Err(e) => Err(io_err(format!("write a lease in {}", self.dir.display()))(
-                e,
+                e.into(),
             )),
         }
     }
@@ -101,13 +99,10 @@ impl Store {
     /// Takes the exclusive lock the reference plugin also takes; released on drop.
     pub fn lock(&self) -> Result<StoreLock<'_>, Error> {
         loop {
-            // SAFETY: the lock file is open for the store's lifetime.
-            if unsafe { libc::flock(self.lock.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                break;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io_err("lock the lease directory")(e));
+            match rustix::fs::flock(&self.lock, FlockOperation::LockExclusive) {
+                Ok(()) => break,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(io_err("lock the lease directory")(e.into())),
             }
         }
         Ok(StoreLock { store: self })
@@ -158,24 +153,9 @@ fn write_temp(dir: &Path, content: &str) -> Result<PathBuf, Error> {
 
 /// Gives an O_TMPFILE file the name `to`, through /proc so that no capability is needed.
 fn link_unnamed(f: &File, to: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", f.as_raw_fd()))?;
-    let to = std::ffi::CString::new(to.as_os_str().as_bytes())?;
-    // SAFETY: both paths are NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    let from = format!("/proc/self/fd/{}", f.as_raw_fd());
+    rustix::fs::linkat(CWD, from.as_str(), CWD, to, AtFlags::SYMLINK_FOLLOW)?;
+    Ok(())
 }
 
 /// True for a temporary file whose writer is gone: prepared leases are written outside
@@ -185,13 +165,14 @@ fn is_stale_temp(name: &str) -> bool {
     let Some(pid) = name
         .strip_prefix(TEMP_PREFIX)
         .and_then(|rest| rest.split('.').next())
-        .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+        .and_then(|pid| pid.parse::<i32>().ok())
     else {
         return true;
     };
-    // SAFETY: signal 0 only checks that the process exists.
-    let gone = unsafe { libc::kill(pid, 0) } != 0;
-    gone && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    let Some(pid) = Pid::from_raw(pid) else {
+        return true;
+    };
+    rustix::process::test_kill_process(pid) == Err(Errno::SRCH)
 }
 
 /// The store while its lock is held: the only way to read or change leases.
@@ -202,8 +183,8 @@ pub struct StoreLock<'a> {
 
 impl Drop for StoreLock<'_> {
     fn drop(&mut self) {
-        // SAFETY: the lock file is open; unlocking an fd we locked cannot harm anything.
-        unsafe { libc::flock(self.store.lock.as_raw_fd(), libc::LOCK_UN) };
+        // Closing the store unlocks too; an unlock that fails leaves nothing to undo.
+        let _ = rustix::fs::flock(&self.store.lock, FlockOperation::Unlock);
     }
 }
 
@@ -221,21 +202,9 @@ fn parse_owner(content: &str) -> (String, String) {
 /// Reads a lease file relative to the open directory: every ADD reads all of them, and
 /// openat plus one read is two syscalls fewer per lease than `fs::read_to_string`.
 fn read_lease(dir: &File, name: &std::ffi::OsStr) -> Option<String> {
-    use std::os::unix::ffi::OsStrExt;
-    let cname = std::ffi::CString::new(name.as_bytes()).ok()?;
-    // SAFETY: dir is an open directory and cname a NUL-terminated name.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            cname.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: fd was just opened and is owned by nothing else.
-    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let file = File::from(
+        rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?,
+    );
     let mut buf = [0u8; 512];
     let n = std::io::Read::read(&mut &file, &mut buf).ok()?;
     if n < buf.len() {

@@ -144,18 +144,8 @@ pub struct Port {
 
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
-    // SAFETY: b is a valid writable buffer of the given length.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), N, 0) };
-    if n != N as isize {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-            ^ u128::from(std::process::id());
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = (t >> (8 * (i % 16))) as u8;
-        }
-    }
+    // Fails only without any entropy source, where nothing else would work either.
+    getrandom::fill(&mut b).expect("the kernel's random source");
     b
 }
 

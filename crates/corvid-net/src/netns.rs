@@ -2,9 +2,12 @@
 //! thread to where it was, create and delete named namespaces under /run/netns.
 
 use crate::{io_err, Error, Result};
+use rustix::io::Errno;
+use rustix::mount::{MountPropagationFlags, UnmountFlags};
+use rustix::thread::{LinkNameSpaceType, UnshareFlags};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 const NSFS_MAGIC: i64 = 0x6e73_6673;
@@ -32,12 +35,7 @@ impl Netns {
     pub fn open(path: impl AsRef<Path>) -> Result<Netns> {
         let path = path.as_ref();
         let file = File::open(path).map_err(ns_err(path))?;
-        // SAFETY: statfs is plain old data, zeroed is a valid value, and fstatfs fills it.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: the fd is open for the duration of the call.
-        if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
-            return Err(ns_err(path)(io::Error::last_os_error()));
-        }
+        let st = rustix::fs::fstatfs(&file).map_err(|e| ns_err(path)(e.into()))?;
         if st.f_type as i64 != NSFS_MAGIC {
             return Err(ns_err(path)(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -68,7 +66,7 @@ impl Netns {
     /// Moves the calling thread into this namespace until the guard is dropped.
     pub fn enter(&self) -> Result<NetnsGuard> {
         let original = Netns::current()?;
-        setns(self.fd()).map_err(ns_err(&self.path))?;
+        setns(self.file.as_fd()).map_err(ns_err(&self.path))?;
         Ok(NetnsGuard { original })
     }
 
@@ -80,7 +78,7 @@ impl Netns {
         // SAFETY: the closure runs between fork and exec and only calls setns, which is
         // async-signal-safe.
         unsafe {
-            cmd.pre_exec(move || setns(file.as_raw_fd()));
+            cmd.pre_exec(move || setns(file.as_fd()));
         }
         Ok(())
     }
@@ -119,11 +117,13 @@ impl Netns {
         // caller's, and the thread ends right after the bind mount keeps it alive.
         let target = path.clone();
         let made = std::thread::spawn(move || -> io::Result<()> {
-            // SAFETY: unshare affects only this short-lived thread.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            mount_bind(Path::new("/proc/thread-self/ns/net"), &target)
+            // SAFETY: a new network namespace leaves the file descriptor table shared,
+            // and only this short-lived thread enters it.
+            unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNET) }?;
+            Ok(rustix::mount::mount_bind(
+                "/proc/thread-self/ns/net",
+                &target,
+            )?)
         })
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")));
@@ -136,13 +136,9 @@ impl Netns {
 
     /// Deletes a namespace made by `create_in`/`create_named`; a missing one is fine.
     pub fn delete_path(path: &Path) -> Result<()> {
-        let c = cstr(path)?;
-        // SAFETY: c is a valid NUL-terminated path.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-            let e = io::Error::last_os_error();
-            if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) {
-                return Err(ns_err(path)(e));
-            }
+        match rustix::mount::unmount(path, UnmountFlags::DETACH) {
+            Ok(()) | Err(Errno::INVAL | Errno::NOENT) => {}
+            Err(e) => return Err(ns_err(path)(e.into())),
         }
         match std::fs::remove_file(path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(ns_err(path)(e)),
@@ -159,7 +155,7 @@ pub struct NetnsGuard {
 
 impl Drop for NetnsGuard {
     fn drop(&mut self) {
-        if let Err(e) = setns(self.original.fd()) {
+        if let Err(e) = setns(self.original.file.as_fd()) {
             // A thread stuck in a container's namespace would act on the wrong host:
             // stopping is the only safe answer.
             eprintln!("corvid: cannot return to the original network namespace: {e}");
@@ -168,69 +164,24 @@ impl Drop for NetnsGuard {
     }
 }
 
-fn setns(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fd is an open namespace file descriptor.
-    if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn cstr(path: &Path) -> Result<std::ffi::CString> {
-    use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| {
-        io_err(path.display().to_string())(io::Error::new(io::ErrorKind::InvalidInput, e))
-    })
+fn setns(fd: BorrowedFd) -> io::Result<()> {
+    Ok(rustix::thread::move_into_link_name_space(
+        fd,
+        Some(LinkNameSpaceType::Network),
+    )?)
 }
 
 /// Makes `dir` a shared mount point of its own, as iproute2 and podman do with
 /// /run/netns. A namespace mounted on a file of a plain directory is hidden, and can no
 /// longer be deleted, once another tool bind-mounts the directory onto itself.
 fn share_mount_point(dir: &Path) -> io::Result<()> {
-    let d = cstr(dir).map_err(io::Error::other)?;
-    let none = c"none";
-    let mut bound = false;
-    loop {
-        // SAFETY: valid NUL-terminated strings; a propagation change takes no data.
-        let shared = unsafe {
-            libc::mount(
-                none.as_ptr(),
-                d.as_ptr(),
-                none.as_ptr(),
-                libc::MS_SHARED | libc::MS_REC,
-                std::ptr::null(),
-            )
-        };
-        if shared == 0 {
-            return Ok(());
+    let shared = MountPropagationFlags::SHARED | MountPropagationFlags::REC;
+    match rustix::mount::mount_change(dir, shared) {
+        // Not a mount point yet.
+        Err(Errno::INVAL) => {
+            rustix::mount::mount_bind(dir, dir)?;
+            Ok(rustix::mount::mount_change(dir, shared)?)
         }
-        let e = io::Error::last_os_error();
-        // EINVAL: not a mount point yet.
-        if bound || e.raw_os_error() != Some(libc::EINVAL) {
-            return Err(e);
-        }
-        mount_bind(dir, dir)?;
-        bound = true;
+        r => Ok(r?),
     }
-}
-
-fn mount_bind(src: &Path, dst: &Path) -> io::Result<()> {
-    let (s, d) = (
-        cstr(src).map_err(io::Error::other)?,
-        cstr(dst).map_err(io::Error::other)?,
-    );
-    // SAFETY: both are valid NUL-terminated paths; no fs type or data for a bind mount.
-    if unsafe {
-        libc::mount(
-            s.as_ptr(),
-            d.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }

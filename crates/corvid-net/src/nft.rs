@@ -7,7 +7,6 @@ use crate::{Error, Result};
 use ipnet::IpNet;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
@@ -82,27 +81,26 @@ fn lock() -> Result<File> {
         .open(LOCK_PATH)
         .map_err(crate::io_err(format!("open {LOCK_PATH}")))?;
     loop {
-        // SAFETY: the file is open for the duration of the call.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(file);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(crate::io_err(format!("lock {LOCK_PATH}"))(e));
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(crate::io_err(format!("lock {LOCK_PATH}"))(e.into())),
         }
     }
 }
 
 fn run_nft(args: &[&str], stdin: Option<&str>, lock: &File) -> Result<String> {
-    let lock_fd = lock.as_raw_fd();
+    let inherited = lock
+        .try_clone()
+        .map_err(crate::io_err(format!("share {LOCK_PATH} with nft")))?;
     let mut command = Command::new(nft_binary());
     // SAFETY: fcntl is async-signal-safe; it only clears close-on-exec in the child.
     unsafe {
         command.pre_exec(move || {
-            if libc::fcntl(lock_fd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            Ok(rustix::io::fcntl_setfd(
+                &inherited,
+                rustix::io::FdFlags::empty(),
+            )?)
         });
     }
     let mut child = command

@@ -46,10 +46,80 @@ struct BridgeConf {
     vlan: u16,
     #[serde(default)]
     preserve_default_vlan: Option<bool>,
+    #[serde(flatten)]
+    unsupported: Unsupported,
+}
+
+/// Fields of the reference bridge that corvid's does not implement: asking for what they
+/// do is refused with CNI error 2, not silently ignored, so a drop-in user learns at once.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Unsupported {
+    #[serde(default)]
+    vlan_trunk: Option<serde_json::Value>,
+    #[serde(default)]
+    macspoofchk: bool,
+    #[serde(default)]
+    enabledad: bool,
+    #[serde(default)]
+    disable_container_interface: bool,
+    #[serde(default)]
+    port_isolation: bool,
+    #[serde(default)]
+    ip_masq_backend: Option<String>,
+}
+
+impl Unsupported {
+    /// The first field that asks for something corvid does not do, and why not.
+    fn refused(&self) -> Option<(&'static str, &'static str)> {
+        let trunk = self
+            .vlan_trunk
+            .as_ref()
+            .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()));
+        [
+            (trunk, "vlanTrunk", "VLAN trunk ports are not implemented"),
+            (
+                self.macspoofchk,
+                "macspoofchk",
+                "MAC spoofing checks are not implemented",
+            ),
+            (
+                self.enabledad,
+                "enabledad",
+                "duplicate address detection is not implemented",
+            ),
+            (
+                self.disable_container_interface,
+                "disableContainerInterface",
+                "the container interface is always brought up",
+            ),
+            (
+                self.port_isolation,
+                "portIsolation",
+                "port isolation is not implemented",
+            ),
+            (
+                self.ip_masq_backend
+                    .as_deref()
+                    .is_some_and(|b| b != "nftables"),
+                "ipMasqBackend",
+                "masquerade is done with nftables only",
+            ),
+        ]
+        .into_iter()
+        .find(|(asked, _, _)| *asked)
+        .map(|(_, field, why)| (field, why))
+    }
 }
 
 fn load(args: &CmdArgs) -> Result<BridgeConf, Error> {
     let mut c: BridgeConf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
+    if let Some((field, why)) = c.unsupported.refused() {
+        return Err(Error::new(
+            ErrorCode::UnsupportedField,
+            format!("unsupported field \"{field}\": {why} by corvid's bridge plugin"),
+        ));
+    }
     validate_ifname(&c.bridge).map_err(|e| Error {
         code: ErrorCode::InvalidNetworkConfig as u32,
         msg: format!("invalid \"bridge\": {}", e.msg),
@@ -450,23 +520,40 @@ impl Plugin for Bridge {
 
     fn del(&self, args: &CmdArgs) -> Result<(), Error> {
         let conf = load(args)?;
+        // Every step runs whatever the others did: a lease must not outlive its veth
+        // because the veth could not be deleted, nor the other way round.
+        let mut failures = Vec::new();
         let own_ipam = ipam_type(args).and_then(|t| delegate::in_process(t, args));
         if let (None, Some(t)) = (own_ipam, ipam_type(args)) {
-            delegate::run(t, Command::Del, args)?;
+            if let Err(e) = delegate::run(t, Command::Del, args) {
+                failures.push(e.during(&format!("release the address ({t})")));
+            }
         }
         // Most of a DEL is the kernel waiting out RCU callbacks after the veth goes; this
         // binary's own host-local releases the lease meanwhile.
-        std::thread::scope(|s| {
+        let (released, unplugged) = std::thread::scope(|s| {
             let released = own_ipam.map(|p| s.spawn(move || delegate::call(p, Command::Del, args)));
             let unplugged = unplug(args, &conf);
-            released.map(joined).transpose()?;
-            unplugged
-        })?;
+            (released.map(joined).transpose(), unplugged)
+        });
+        if let Err(e) = released {
+            failures.push(e.during("release the address"));
+        }
+        if let Err(e) = unplugged {
+            let netns = args.netns.as_ref().map(|p| p.display().to_string());
+            failures.push(e.during(&format!(
+                "unplug {} in {}",
+                args.ifname,
+                netns.as_deref().unwrap_or("a namespace already gone")
+            )));
+        }
         if conf.ip_masq {
             let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
-            nft::delete_masquerade(&tag).map_err(errors::net)?;
+            if let Err(e) = nft::delete_masquerade(&tag) {
+                failures.push(errors::net(e).during("remove the masquerade rule"));
+            }
         }
-        Ok(())
+        Error::all(failures)
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), Error> {
@@ -497,5 +584,37 @@ impl Plugin for Bridge {
             Some(t) => delegate::run(t, Command::Status, args).map(drop),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(conf: serde_json::Value) -> Option<&'static str> {
+        serde_json::from_value::<Unsupported>(conf)
+            .unwrap()
+            .refused()
+            .map(|(field, _)| field)
+    }
+
+    #[test]
+    fn reference_fields_left_off_are_accepted_and_asked_for_are_refused() {
+        let off = serde_json::json!({"macspoofchk": false, "vlanTrunk": [], "enabledad": false,
+            "disableContainerInterface": false, "portIsolation": false, "ipMasqBackend": "nftables"});
+        assert_eq!(refused(off), None);
+        assert_eq!(refused(serde_json::json!({})), None);
+        assert_eq!(
+            refused(serde_json::json!({"vlanTrunk": [{"minID": 1, "maxID": 9}]})),
+            Some("vlanTrunk")
+        );
+        assert_eq!(
+            refused(serde_json::json!({"portIsolation": true})),
+            Some("portIsolation")
+        );
+        assert_eq!(
+            refused(serde_json::json!({"disableContainerInterface": true})),
+            Some("disableContainerInterface")
+        );
     }
 }

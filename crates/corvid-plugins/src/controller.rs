@@ -2,16 +2,18 @@
 //! for a port bound to this host and waits until the host's agent has plugged it (status
 //! UP); DEL deletes the port. The plugin never touches the kernel itself.
 
+use std::hash::Hasher;
 use std::time::{Duration, Instant};
 
-use corvid_api::{ApiError, Client, Port, WatchPage};
+use corvid_api::{ApiError, Client, EventKind, Port, Resource, Status, Subnet, WatchFilter};
 use corvid_cni::result::{Dns, Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
+use uuid::Uuid;
 
 use crate::errors;
 
@@ -81,36 +83,48 @@ fn load(args: &CmdArgs) -> Result<(Conf, Client), Error> {
     if let Some(t) = &c.token {
         client = client.with_token(t);
     }
+    let client = client.project(&c.project);
     Ok((c, client))
 }
 
+/// The namespace of port UUIDs: version 5 of `corvid:cni-port` in the URL namespace.
+const PORT_NAMESPACE: Uuid = uuid::uuid!("a08d9f77-8266-5113-806b-ccd9c8bbb0bf");
+
+/// The attachment's parts, each ended by a NUL, so that ("ab", "c") and ("a", "bc") differ.
+fn attachment(network: &str, container_id: &str, ifname: &str) -> Vec<u8> {
+    [network, container_id, ifname]
+        .iter()
+        .flat_map(|p| p.bytes().chain(std::iter::once(0)))
+        .collect()
+}
+
 /// The port of one attachment: the same (network, container, interface) always gives the
-/// same UUID, so DEL and GC find what an ADD made even if that ADD was killed midway.
+/// same UUID (RFC 9562 version 5), so DEL and GC find what an ADD made even if that ADD
+/// was killed midway.
 pub fn port_id(network: &str, container_id: &str, ifname: &str) -> String {
-    let hash = |seed: u64| {
-        let mut h = seed;
-        for b in [network, container_id, ifname]
-            .iter()
-            .flat_map(|p| p.bytes().chain(std::iter::once(0)))
-        {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h
+    Uuid::new_v5(&PORT_NAMESPACE, &attachment(network, container_id, ifname)).to_string()
+}
+
+/// The UUID corvid gave the attachment before version 5 (two FNV-1a hashes as a version
+/// 8 UUID): ports made then are still found by DEL, CHECK and GC.
+pub fn legacy_port_id(network: &str, container_id: &str, ifname: &str) -> String {
+    let name = attachment(network, container_id, ifname);
+    let hash = |key: u64| {
+        let mut h = fnv::FnvHasher::with_key(key);
+        h.write(&name);
+        h.finish()
     };
-    let hi = hash(0xcbf2_9ce4_8422_2325);
-    let lo = hash(0x6c62_272e_07bb_0142);
-    // RFC 9562 version 8 (custom) with the RFC variant.
-    let hi = (hi & !0xf000) | 0x8000;
-    let lo = (lo & !(0xc << 60)) | (0x8 << 60);
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        hi >> 32,
-        (hi >> 16) & 0xffff,
-        hi & 0xffff,
-        lo >> 48,
-        lo & 0xffff_ffff_ffff
-    )
+    let hi = (hash(0xcbf2_9ce4_8422_2325) & !0xf000) | 0x8000;
+    let lo = (hash(0x6c62_272e_07bb_0142) & !(0xc << 60)) | (0x8 << 60);
+    Uuid::from_u64_pair(hi, lo).to_string()
+}
+
+/// Both UUIDs an attachment's port may have, today's first.
+fn port_ids(network: &str, container_id: &str, ifname: &str) -> [String; 2] {
+    [
+        port_id(network, container_id, ifname),
+        legacy_port_id(network, container_id, ifname),
+    ]
 }
 
 /// A controller failure as a CNI error a person can act on.
@@ -157,34 +171,6 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
-fn port_path(conf: &Conf, id: &str) -> String {
-    format!("/project/{}/ports/{id}", conf.project)
-}
-
-/// Sends one request and turns an error status into `ApiError`.
-fn call(
-    client: &Client,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Result<Value, ApiError> {
-    let (status, v, _) = client.request(method, path, body)?;
-    if status < 400 {
-        return Ok(v);
-    }
-    Err(ApiError::Neutron {
-        status,
-        kind: v["NeutronError"]["type"]
-            .as_str()
-            .unwrap_or("HTTPError")
-            .to_string(),
-        message: v["NeutronError"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-    })
-}
-
 /// Creates the port, or finds the one a repeated ADD made before.
 fn create_port(
     client: &Client,
@@ -193,7 +179,7 @@ fn create_port(
     id: &str,
     netns: &str,
 ) -> Result<(), ApiError> {
-    let body = json!({"port": {
+    let attrs = json!({
         "project_id": conf.project,
         "id": id,
         "name": format!("k8s_{id}"),
@@ -206,13 +192,8 @@ fn create_port(
         "binding:host_id": conf.host_id,
         "binding:vnic_type": "normal",
         "fast_path": true,
-    }});
-    match call(
-        client,
-        "POST",
-        &format!("/project/{}/ports", conf.project),
-        Some(&body),
-    ) {
+    });
+    match client.create::<Port>(attrs) {
         Err(ApiError::Neutron {
             status: 409, kind, ..
         }) if kind == "PortExists" => Ok(()),
@@ -220,27 +201,33 @@ fn create_port(
     }
 }
 
-fn status_of(p: &Port) -> &str {
-    p.status.as_str()
+/// The port and the revision it was read at.
+fn read_port(client: &Client, conf: &Conf, id: &str) -> Result<(Port, i64), Error> {
+    let (ports, revision) = client
+        .list::<Port>(&[("id", id)])
+        .map_err(|e| api(e, conf, "read the port"))?;
+    let port = ports.into_iter().next().ok_or_else(|| {
+        Error::new(
+            Code::ControllerRefused,
+            format!("port {id} vanished while waiting for it to come UP"),
+        )
+    })?;
+    Ok((port, revision))
 }
 
 /// Waits for the port's status to leave BUILD/DOWN: the watch feed when possible, so
 /// UP is seen the moment the agent reports it.
 fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
     let deadline = Instant::now() + Duration::from_secs(conf.timeout);
-    let (ports, mut revision) = client
-        .list::<Port>(&[("id", id)])
-        .map_err(|e| api(e, conf, "read the port"))?;
-    let mut port = ports.into_iter().next().ok_or_else(|| {
-        Error::new(
-            Code::ControllerRefused,
-            format!("port {id} vanished while waiting for it to come UP"),
-        )
-    })?;
+    let (mut port, mut revision) = read_port(client, conf, id)?;
+    let filter = WatchFilter {
+        host_id: Some(&conf.host_id),
+        resource: Some(Port::PLURAL),
+    };
     loop {
-        match status_of(&port) {
-            "ACTIVE" => return Ok(port),
-            "ERROR" => {
+        match port.status {
+            Status::Active => return Ok(port),
+            Status::Error => {
                 return Err(Error::new(
                     Code::PortFailed,
                     format!(
@@ -249,7 +236,7 @@ fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
                     ),
                 ))
             }
-            _ => {}
+            Status::Down | Status::Build => {}
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -261,58 +248,29 @@ fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
                 ),
             ));
         }
-        let wait = left.as_secs().clamp(1, 30);
-        let path = format!(
-            "/v2.0/watch?since={revision}&timeout={wait}&resource=ports&binding:host_id={}",
-            encode(&conf.host_id)
-        );
-        let page: WatchPage = call(client, "GET", &path, None)
-            .and_then(|v| serde_json::from_value(v).map_err(|e| ApiError::Decode(e.to_string())))
-            .or_else(|e| match e {
-                // Fell behind the feed: read the port again and watch from there.
-                ApiError::Neutron { status: 410, .. } => {
-                    let (ports, r) = client.list::<Port>(&[("id", id)])?;
-                    Ok(WatchPage {
-                        revision: r,
-                        events: ports
-                            .into_iter()
-                            .map(|p| corvid_api::WatchEvent {
-                                revision: r,
-                                kind: "put".into(),
-                                resource: "ports".into(),
-                                id: p.id.clone(),
-                                object: serde_json::to_value(p).unwrap_or_default(),
-                            })
-                            .collect(),
-                    })
-                }
-                e => Err(e),
-            })
-            .map_err(|e| api(e, conf, "wait for the port"))?;
+        let wait = Duration::from_secs(left.as_secs().clamp(1, 30));
+        let page = match client.watch(revision, &filter, wait) {
+            Ok(page) => page,
+            // Fell behind the feed: read the port again and watch from there.
+            Err(ApiError::Neutron { status: 410, .. }) => {
+                (port, revision) = read_port(client, conf, id)?;
+                continue;
+            }
+            Err(e) => return Err(api(e, conf, "wait for the port")),
+        };
         revision = page.revision;
-        for e in page.events.into_iter().filter(|e| e.id == id) {
-            if e.kind == "delete" {
+        for e in page.events.iter().filter(|e| e.id == id) {
+            if e.kind == EventKind::Delete {
                 return Err(Error::new(
                     Code::ControllerRefused,
                     format!("port {id} was deleted while waiting for it to come UP"),
                 ));
             }
-            if let Ok(p) = serde_json::from_value::<Port>(e.object) {
+            if let Ok(p) = e.decode::<Port>() {
                 port = p;
             }
         }
     }
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// The CNI result of an UP port: its interface, addresses and the subnet's gateway.
@@ -323,19 +281,11 @@ fn result_of(
     args: &CmdArgs,
     netns: &str,
 ) -> Result<CniResult, Error> {
-    let subnet = call(
-        client,
-        "GET",
-        &format!("/project/{}/subnets/{}", conf.project, conf.subnet),
-        None,
-    )
-    .map_err(|e| api(e, conf, "read the subnet"))?;
-    let subnet = &subnet["subnet"];
-    let cidr: IpNet = subnet["cidr"]
-        .as_str()
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| Error::new(Code::ControllerRefused, "the subnet has no cidr"))?;
-    let gateway = subnet["gateway_ip"].as_str().and_then(|g| g.parse().ok());
+    let subnet: Subnet = client
+        .get(&conf.subnet)
+        .map_err(|e| api(e, conf, "read the subnet"))?;
+    let cidr = subnet.cidr;
+    let gateway = subnet.gateway_ip;
     let mut result = CniResult {
         interfaces: vec![Interface {
             name: args.ifname.clone(),
@@ -368,12 +318,7 @@ fn result_of(
             ..Route::default()
         });
     }
-    let nameservers: Vec<String> = subnet["dns_nameservers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_string))
-        .collect();
+    let nameservers = subnet.dns_nameservers;
     if !nameservers.is_empty() {
         result.dns = Dns {
             nameservers,
@@ -383,9 +328,11 @@ fn result_of(
     Ok(result)
 }
 
-fn delete_port(client: &Client, conf: &Conf, id: &str) -> Result<(), Error> {
-    match call(client, "DELETE", &port_path(conf, id), None) {
-        Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => Ok(()),
+/// Deletes a port; false when there was none.
+fn delete_port(client: &Client, conf: &Conf, id: &str) -> Result<bool, Error> {
+    match client.delete::<Port>(id) {
+        Ok(()) => Ok(true),
+        Err(ApiError::Neutron { status: 404, .. }) => Ok(false),
         Err(e) => Err(api(e, conf, "delete the port")),
     }
 }
@@ -415,26 +362,25 @@ impl Plugin for Controller {
 
     fn del(&self, args: &CmdArgs) -> Result<(), Error> {
         let (conf, client) = load(args)?;
-        delete_port(
-            &client,
-            &conf,
-            &port_id(&args.conf.name, &args.container_id, &args.ifname),
-        )
+        let [id, legacy] = port_ids(&args.conf.name, &args.container_id, &args.ifname);
+        if !delete_port(&client, &conf, &id)? {
+            delete_port(&client, &conf, &legacy)?;
+        }
+        Ok(())
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), Error> {
         let (conf, client) = load(args)?;
         let fail = |msg: String| Error::new(ErrorCode::CheckFailed, msg);
-        let id = port_id(&args.conf.name, &args.container_id, &args.ifname);
-        let v = call(&client, "GET", &port_path(&conf, &id), None)
-            .map_err(|e| api(e, &conf, "read the port"))?;
-        let port: Port = serde_json::from_value(v["port"].clone())
-            .map_err(|e| api(ApiError::Decode(e.to_string()), &conf, "read the port"))?;
-        if v["port"]["status"] != "UP" {
-            return Err(fail(format!(
-                "port {id} is {}, not UP",
-                v["port"]["status"]
-            )));
+        let [id, legacy] = port_ids(&args.conf.name, &args.container_id, &args.ifname);
+        let port: Port = match client.get(&id) {
+            Err(ApiError::Neutron { status: 404, .. }) => client.get(&legacy),
+            r => r,
+        }
+        .map_err(|e| api(e, &conf, "read the port"))?;
+        let id = &port.id;
+        if port.status != Status::Active {
+            return Err(fail(format!("port {id} is {}, not UP", port.status)));
         }
         let ns = Netns::open(netns_of(args)?).map_err(errors::net)?;
         let mut nl = Netlink::open_in(&ns).map_err(errors::net)?;
@@ -467,7 +413,7 @@ impl Plugin for Controller {
             .valid_attachments
             .iter()
             .flatten()
-            .map(|a| port_id(&args.conf.name, &a.container_id, &a.ifname))
+            .flat_map(|a| port_ids(&args.conf.name, &a.container_id, &a.ifname))
             .collect();
         let (ports, _) = client
             .list::<Port>(&[("binding:host_id", &conf.host_id)])
@@ -476,15 +422,15 @@ impl Plugin for Controller {
             let ours = p.name == format!("k8s_{}", p.id)
                 && p.description.starts_with("cni ")
                 && p.fixed_ips.iter().any(|ip| ip.subnet_id == conf.subnet)
-                && p.id
-                    == port_id(
-                        &args.conf.name,
-                        p.description
-                            .strip_prefix("cni ")
-                            .and_then(|d| d.split(',').next())
-                            .unwrap_or_default(),
-                        p.veth_name.as_deref().unwrap_or_default(),
-                    );
+                && port_ids(
+                    &args.conf.name,
+                    p.description
+                        .strip_prefix("cni ")
+                        .and_then(|d| d.split(',').next())
+                        .unwrap_or_default(),
+                    p.veth_name.as_deref().unwrap_or_default(),
+                )
+                .contains(&p.id);
             if ours && !keep.contains(&p.id) {
                 delete_port(&client, &conf, &p.id)?;
             }
@@ -494,8 +440,7 @@ impl Plugin for Controller {
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
         let (conf, client) = load(args)?;
-        let path = format!("/project/{}/subnets/{}", conf.project, conf.subnet);
-        match call(&client, "GET", &path, None) {
+        match client.get::<Subnet>(&conf.subnet) {
             Ok(_) => Ok(()),
             Err(e) => Err(Error::new(
                 ErrorCode::PluginNotAvailable,
@@ -516,15 +461,27 @@ mod tests {
         assert_ne!(a, port_id("net", "c1", "eth1"));
         assert_ne!(a, port_id("net2", "c1", "eth0"));
         assert_ne!(port_id("n", "ab", "c"), port_id("n", "a", "bc"));
-        let parts: Vec<&str> = a.split('-').collect();
+        // Pinned: Python's uuid.uuid5(UUID("a08d9f77-..."), "net\0c1\0eth0\0") agrees.
+        assert_eq!(a, "352bb6de-0a02-5416-bf14-28339205558d");
+        assert_eq!(Uuid::parse_str(&a).unwrap().get_version_num(), 5);
+    }
+
+    #[test]
+    fn legacy_port_ids_are_what_earlier_corvid_made() {
         assert_eq!(
-            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
-            [8, 4, 4, 4, 12]
+            legacy_port_id("net", "c1", "eth0"),
+            "45cfdc87-1006-8183-9e42-f5ce4417f154"
         );
-        assert!(parts[2].starts_with('8'));
-        assert!(matches!(
-            parts[3].chars().next(),
-            Some('8' | '9' | 'a' | 'b')
-        ));
+        assert_ne!(
+            legacy_port_id("n", "ab", "c"),
+            legacy_port_id("n", "a", "bc")
+        );
+        assert_eq!(
+            port_ids("net", "c1", "eth0"),
+            [
+                port_id("net", "c1", "eth0"),
+                legacy_port_id("net", "c1", "eth0")
+            ]
+        );
     }
 }

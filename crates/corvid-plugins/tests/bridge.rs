@@ -311,6 +311,46 @@ fn bad_input_is_refused_with_the_right_code_and_changes_nothing() {
         ),
         ("unknown command", net.call("FROB", "b", &c), 4),
         (
+            "macspoofchk asked for",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["macspoofchk"] = json!(true)),
+            ),
+            2,
+        ),
+        (
+            "a VLAN trunk asked for",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["vlanTrunk"] = json!([{"id": 101}])),
+            ),
+            2,
+        ),
+        (
+            "enabledad asked for",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["enabledad"] = json!(true)),
+            ),
+            2,
+        ),
+        (
+            "the iptables masquerade backend asked for",
+            net.call_with(
+                "ADD",
+                "b",
+                &c.path_str(),
+                &edit(&|v| v["ipMasqBackend"] = json!("iptables")),
+            ),
+            2,
+        ),
+        (
             "ADD without CNI_NETNS",
             net.call("ADD", "b", &c).unset("CNI_NETNS"),
             4,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cluster::ns::{wait_until, Ns};
 use cluster::{cni_result, result_ip, url, Cluster};
-use corvid_api::{Port, Subnet};
+use corvid_api::{Port, Status, Subnet};
 use corvid_net::link::LinkKind;
 use serde_json::{json, Value};
 
@@ -164,7 +164,7 @@ fn an_agent_killed_while_plugging_never_reports_a_half_plugged_port() {
     let active: Vec<Port> = cluster
         .ports()
         .into_iter()
-        .filter(|p| p.status == "ACTIVE")
+        .filter(|p| p.status == Status::Active)
         .collect();
     assert_eq!(active.len(), KILLS, "every port ACTIVE");
     for port in active {
@@ -314,8 +314,15 @@ fn an_agent_keeps_the_links_a_driver_made_for_ports_it_has_not_heard_of_yet() {
         assert_eq!(unsafe { libc::kill(agent, libc::SIGSTOP) }, 0);
         std::thread::sleep(Duration::from_millis(50));
         cluster.api(|c| {
-            c.set_port_status(&first.id, if i % 2 == 1 { "DOWN" } else { "ACTIVE" })
-                .unwrap()
+            c.set_port_status(
+                &first.id,
+                if i % 2 == 1 {
+                    Status::Down
+                } else {
+                    Status::Active
+                },
+            )
+            .unwrap()
         });
         std::thread::sleep(Duration::from_millis(50));
         let port = create(i);
@@ -331,7 +338,7 @@ fn an_agent_keeps_the_links_a_driver_made_for_ports_it_has_not_heard_of_yet() {
     // A link for no port at all is the agent's to remove.
     let orphan = corvid_net::names::host_veth("not-a-port");
     h1.ip(&format!("link add {orphan} type veth peer name cvcorphan"));
-    cluster.api(|c| c.set_port_status(&first.id, "DOWN").unwrap());
+    cluster.api(|c| c.set_port_status(&first.id, Status::Down).unwrap());
     wait_until("the orphan's link removed", Duration::from_secs(20), || {
         h1.links(&orphan).is_empty()
     });

@@ -9,7 +9,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corvid_api::{Client, FloatingIp, Network, Port, Subnet, SubnetPool};
+use corvid_api::{
+    Client, EventKind, FloatingIp, Network, Port, Status, Subnet, SubnetPool, WatchFilter,
+};
 use serde_json::{json, Value};
 use support::{redb_store, Controller, Etcd};
 
@@ -58,7 +60,7 @@ fn resource_lifecycle_filters_tags_and_errors() {
         let auto: Port = c
             .create(json!({"network_id": net.id, "name": "auto", "device_id": "dev-a"}))
             .unwrap();
-        assert_eq!(auto.status, "DOWN");
+        assert_eq!(auto.status, Status::Down);
         assert!(auto.mac_address.starts_with("fa:16:3e:"));
         assert!(sub.cidr.contains(&auto.fixed_ips[0].ip_address));
 
@@ -206,8 +208,8 @@ fn resource_lifecycle_filters_tags_and_errors() {
             kind(c.update::<Port>(&auto.id, json!({"network_id": net.id}))).0,
             400
         );
-        c.set_port_status(&fixed.id, "ACTIVE").unwrap();
-        assert_eq!(c.get::<Port>(&fixed.id).unwrap().status, "ACTIVE");
+        c.set_port_status(&fixed.id, Status::Active).unwrap();
+        assert_eq!(c.get::<Port>(&fixed.id).unwrap().status, Status::Active);
 
         // Pagination walks every port exactly once.
         for i in 0..5 {
@@ -350,7 +352,7 @@ fn resource_lifecycle_filters_tags_and_errors() {
             .unwrap();
         assert_eq!(s, 201, "{v}");
         assert_eq!(v["port"]["network_ns"], "/var/run/netns/x");
-        c.set_port_status("0b6a3d8e-0000-4000-8000-000000000001", "ACTIVE")
+        c.set_port_status("0b6a3d8e-0000-4000-8000-000000000001", Status::Active)
             .unwrap();
         let (_, v, _) = c
             .request(
@@ -446,6 +448,10 @@ fn resource_lifecycle_filters_tags_and_errors() {
 fn watch_feed_resumes_without_gaps_and_filters_by_host() {
     on_both(|ctl| {
         let c = ctl.client();
+        let node1 = WatchFilter {
+            host_id: Some("node-1"),
+            ..WatchFilter::default()
+        };
         let (net, _) = network_with_subnet(&c, "10.1.0.0/24", json!(null));
         let (_, start) = c.list::<Port>(&[]).unwrap();
         let mine: Port = c
@@ -454,9 +460,7 @@ fn watch_feed_resumes_without_gaps_and_filters_by_host() {
         let _other: Port = c
             .create(json!({"network_id": net.id, "binding:host_id": "node-2"}))
             .unwrap();
-        let page = c
-            .watch(start, Some("node-1"), Duration::from_secs(1))
-            .unwrap();
+        let page = c.watch(start, &node1, Duration::from_secs(1)).unwrap();
         let ports: Vec<&str> = page
             .events
             .iter()
@@ -467,24 +471,25 @@ fn watch_feed_resumes_without_gaps_and_filters_by_host() {
         // A long poll wakes on the next change, and resuming repeats nothing.
         let waiter = {
             let c = c.clone();
-            std::thread::spawn(move || {
-                c.watch(page.revision, Some("node-1"), Duration::from_secs(10))
-            })
+            std::thread::spawn(move || c.watch(page.revision, &node1, Duration::from_secs(10)))
         };
         std::thread::sleep(Duration::from_millis(200));
         c.delete::<Port>(&mine.id).unwrap();
         let next = waiter.join().unwrap().unwrap();
         assert_eq!(next.events.len(), 1, "{next:?}");
         assert_eq!(
-            (next.events[0].kind.as_str(), next.events[0].id.as_str()),
-            ("delete", mine.id.as_str())
+            (next.events[0].kind, next.events[0].id.as_str()),
+            (EventKind::Delete, mine.id.as_str())
         );
         assert!(next.revision > page.revision);
         let empty = c
-            .watch(next.revision, Some("node-1"), Duration::from_secs(0))
+            .watch(next.revision, &node1, Duration::from_secs(0))
             .unwrap();
         assert!(empty.events.is_empty());
-        assert_eq!(kind(c.watch(-5, None, Duration::from_secs(0))).0, 410);
+        assert_eq!(
+            kind(c.watch(-5, &WatchFilter::default(), Duration::from_secs(0))).0,
+            410
+        );
     });
 }
 

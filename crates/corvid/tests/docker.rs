@@ -13,7 +13,7 @@ use std::time::Duration;
 use cluster::docker::{DockerPlugin, Dockerd, IMAGE};
 use cluster::ns::wait_until;
 use cluster::{cni_result, result_ip, url, Cluster};
-use corvid_api::{Network, Port, Subnet, SubnetPool};
+use corvid_api::{Network, Port, Status, Subnet, SubnetPool};
 use serde_json::Value;
 
 /// The controller's port holding `ip`.
@@ -100,7 +100,7 @@ fn docker_containers_live_on_corvid_networks() {
     let port_b = port_at(&cluster, "10.213.7.50").expect("b's port");
     assert_eq!(port_b.mac_address, "02:42:0a:d5:07:32");
     assert_eq!(port_b.binding_host_id, "h1");
-    assert_eq!(port_b.status, "ACTIVE");
+    assert_eq!(port_b.status, Status::Active);
     let eth0 = d(&["exec", "cb", "cat", "/sys/class/net/eth0/address"]);
     assert_eq!(eth0, "02:42:0a:d5:07:32");
 
@@ -177,7 +177,7 @@ fn docker_containers_live_on_corvid_networks() {
     let ip_a2 = docker.ip("ca", "cvtn2");
     let port_a2 = port_at(&cluster, &ip_a2).expect("a's port on cvtn2");
     assert!(d(&["exec", "ca", "ip", "-4", "addr", "show", "eth1"]).contains(&ip_a2));
-    assert_eq!(port_a2.status, "ACTIVE");
+    assert_eq!(port_a2.status, Status::Active);
     let before = h1.links("cvp").len();
     d(&["network", "disconnect", "cvtn2", "ca"]);
     assert!(

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use corvid_api::{Client, Network, Port, Subnet, SubnetPool};
+use corvid_api::{Client, Network, Port, Status, Subnet, SubnetPool};
 use docker::post;
 use ns::{wait_until, Ns, Proc};
 use serde_json::{json, Value};
@@ -160,7 +160,7 @@ fn dockers_own_call_sequence_replays_and_leaves_nothing() {
                         .remove(0)
                 });
                 assert_eq!(port.mac_address, link.mac);
-                assert_eq!(port.status, "ACTIVE");
+                assert_eq!(port.status, Status::Active);
                 assert_eq!(port.binding_host_id, "h1");
             }
             _ => {}

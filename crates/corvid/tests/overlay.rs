@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use cluster::ns::{wait_until, Ns};
 use cluster::{cni_result, result_ip, url, Cluster};
+use corvid_api::{Port, Status};
+use corvid_plugins::controller::{legacy_port_id, port_id};
 use serde_json::{json, Value};
 
 fn mac_in(pod: &Ns, ifname: &str) -> Option<String> {
@@ -57,7 +59,7 @@ fn pods_reach_each_other_on_one_host_and_across_hosts() {
                 .any(|f| f.ip_address.to_string() == ip_a1)
         })
         .expect("a1's port");
-    assert_eq!(port_a1.status, "ACTIVE");
+    assert_eq!(port_a1.status, Status::Active);
     assert_eq!(port_a1.binding_host_id, "h1");
     assert_eq!(port_a1.fixed_ips[0].subnet_id, subnet.id);
     assert_eq!(mac_in(&a1, "eth0").unwrap(), port_a1.mac_address);
@@ -265,4 +267,78 @@ fn bad_configurations_and_a_missing_agent_are_clear_cni_errors() {
     let err: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(err["code"], 100, "{err}");
     assert_eq!(cluster.ports().len(), 1);
+}
+
+#[test]
+fn ports_made_under_the_old_port_id_derivation_are_found_by_del_check_and_gc() {
+    let cluster = Cluster::new("up");
+    let (_, subnet) = cluster.network("upg", "10.54.0.0/24", false);
+    let conf = json!({"cniVersion": "1.1.0", "name": "upg", "type": "corvid",
+        "mpurl": url(), "project": "corvid", "subnet": subnet.id, "hostId": "h1", "timeout": 20});
+    let call = |command: &str, container: &str, pod: &Ns, conf: &Value| {
+        let out = cluster
+            .plugin(0, command, container, pod, conf)
+            .wait_with_output()
+            .unwrap();
+        assert!(out.status.success(), "{command} {container}: {out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
+    };
+    // Today's ADD names the port by the version 5 derivation.
+    let new_pod = cluster.pod("n");
+    call("ADD", "c-new", &new_pod, &conf);
+    let ids: Vec<String> = cluster.ports().into_iter().map(|p| p.id).collect();
+    assert_eq!(ids, [port_id("upg", "c-new", "eth0")]);
+    // Ports as an older corvid made them: same attributes, the FNV-derived ID.
+    let old_port = |container: &str, pod: &Ns| -> String {
+        let id = legacy_port_id("upg", container, "eth0");
+        cluster.api(|c| {
+            c.project("corvid")
+                .create::<Port>(json!({
+                    "project_id": "corvid", "id": id, "name": format!("k8s_{id}"),
+                    "admin_state_up": true, "network_id": subnet.id,
+                    "description": format!("cni {container}, ns:{}, host:h1", pod.path.display()),
+                    "veth_name": "eth0", "network_ns": pod.path.display().to_string(),
+                    "port_security_enabled": false, "binding:host_id": "h1",
+                    "binding:vnic_type": "normal", "fast_path": true,
+                }))
+                .unwrap()
+        });
+        wait_until(
+            "the agent plugs the old port",
+            Duration::from_secs(20),
+            || mac_in(pod, "eth0").is_some(),
+        );
+        id
+    };
+    let (kept_pod, stale_pod, deleted_pod) = (cluster.pod("k"), cluster.pod("s"), cluster.pod("d"));
+    let kept = old_port("c-kept", &kept_pod);
+    let stale = old_port("c-stale", &stale_pod);
+    let deleted = old_port("c-del", &deleted_pod);
+    wait_until("the old ports ACTIVE", Duration::from_secs(20), || {
+        cluster
+            .ports()
+            .iter()
+            .filter(|p| p.status == Status::Active)
+            .count()
+            == 4
+    });
+    let has = |id: &str| cluster.ports().iter().any(|p| p.id == id);
+    // CHECK finds an old port and compares it with the pod.
+    let mut check = conf.clone();
+    check["prevResult"] = json!({"cniVersion": "1.1.0", "interfaces": [], "ips": []});
+    call("CHECK", "c-kept", &kept_pod, &check);
+    // GC keeps the valid attachments, old and new, and releases the old one not listed.
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([
+        {"containerID": "c-new", "ifname": "eth0"},
+        {"containerID": "c-kept", "ifname": "eth0"},
+        {"containerID": "c-del", "ifname": "eth0"},
+    ]);
+    call("GC", "", &new_pod, &gc);
+    assert!(!has(&stale), "GC released the stale old port");
+    assert!(has(&kept) && has(&deleted) && has(&port_id("upg", "c-new", "eth0")));
+    // DEL finds the old port by its old ID.
+    call("DEL", "c-del", &deleted_pod, &conf);
+    assert!(!has(&deleted), "DEL deleted the old port");
+    assert!(has(&kept));
 }

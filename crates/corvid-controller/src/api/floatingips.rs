@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Router;
-use corvid_api::{FloatingIp, Network, Port, PortDetails};
+use corvid_api::{FloatingIp, Network, Port, PortDetails, Status};
 use serde_json::{Map, Value};
 
 use super::{
@@ -94,7 +94,7 @@ fn associate(
         network_id: port.network_id.clone(),
         mac_address: port.mac_address.clone(),
         admin_state_up: port.admin_state_up,
-        status: port.status.clone(),
+        status: port.status,
         device_id: port.device_id.clone(),
         device_owner: port.device_owner.clone(),
     });
@@ -161,7 +161,7 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                 router_id: None,
                 port_id: None,
                 fixed_ip_address: None,
-                status: "DOWN".into(),
+                status: Status::Down,
                 description: attr(&obj, "description")?.unwrap_or_default(),
                 port_details: None,
                 tags: attr(&obj, "tags")?.unwrap_or_default(),

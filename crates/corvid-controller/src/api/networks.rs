@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Router;
-use corvid_api::{AllocationPool, HostRoute, Network, Subnet, SubnetPool};
+use corvid_api::{AllocationPool, HostRoute, Network, Status, Subnet, SubnetPool};
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
@@ -133,7 +133,7 @@ fn new_network(obj: &Map<String, Value>, headers: &HeaderMap) -> Result<Network,
         project_id: project,
         admin_state_up: attr(obj, "admin_state_up")?.unwrap_or(true),
         mtu: attr(obj, "mtu")?.unwrap_or(1450),
-        status: "ACTIVE".into(),
+        status: Status::Active,
         subnets: Vec::new(),
         shared: attr(obj, "shared")?.unwrap_or(false),
         router_external: attr(obj, "router:external")?.unwrap_or(false),

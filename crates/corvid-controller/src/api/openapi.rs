@@ -1,6 +1,7 @@
 //! The OpenAPI 3 description of the API, served at `/openapi.json`.
 
 use axum::Json;
+use corvid_api::Status;
 use serde_json::{json, Map, Value};
 
 /// Collections with the standard list/create/show/update/delete operations.
@@ -69,6 +70,9 @@ fn attribute_schema(name: &str) -> Value {
             json!({"type": "array", "items": {"type": "object"}})
         }
         "binding:profile" | "session_persistence" => json!({"type": "object", "nullable": true}),
+        "status" => {
+            json!({"type": "string", "enum": Status::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()})
+        }
         _ => json!({"type": "string", "nullable": true}),
     }
 }

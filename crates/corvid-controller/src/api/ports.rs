@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use corvid_api::{FixedIp, Network, Port, Subnet};
+use corvid_api::{FixedIp, Network, Port, Status, Subnet};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -75,8 +75,6 @@ pub(super) const PORT_UPDATE: &[&str] = &[
     "network_ns",
     "fast_path",
 ];
-const STATUSES: &[&str] = &["ACTIVE", "DOWN", "BUILD", "ERROR"];
-
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
         .route("/v2.0/ports", get(list_ports).post(create_ports))
@@ -135,7 +133,7 @@ pub fn routes() -> Router<Arc<Controller>> {
 /// Mizar-MP agents wait for status `UP`: Neutron's ACTIVE under that name.
 fn mizar_port(p: &Port) -> Value {
     let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
-    if p.status == "ACTIVE" {
+    if p.status == Status::Active {
         v["status"] = json!("UP");
     }
     v
@@ -263,7 +261,7 @@ pub(super) fn plan_port(
         project_id: project,
         mac_address: mac,
         admin_state_up: attr(obj, "admin_state_up")?.unwrap_or(true),
-        status: "DOWN".into(),
+        status: Status::Down,
         device_id: attr(obj, "device_id")?.unwrap_or_default(),
         device_owner: attr(obj, "device_owner")?.unwrap_or_default(),
         fixed_ips,
@@ -452,10 +450,11 @@ async fn update_port(
     let requests: Option<Vec<FixedIpRequest>> = attr(&attrs, "fixed_ips")?;
     attrs.remove("fixed_ips");
     if let Some(s) = attrs.get("status") {
-        if !s.as_str().is_some_and(|s| STATUSES.contains(&s)) {
+        let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+        if !s.as_str().is_some_and(|s| all.contains(&s)) {
             return Err(NeutronError::invalid_input(format!(
                 "'{s}' is not a port status ({})",
-                STATUSES.join(", ")
+                all.join(", ")
             )));
         }
     }
@@ -485,7 +484,7 @@ async fn update_port(
         if p.binding_host_id != old_host {
             p.binding_vif_type = vif_type(&p.binding_host_id).into();
             if !attrs.contains_key("status") {
-                p.status = "DOWN".into();
+                p.status = Status::Down;
             }
         }
         if p.binding_profile.is_null() {
