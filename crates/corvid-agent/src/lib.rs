@@ -144,7 +144,7 @@ impl Agent {
                     return;
                 }
                 Err(e) => {
-                    log(&format!("cannot reach the controller: {e}; retrying"));
+                    tracing::warn!(controller = %self.cfg.controller, "cannot reach the controller: {e}; retrying");
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
@@ -181,7 +181,7 @@ impl Agent {
                 Err(e) => {
                     failures += 1;
                     if failures == 1 {
-                        log(&format!("watch failed: {e}; retrying"));
+                        tracing::warn!("watch failed: {e}; retrying");
                     }
                     std::thread::sleep(Duration::from_millis(100 * u64::from(failures.min(20))));
                 }
@@ -209,7 +209,7 @@ impl Agent {
     /// names (and any whose bridge is missing), plug missing ports, report status.
     pub fn reconcile(&mut self, dirty: Dirty) {
         if let Err(e) = self.try_reconcile(dirty) {
-            log(&format!("reconcile: {e}"));
+            tracing::error!("reconcile: {e}");
         }
     }
 
@@ -228,9 +228,7 @@ impl Agent {
                     dirty = dirty.merge(caught);
                 }
                 Err(e) => {
-                    log(&format!(
-                        "keeping unknown links until the controller answers: {e}"
-                    ));
+                    tracing::warn!("keeping unknown links until the controller answers: {e}");
                     stale.clear();
                 }
             }
@@ -239,9 +237,7 @@ impl Agent {
         for name in stale {
             if let Some(l) = links.remove(&name) {
                 if let Err(e) = self.dp.remove(&l) {
-                    log(&format!(
-                        "remove {name}, which no port or network needs: {e}"
-                    ));
+                    tracing::error!(link = %name, "remove a link no port or network needs: {e}");
                 }
             }
         }
@@ -258,13 +254,14 @@ impl Agent {
                 match self.dp.sync_network(n) {
                     Ok(b) => b,
                     Err(e) => {
-                        log(&format!("network {}: {e}", n.id));
+                        tracing::error!(network = %n.id, "bring up the network: {e}");
                         continue;
                     }
                 }
             } else {
                 links[&n.bridge].clone()
             };
+            let _network = tracing::info_span!("network", id = %n.id).entered();
             for p in &n.ports {
                 let settled = (links.contains_key(&p.host_veth)
                     && self.checked.get(&p.id) == Some(&p.revision))
@@ -272,19 +269,18 @@ impl Agent {
                 if settled && !full {
                     continue;
                 }
+                let _port = tracing::info_span!("port", id = %p.id, netns = %p.netns).entered();
                 match self.dp.ensure_port(&bridge, n.mtu, p) {
                     Ok(plugged) => {
                         match &plugged {
-                            Plugged::Finished(steps) => log(&format!(
-                                "port {}: finished its plug: {}",
-                                p.id,
-                                steps.join(", ")
-                            )),
-                            Plugged::New { replaced: true } => log(&format!(
-                                "port {}: its veth pair was unusable and is made anew",
-                                p.id
-                            )),
-                            Plugged::New { replaced: false } | Plugged::Intact => {}
+                            Plugged::Finished(steps) => {
+                                tracing::warn!("finished a half-made plug: {}", steps.join(", "))
+                            }
+                            Plugged::New { replaced: true } => {
+                                tracing::warn!("the veth pair was unusable and is made anew")
+                            }
+                            Plugged::New { replaced: false } => tracing::info!("plugged"),
+                            Plugged::Intact => {}
                         }
                         self.failed.remove(&p.id);
                         self.checked.insert(p.id.clone(), p.revision);
@@ -293,7 +289,7 @@ impl Agent {
                         }
                     }
                     Err(e) => {
-                        log(&format!("port {}: {e}", p.id));
+                        tracing::error!("plug: {e}");
                         self.failed.insert(p.id.clone(), p.revision);
                         self.checked.remove(&p.id);
                         if p.status != Status::Error {
@@ -305,7 +301,7 @@ impl Agent {
         }
         let all: Vec<_> = plans.values().collect();
         if let Err(e) = self.dp.sync_masquerade(&all) {
-            log(&format!("masquerade: {e}"));
+            tracing::error!("masquerade: {e}");
         }
         self.failed
             .retain(|id, _| self.cache.ports.contains_key(id));
@@ -318,15 +314,11 @@ impl Agent {
                     self.checked.insert(id, port.revision_number);
                 }
                 Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}
-                Err(e) => log(&format!("report port {id} {status}: {e}")),
+                Err(e) => tracing::warn!(port = %id, "report {status}: {e}"),
             }
         }
         Ok(())
     }
-}
-
-fn log(msg: &str) {
-    eprintln!("corvid-agent: {msg}");
 }
 
 /// The owned links no plan asks for, ports' ends before the devices they hang on.

@@ -374,7 +374,7 @@ impl Runtime {
     /// plugin that is missing or broken must not keep the others from cleaning up).
     fn undo(&self, list: &NetConfList, rt: &RuntimeConf, prev: Option<&Value>) {
         if let Err(e) = self.del_each(list, rt, prev, true) {
-            eprintln!("corvid: undoing ADD of {}: {e}", list.name);
+            tracing::warn!(network = %list.name, container = %rt.container_id, "undoing a failed ADD: {e}");
         }
     }
 

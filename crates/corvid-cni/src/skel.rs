@@ -209,7 +209,7 @@ pub fn run_with(
             0
         }
         Err(e) => {
-            eprintln!("{e}");
+            tracing::warn!(code = e.code, "{}", e.msg);
             let _ = writeln!(stdout, "{}", e.to_json(&version));
             1
         }

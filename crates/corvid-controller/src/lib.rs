@@ -47,10 +47,7 @@ pub fn run(
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| format!("listening on {}: {e}", config.listen))?;
-        eprintln!(
-            "corvid controller: listening on http://{} (store {})",
-            config.listen, config.store
-        );
+        tracing::info!(listen = %config.listen, store = %config.store, "controller listening");
         axum::serve(listener, api::router(ctl))
             .with_graceful_shutdown(shutdown)
             .await

@@ -83,7 +83,7 @@ pub fn serve(
                 let _ = std::fs::remove_file(socket);
                 let listener = tokio::net::UnixListener::bind(socket)
                     .map_err(|e| format!("listen on {}: {e}", socket.display()))?;
-                eprintln!("corvid docker-plugin: listening on {}", socket.display());
+                tracing::info!(socket = %socket.display(), "docker plugin listening");
                 let served = axum::serve(listener, app)
                     .with_graceful_shutdown(shutdown)
                     .await;
@@ -97,10 +97,7 @@ pub fn serve(
                 make_parent(spec)?;
                 std::fs::write(spec, format!("tcp://{bound}\n"))
                     .map_err(|e| format!("write {}: {e}", spec.display()))?;
-                eprintln!(
-                    "corvid docker-plugin: listening on {bound}, announced in {}",
-                    spec.display()
-                );
+                tracing::info!(listen = %bound, spec = %spec.display(), "docker plugin listening");
                 let served = axum::serve(listener, app)
                     .with_graceful_shutdown(shutdown)
                     .await;

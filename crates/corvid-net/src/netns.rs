@@ -158,7 +158,7 @@ impl Drop for NetnsGuard {
         if let Err(e) = setns(self.original.file.as_fd()) {
             // A thread stuck in a container's namespace would act on the wrong host:
             // stopping is the only safe answer.
-            eprintln!("corvid: cannot return to the original network namespace: {e}");
+            tracing::error!("cannot return to the original network namespace: {e}");
             std::process::abort();
         }
     }

@@ -4,6 +4,16 @@
 use std::path::Path;
 
 fn main() {
+    // stdout is the CNI result channel: logs go to stderr only, warnings and worse unless
+    // RUST_LOG asks for more.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     let mut argv = std::env::args();
     let invoked = argv.next().unwrap_or_default();
     let mut name = Path::new(&invoked)

@@ -16,8 +16,45 @@ use std::process::ExitCode;
     propagate_version = true
 )]
 struct Cli {
+    /// The least severe level logged: error, warn, info, debug or trace (or a RUST_LOG
+    /// style filter). RUST_LOG, when set, wins.
+    #[arg(long, global = true, env = "CORVID_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Log lines as text, or as one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written (always to stderr).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Sends log events to stderr, filtered by RUST_LOG or else by `level`.
+fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) if !env.is_empty() => {
+            EnvFilter::try_new(&env).map_err(|e| format!("RUST_LOG: {e}"))?
+        }
+        _ => EnvFilter::try_new(level).map_err(|e| format!("--log-level {level}: {e}"))?,
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -114,7 +151,12 @@ struct ControllerArgs {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    if let Err(e) = init_logging(&cli.log_level, cli.log_format) {
+        eprintln!("corvid: {e}");
+        return ExitCode::from(2);
+    }
+    match cli.command {
         Command::Cni(args) => cni::run(args),
         Command::Controller(a) => {
             let config = corvid_controller::Config {
@@ -125,7 +167,7 @@ fn main() -> ExitCode {
             match corvid_controller::run(config, signal::stop_requested()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("corvid controller: {e}");
+                    tracing::error!("controller: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -148,7 +190,7 @@ fn main() -> ExitCode {
             match corvid_docker::server::serve(driver, &listen, signal::stop_requested()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("corvid docker-plugin: {e}");
+                    tracing::error!("docker-plugin: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -164,7 +206,7 @@ fn main() -> ExitCode {
             match corvid_agent::Agent::new(config) {
                 Ok(mut agent) => agent.run(),
                 Err(e) => {
-                    eprintln!("corvid agent: {e}");
+                    tracing::error!("agent: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -65,7 +65,7 @@ pub fn run(a: UpArgs) -> ExitCode {
     match up(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("corvid up: {e}");
+            tracing::error!("up: {e}");
             ExitCode::FAILURE
         }
     }

@@ -79,3 +79,50 @@ fn up_then_two_namespaces_ping_each_other() {
         a.netlink().link_by_name("eth0").unwrap().is_none()
     });
 }
+
+#[test]
+fn logs_go_to_stderr_filtered_by_level_and_as_json_on_request() {
+    use std::io::{BufRead, BufReader};
+    let state = tempfile::Builder::new()
+        .prefix("cvt-log")
+        .tempdir()
+        .unwrap();
+    let controller = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_corvid"))
+            .args(args)
+            .args(["controller", "--listen", "127.0.0.1:0", "--store"])
+            .arg(format!("redb:{}", state.path().join("s.redb").display()))
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // JSON: one object per line, with the level and the message.
+    let mut json = Proc(controller(&["--log-format", "json"]));
+    let line = BufReader::new(json.0.stderr.take().unwrap())
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    let event: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(event["level"], "INFO", "{line}");
+    assert_eq!(event["fields"]["message"], "controller listening", "{line}");
+    json.kill9();
+    // Above the level: nothing is written.
+    let mut quiet = Proc(controller(&["--log-level", "warn"]));
+    std::thread::sleep(Duration::from_millis(500));
+    quiet.kill9();
+    let mut written = String::new();
+    std::io::Read::read_to_string(&mut quiet.0.stderr.take().unwrap(), &mut written).unwrap();
+    std::io::Read::read_to_string(&mut quiet.0.stdout.take().unwrap(), &mut written).unwrap();
+    assert!(written.is_empty(), "{written}");
+    // A filter that does not parse is refused before anything starts.
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_corvid"))
+        .args(["--log-level", "info,[[", "cni", "list"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--log-level"));
+}
