@@ -12,22 +12,11 @@ use corvid_api::{Port, Subnet, SubnetPool};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
+use crate::tags::{
+    decode_mac, ADDRESS_TAG, GATEWAY_TAG, POOL_NETWORK_TAG, POOL_TAG, SUBNET_ID_OPTION,
+    SUBNET_POOL_TAG, SUBPOOL_TAG,
+};
 use crate::{field, Driver, DriverError, Result};
-
-/// Tag of every subnetpool the driver made.
-pub const POOL_TAG: &str = "docker-pool";
-/// Tag prefix naming a pool's `--ip-range`.
-pub const SUBPOOL_TAG: &str = "docker-subpool:";
-/// Tag prefix naming a pool's reserved gateway.
-pub const GATEWAY_TAG: &str = "docker-gateway:";
-/// Tag prefix linking a subnet to its pool.
-pub const SUBNET_POOL_TAG: &str = "docker-pool:";
-/// Tag prefix linking a pool to the network CreateNetwork made for it.
-pub const POOL_NETWORK_TAG: &str = "docker-network:";
-/// Tag of the ports RequestAddress made.
-pub const ADDRESS_TAG: &str = "docker-address";
-/// IPAM option naming an existing controller subnet to use as the pool.
-pub const SUBNET_ID_OPTION: &str = "corvid.subnet.id";
 
 /// What a Docker PoolID stands for.
 pub(crate) enum Pool {
@@ -265,7 +254,7 @@ impl Driver {
             "tags": [ADDRESS_TAG],
         });
         if let Some(mac) = options["com.docker.network.endpoint.macaddress"].as_str() {
-            attrs["mac_address"] = json!(crate::network::decode_mac(mac)?);
+            attrs["mac_address"] = json!(decode_mac(mac)?);
         }
         let port: Port = self.client.create(attrs)?;
         let ip = port

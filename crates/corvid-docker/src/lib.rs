@@ -8,6 +8,7 @@ pub mod firewall;
 pub mod ipam;
 pub mod network;
 pub mod server;
+pub mod tags;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -2,36 +2,17 @@
 //! endpoints are ports tagged with the EndpointID, and Join binds the port on this host
 //! with the same corvid-net functions the agent and the bridge plugin use.
 
-use base64::Engine;
 use corvid_api::{Network, Port, Status, Subnet};
 use corvid_net::bridge::{ensure_bridge, ensure_plugged, BridgeSpec, PortSpec};
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
-use crate::ipam::{POOL_NETWORK_TAG, SUBNET_POOL_TAG};
+use crate::tags::{
+    ADOPTED_TAG, NET_ID_OPTION, NET_NAME_OPTION, POOL_NETWORK_TAG, POOL_TAG, SUBNET_ID_OPTION,
+    SUBNET_POOL_TAG,
+};
 use crate::{field, Driver, DriverError, Result};
-
-/// Tag of a network the driver adopted rather than created: DeleteNetwork leaves it.
-pub const ADOPTED_TAG: &str = "docker-adopted";
-/// Generic option naming an existing controller network to adopt, by name.
-pub const NET_NAME_OPTION: &str = "corvid.net.name";
-/// Generic option naming an existing controller network to adopt, by ID.
-pub const NET_ID_OPTION: &str = "corvid.net.id";
-
-/// Docker sends `--mac-address` in the options as base64 of the six bytes.
-pub fn decode_mac(b64: &str) -> Result<String> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|_| DriverError::new(format!("MAC option {b64} is not base64")))?;
-    if bytes.len() != 6 {
-        return Err(DriverError::new(format!(
-            "MAC option decodes to {} bytes, not 6",
-            bytes.len()
-        )));
-    }
-    Ok(corvid_net::link::format_mac(&bytes))
-}
 
 /// The name Docker gets for the container end until it moves it into the sandbox.
 pub fn container_veth(port: &str) -> String {
@@ -103,8 +84,7 @@ impl Driver {
                     return Err(DriverError::new(format!(
                         "pool {pool} is not a subnet of corvid network {}: use this driver for \
                          IPAM too, with --ipam-opt {}=<one of its subnets>",
-                        net.id,
-                        crate::ipam::SUBNET_ID_OPTION
+                        net.id, SUBNET_ID_OPTION
                     )));
                 }
             }
@@ -177,7 +157,7 @@ impl Driver {
     fn find_pool(&self, cidr: &IpNet) -> Result<Option<corvid_api::SubnetPool>> {
         Ok(self
             .client
-            .list::<corvid_api::SubnetPool>(&[("tags", crate::ipam::POOL_TAG)])?
+            .list::<corvid_api::SubnetPool>(&[("tags", POOL_TAG)])?
             .0
             .into_iter()
             .find(|p| p.prefixes.first() == Some(cidr)))
@@ -434,13 +414,6 @@ fn docker_id<'a>(req: &'a Value, key: &str) -> Result<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn macs_decode_from_docker_base64() {
-        assert_eq!(decode_mac("AkKs/gAB").unwrap(), "02:42:ac:fe:00:01");
-        assert!(decode_mac("AkI=").is_err());
-        assert!(decode_mac("!!").is_err());
-    }
 
     #[test]
     fn docker_ids_are_checked() {
