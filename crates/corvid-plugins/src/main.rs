@@ -5,15 +5,14 @@ use std::path::Path;
 
 fn main() {
     // stdout is the CNI result channel: logs go to stderr only, warnings and worse unless
-    // RUST_LOG asks for more.
-    tracing_subscriber::fmt()
+    // RUST_LOG asks for more. Without RUST_LOG no filter is parsed: plugins start often.
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+        .with_ansi(false);
+    match tracing_subscriber::EnvFilter::try_from_default_env() {
+        Ok(filter) => logs.with_env_filter(filter).init(),
+        Err(_) => logs.with_max_level(tracing::Level::WARN).init(),
+    }
     let mut argv = std::env::args();
     let invoked = argv.next().unwrap_or_default();
     let mut name = Path::new(&invoked)
