@@ -42,6 +42,11 @@ impl Status {
     /// Every status, in the order the API documents them.
     pub const ALL: [Status; 4] = [Status::Active, Status::Down, Status::Build, Status::Error];
 
+    /// The names of every status, as the API spells them.
+    pub fn names() -> [&'static str; 4] {
+        Status::ALL.map(Status::as_str)
+    }
+
     /// The name the API uses (`ACTIVE`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -71,7 +71,7 @@ fn attribute_schema(name: &str) -> Value {
         }
         "binding:profile" | "session_persistence" => json!({"type": "object", "nullable": true}),
         "status" => {
-            json!({"type": "string", "enum": Status::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()})
+            json!({"type": "string", "enum": Status::names()})
         }
         _ => json!({"type": "string", "nullable": true}),
     }

@@ -450,7 +450,7 @@ async fn update_port(
     let requests: Option<Vec<FixedIpRequest>> = attr(&attrs, "fixed_ips")?;
     attrs.remove("fixed_ips");
     if let Some(s) = attrs.get("status") {
-        let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+        let all = Status::names();
         if !s.as_str().is_some_and(|s| all.contains(&s)) {
             return Err(NeutronError::invalid_input(format!(
                 "'{s}' is not a port status ({})",
