@@ -11,8 +11,9 @@ use axum::Router;
 use corvid_api::{FloatingIp, Network, Port, PortDetails, Status};
 use serde_json::{Map, Value};
 
+use super::attributes::{Attribute, Attributes, Type, Write, DESCRIPTION, NEUTRON};
 use super::{
-    answer_as, attr, body, encode, if_match, list_route, lookup, object, project_of, show_route,
+    answer_as, attr, body, encode, if_match, list_route, lookup, project_of, show_route,
     update_with, Ctl,
 };
 use crate::controller::Controller;
@@ -22,18 +23,20 @@ use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
 use crate::view::View;
 
-pub(super) const FIP_ATTRS: &[&str] = &[
-    "floating_network_id",
-    "port_id",
-    "fixed_ip_address",
-    "floating_ip_address",
-    "subnet_id",
-    "description",
-    "tags",
-    "project_id",
-    "tenant_id",
-];
-pub(super) const FIP_UPDATE: &[&str] = &["port_id", "fixed_ip_address", "description"];
+/// What a client may send of a floating IP.
+pub(super) const FLOATING_IP: Attributes = Attributes {
+    singular: "floatingip",
+    plural: "floatingips",
+    common: &NEUTRON,
+    own: &[
+        Attribute::create("floating_network_id", Type::Text),
+        Attribute::both("port_id", Type::Text),
+        Attribute::both("fixed_ip_address", Type::Text),
+        Attribute::create("floating_ip_address", Type::Text),
+        Attribute::create("subnet_id", Type::Text),
+        DESCRIPTION,
+    ],
+};
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
@@ -102,7 +105,7 @@ fn associate(
 }
 
 async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response, NeutronError> {
-    let obj: Map<String, Value> = object(&body(&b)?, "floatingip", FIP_ATTRS)?;
+    let obj: Map<String, Value> = FLOATING_IP.object(&body(&b)?, Write::Create)?;
     let net_id: String = attr(&obj, "floating_network_id")?
         .ok_or_else(|| NeutronError::bad_request("Missing floating_network_id"))?;
     let want: Option<IpAddr> = attr(&obj, "floating_ip_address")?;
@@ -202,7 +205,7 @@ async fn update(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let attrs = object(&body(&b)?, "floatingip", FIP_UPDATE)?;
+    let attrs = FLOATING_IP.object(&body(&b)?, Write::Update)?;
     let port_id: Option<String> = attr::<Option<String>>(&attrs, "port_id")?.flatten();
     let fixed: Option<IpAddr> = attr::<Option<IpAddr>>(&attrs, "fixed_ip_address")?.flatten();
     let description: Option<String> = attr(&attrs, "description")?;

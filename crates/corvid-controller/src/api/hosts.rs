@@ -11,14 +11,25 @@ use axum::response::Response;
 use axum::Router;
 use corvid_api::Host;
 
-use super::{answer_as, attr, body, encode, list_route, object, show_route, Ctl};
+use super::attributes::{Attribute, Attributes, Type, Write, DESCRIPTION};
+use super::{answer_as, attr, body, encode, list_route, show_route, Ctl};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
 use crate::store::{Compare, Op, Txn};
 use crate::util::now;
 
-pub(super) const HOST_ATTRS: &[&str] = &["underlay_ip", "description", "tags"];
+/// What an agent sends when it registers its host (an idempotent PUT).
+pub(super) const HOST: Attributes = Attributes {
+    singular: "host",
+    plural: "hosts",
+    common: &[],
+    own: &[
+        Attribute::both("underlay_ip", Type::Text),
+        DESCRIPTION,
+        Attribute::both("tags", Type::Texts),
+    ],
+};
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
@@ -35,7 +46,7 @@ async fn register(
     Path(id): Path<String>,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let attrs = object(&body(&b)?, "host", HOST_ATTRS)?;
+    let attrs = HOST.object(&body(&b)?, Write::Update)?;
     let underlay_ip: IpAddr = attr(&attrs, "underlay_ip")?
         .ok_or_else(|| NeutronError::bad_request("A host needs an underlay_ip"))?;
     let description: Option<String> = attr(&attrs, "description")?;

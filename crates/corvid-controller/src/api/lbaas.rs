@@ -13,8 +13,11 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::{json, Map, Value};
 
+use super::attributes::{
+    Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, PROJECT_ID, TENANT_ID,
+};
 use super::ports::{plan_port, port_removal};
-use super::{answer, answer_as, attr, body, encode, object, project_of, Ctl, Query};
+use super::{answer, answer_as, attr, body, encode, project_of, Ctl, Query};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -24,116 +27,103 @@ use crate::util::{new_id, now};
 use crate::view::View;
 
 /// One Octavia collection.
-struct Spec {
-    plural: &'static str,
-    singular: &'static str,
+pub(super) struct Spec {
     title: &'static str,
-    /// Attributes a client may send, with the default of each (`null`: required).
-    attrs: &'static [(&'static str, Option<&'static str>)],
-    /// Attributes that may change after creation.
-    update: &'static [&'static str],
+    /// What a client may send; a create fills absent attributes with their defaults.
+    pub(super) attributes: Attributes,
 }
 
-const COMMON: [(&str, Option<&str>); 5] = [
-    ("name", Some("\"\"")),
-    ("description", Some("\"\"")),
-    ("admin_state_up", Some("true")),
-    ("tags", Some("[]")),
-    ("project_id", Some("null")),
+/// What every Octavia collection takes.
+const OCTAVIA: [Attribute; 6] = [
+    NAME.or("\"\""),
+    DESCRIPTION.or("\"\""),
+    ADMIN_STATE_UP.or("true"),
+    Attribute::both("tags", Type::Texts).or("[]"),
+    PROJECT_ID,
+    TENANT_ID,
 ];
 
-const LOADBALANCER: Spec = Spec {
-    plural: "loadbalancers",
-    singular: "loadbalancer",
+/// The loadbalancers collection.
+pub(super) const LOADBALANCER: Spec = Spec {
     title: "LoadBalancer",
-    attrs: &[
-        ("vip_subnet_id", Some("null")),
-        ("vip_network_id", Some("null")),
-        ("vip_port_id", Some("null")),
-        ("vip_address", Some("null")),
-        ("provider", Some("\"corvid\"")),
-        ("flavor_id", Some("null")),
-        ("availability_zone", Some("null")),
-    ],
-    update: &["name", "description", "admin_state_up", "tags"],
+    attributes: Attributes {
+        singular: "loadbalancer",
+        plural: "loadbalancers",
+        common: &OCTAVIA,
+        own: &[
+            Attribute::create("vip_subnet_id", Type::Text),
+            Attribute::create("vip_network_id", Type::Text),
+            Attribute::create("vip_port_id", Type::Text),
+            Attribute::create("vip_address", Type::Text),
+            Attribute::create("provider", Type::Text).or("\"corvid\""),
+            Attribute::create("flavor_id", Type::Text),
+            Attribute::create("availability_zone", Type::Text),
+        ],
+    },
 };
-const LISTENER: Spec = Spec {
-    plural: "listeners",
-    singular: "listener",
+/// The listeners collection.
+pub(super) const LISTENER: Spec = Spec {
     title: "Listener",
-    attrs: &[
-        ("loadbalancer_id", None),
-        ("protocol", None),
-        ("protocol_port", None),
-        ("default_pool_id", Some("null")),
-        ("connection_limit", Some("-1")),
-    ],
-    update: &[
-        "name",
-        "description",
-        "admin_state_up",
-        "tags",
-        "default_pool_id",
-        "connection_limit",
-    ],
+    attributes: Attributes {
+        singular: "listener",
+        plural: "listeners",
+        common: &OCTAVIA,
+        own: &[
+            Attribute::create("loadbalancer_id", Type::Text).required(),
+            Attribute::create("protocol", Type::Text).required(),
+            Attribute::create("protocol_port", Type::Int).required(),
+            Attribute::both("default_pool_id", Type::Text),
+            Attribute::both("connection_limit", Type::Int).or("-1"),
+        ],
+    },
 };
-const POOL: Spec = Spec {
-    plural: "pools",
-    singular: "pool",
+/// The pools collection.
+pub(super) const POOL: Spec = Spec {
     title: "Pool",
-    attrs: &[
-        ("loadbalancer_id", Some("null")),
-        ("listener_id", Some("null")),
-        ("protocol", None),
-        ("lb_algorithm", None),
-        ("session_persistence", Some("null")),
-    ],
-    update: &[
-        "name",
-        "description",
-        "admin_state_up",
-        "tags",
-        "lb_algorithm",
-        "session_persistence",
-    ],
+    attributes: Attributes {
+        singular: "pool",
+        plural: "pools",
+        common: &OCTAVIA,
+        own: &[
+            Attribute::create("loadbalancer_id", Type::Text),
+            Attribute::create("listener_id", Type::Text),
+            Attribute::create("protocol", Type::Text).required(),
+            Attribute::both("lb_algorithm", Type::Text).required(),
+            Attribute::both("session_persistence", Type::Object),
+        ],
+    },
 };
-const MEMBER: Spec = Spec {
-    plural: "members",
-    singular: "member",
+/// The members collection.
+pub(super) const MEMBER: Spec = Spec {
     title: "Member",
-    attrs: &[
-        ("address", None),
-        ("protocol_port", None),
-        ("subnet_id", Some("null")),
-        ("weight", Some("1")),
-        ("backup", Some("false")),
-        ("pool_id", Some("null")),
-    ],
-    update: &["name", "admin_state_up", "tags", "weight", "backup"],
+    attributes: Attributes {
+        singular: "member",
+        plural: "members",
+        common: &OCTAVIA,
+        own: &[
+            Attribute::create("address", Type::Text).required(),
+            Attribute::create("protocol_port", Type::Int).required(),
+            Attribute::create("subnet_id", Type::Text),
+            Attribute::both("weight", Type::Int).or("1"),
+            Attribute::both("backup", Type::Bool).or("false"),
+            Attribute::create("pool_id", Type::Text),
+        ],
+    },
 };
-
-/// What a create and an update of `singular` take, for the OpenAPI document.
-pub(super) fn attributes(singular: &str) -> Option<(Vec<&'static str>, &'static [&'static str])> {
-    let spec = [&LOADBALANCER, &LISTENER, &POOL, &MEMBER]
-        .into_iter()
-        .find(|s| s.singular == singular)?;
-    let create = COMMON.iter().chain(spec.attrs).map(|(k, _)| *k).collect();
-    Some((create, spec.update))
-}
 
 pub fn routes() -> Router<Arc<Controller>> {
     let mut r = Router::new();
     for spec in [&LOADBALANCER, &LISTENER, &POOL] {
         r = r
             .route(
-                &format!("/v2/lbaas/{}", spec.plural),
+                &format!("/v2/lbaas/{}", spec.attributes.plural),
                 get(move |State(c): Ctl, Query(q)| async move { list(&c, spec, q.as_deref(), None) })
                     .post(move |State(c): Ctl, h: HeaderMap, b: Bytes| async move {
                         create(&c, spec, &h, &b, None).await
                     }),
             )
             .route(
-                &format!("/v2/lbaas/{}/{{id}}", spec.plural),
+                &format!("/v2/lbaas/{}/{{id}}", spec.attributes.plural),
                 get(move |State(c): Ctl, Path(id): Path<String>| async move { show(&c, spec, &id) })
                     .put(move |State(c): Ctl, Path(id): Path<String>, b: Bytes| async move {
                         update(&c, spec, &id, &b).await
@@ -166,14 +156,14 @@ pub fn routes() -> Router<Arc<Controller>> {
 
 fn table<'a>(v: &'a View, spec: &Spec) -> impl Iterator<Item = &'a Value> {
     v.lbaas
-        .get(spec.plural)
+        .get(spec.attributes.plural)
         .into_iter()
         .flat_map(|t| t.values().map(|e| &*e.obj))
 }
 
 fn get_obj(v: &View, spec: &Spec, id: &str) -> Result<(Value, i64), NeutronError> {
     v.lbaas
-        .get(spec.plural)
+        .get(spec.attributes.plural)
         .and_then(|t| t.get(id))
         .map(|e| ((*e.obj).clone(), e.mod_revision))
         .ok_or_else(|| NeutronError::not_found(spec.title, id))
@@ -190,7 +180,7 @@ fn children(v: &View, child: &Spec, field: &str, id: &str) -> Vec<Value> {
 /// An object with its derived child lists filled in.
 fn full(v: &View, spec: &Spec, mut o: Value) -> Value {
     let id = o["id"].as_str().unwrap_or("").to_string();
-    match spec.plural {
+    match spec.attributes.plural {
         "loadbalancers" => {
             o["listeners"] = json!(children(v, &LISTENER, "loadbalancer_id", &id));
             o["pools"] = json!(children(v, &POOL, "loadbalancer_id", &id));
@@ -206,7 +196,7 @@ fn show(c: &Controller, spec: &Spec, id: &str) -> Result<Response, NeutronError>
     let (o, _) = get_obj(&v, spec, id)?;
     Ok(answer(
         StatusCode::OK,
-        json!({ spec.singular: full(&v, spec, o) }),
+        json!({ spec.attributes.singular: full(&v, spec, o) }),
     ))
 }
 
@@ -225,7 +215,11 @@ fn list(
         .collect();
     Ok(answer(
         StatusCode::OK,
-        q.answer(objs, spec.plural, &format!("/v2/lbaas/{}", spec.plural)),
+        q.answer(
+            objs,
+            spec.attributes.plural,
+            &format!("/v2/lbaas/{}", spec.attributes.plural),
+        ),
     ))
 }
 
@@ -249,25 +243,19 @@ async fn create(
     b: &Bytes,
     pool: Option<&str>,
 ) -> Result<Response, NeutronError> {
-    let allowed: Vec<&str> = COMMON
-        .iter()
-        .chain(spec.attrs)
-        .map(|(k, _)| *k)
-        .chain(["tenant_id"])
-        .collect();
-    let given = object(&body(b)?, spec.singular, &allowed)?;
+    let given = spec.attributes.object(&body(b)?, Write::Create)?;
     let mut o = Map::new();
-    for (k, default) in COMMON.iter().chain(spec.attrs) {
-        match (given.get(*k), default) {
-            (Some(v), _) => o.insert(k.to_string(), v.clone()),
+    for a in spec.attributes.accepted(Write::Create) {
+        match (given.get(a.name), a.default) {
+            (Some(v), _) => o.insert(a.name.to_string(), v.clone()),
             (None, Some(d)) => o.insert(
-                k.to_string(),
+                a.name.to_string(),
                 serde_json::from_str(d).unwrap_or(Value::Null),
             ),
             (None, None) => {
                 return Err(NeutronError::bad_request(format!(
-                    "Missing mandatory attribute {k} of {}",
-                    spec.singular
+                    "Missing mandatory attribute {} of {}",
+                    a.name, spec.attributes.singular
                 )))
             }
         };
@@ -291,7 +279,7 @@ async fn create(
     o.insert("provisioning_status".into(), json!("ACTIVE"));
     o.insert(
         "operating_status".into(),
-        json!(if spec.plural == "members" {
+        json!(if spec.attributes.plural == "members" {
             "NO_MONITOR"
         } else {
             "ONLINE"
@@ -307,12 +295,12 @@ async fn create(
             require(v, &o, "listener_id", &LISTENER)?;
             require(v, &o, "default_pool_id", &POOL)?;
             require(v, &o, "pool_id", &POOL)?;
-            let key = keys::resource(spec.plural, &id);
+            let key = keys::resource(spec.attributes.plural, &id);
             let mut txn = Txn {
                 compares: vec![Compare::CreateRevision(key.clone(), 0)],
                 ops: Vec::new(),
             };
-            if spec.plural == "pools"
+            if spec.attributes.plural == "pools"
                 && o["loadbalancer_id"].is_null()
                 && o["listener_id"].is_null()
             {
@@ -320,7 +308,7 @@ async fn create(
                     "A pool needs a loadbalancer_id or a listener_id",
                 ));
             }
-            if spec.plural == "loadbalancers" {
+            if spec.attributes.plural == "loadbalancers" {
                 vip(v, &mut pending, &mut o, &mut txn, headers, &id)?;
             }
             txn.ops.push(Op::Put(key, encode(&o)));
@@ -330,7 +318,7 @@ async fn create(
     let v = c.view();
     Ok(answer(
         StatusCode::CREATED,
-        json!({ spec.singular: full(&v, spec, Value::Object(o)) }),
+        json!({ spec.attributes.singular: full(&v, spec, Value::Object(o)) }),
     ))
 }
 
@@ -401,7 +389,7 @@ async fn update(
     id: &str,
     b: &Bytes,
 ) -> Result<Response, NeutronError> {
-    let attrs = object(&body(b)?, spec.singular, spec.update)?;
+    let attrs = spec.attributes.object(&body(b)?, Write::Update)?;
     let o = c
         .transact(|v| {
             let (mut o, modrev) = get_obj(v, spec, id)?;
@@ -409,7 +397,7 @@ async fn update(
                 o[k.as_str()] = val.clone();
             }
             o["updated_at"] = json!(now());
-            let key = keys::resource(spec.plural, id);
+            let key = keys::resource(spec.attributes.plural, id);
             let txn = Txn {
                 compares: vec![Compare::ModRevision(key.clone(), modrev)],
                 ops: vec![Op::Put(key, encode(&o))],
@@ -417,18 +405,18 @@ async fn update(
             Ok((txn, full(v, spec, o)))
         })
         .await?;
-    Ok(answer_as(StatusCode::OK, spec.singular, &o))
+    Ok(answer_as(StatusCode::OK, spec.attributes.singular, &o))
 }
 
 async fn delete(c: &Controller, spec: &Spec, id: &str) -> Result<StatusCode, NeutronError> {
     c.transact(|v| {
         let (o, modrev) = get_obj(v, spec, id)?;
-        let key = keys::resource(spec.plural, id);
+        let key = keys::resource(spec.attributes.plural, id);
         let mut txn = Txn {
             compares: vec![Compare::ModRevision(key.clone(), modrev)],
             ops: vec![Op::Delete(key)],
         };
-        match spec.plural {
+        match spec.attributes.plural {
             "loadbalancers" => {
                 let used = !children(v, &LISTENER, "loadbalancer_id", id).is_empty()
                     || !children(v, &POOL, "loadbalancer_id", id).is_empty();

@@ -1,6 +1,7 @@
 //! The REST API: routes, authentication, and what every collection shares (show, list,
 //! update, tags). Each resource's own rules live in its module.
 
+mod attributes;
 mod extensions;
 mod floatingips;
 mod hosts;
@@ -24,6 +25,7 @@ use corvid_api::client::{REVISION_HEADER, TOKEN_HEADER};
 use corvid_api::{FloatingIp, Host, Network, Port, Resource, Subnet, SubnetPool};
 use serde_json::{json, Map, Value};
 
+use self::attributes::{Attributes, Write};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -193,64 +195,6 @@ pub fn body(bytes: &Bytes) -> Result<Value, NeutronError> {
         .map_err(|e| NeutronError::bad_request(format!("Malformed request body: {e}")))
 }
 
-/// The `{"<singular>": {...}}` object of a body, with unknown attributes refused.
-pub fn object(
-    v: &Value,
-    singular: &str,
-    allowed: &[&str],
-) -> Result<Map<String, Value>, NeutronError> {
-    let Some(obj) = v.get(singular).and_then(Value::as_object) else {
-        return Err(NeutronError::bad_request(format!(
-            "Resource body required: expected an object under \"{singular}\""
-        )));
-    };
-    check_attrs(obj, allowed)?;
-    Ok(obj.clone())
-}
-
-/// The objects of a create body: one under `singular`, or a bulk list under `plural`
-/// (returned with `true`).
-pub fn objects(
-    v: &Value,
-    singular: &str,
-    plural: &str,
-    allowed: &[&str],
-) -> Result<(bool, Vec<Map<String, Value>>), NeutronError> {
-    let Some(items) = v.get(plural).and_then(Value::as_array) else {
-        return Ok((false, vec![object(v, singular, allowed)?]));
-    };
-    if items.is_empty() {
-        return Err(NeutronError::bad_request(format!(
-            "\"{plural}\" holds no {singular} to create"
-        )));
-    }
-    let mut out = Vec::with_capacity(items.len());
-    for item in items {
-        let o = item.as_object().ok_or_else(|| {
-            NeutronError::bad_request(format!("Each of \"{plural}\" must be an object"))
-        })?;
-        check_attrs(o, allowed)?;
-        out.push(o.clone());
-    }
-    Ok((true, out))
-}
-
-/// Refuses attributes not in `allowed`, in Neutron's words.
-pub fn check_attrs(obj: &Map<String, Value>, allowed: &[&str]) -> Result<(), NeutronError> {
-    let unknown: Vec<&str> = obj
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !allowed.contains(k))
-        .collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(NeutronError::bad_request(format!(
-        "Unrecognized attribute(s) '{}'",
-        unknown.join(", ")
-    )))
-}
-
 /// A typed attribute, or 400 naming it.
 pub fn attr<T: serde::de::DeserializeOwned>(
     obj: &Map<String, Value>,
@@ -404,9 +348,9 @@ pub async fn update_attrs<K: Kind>(
     id: &str,
     headers: &HeaderMap,
     bytes: &Bytes,
-    allowed: &[&str],
+    attributes: &Attributes,
 ) -> Result<Response, NeutronError> {
-    let attrs = object(&body(bytes)?, K::SINGULAR, allowed)?;
+    let attrs = attributes.object(&body(bytes)?, Write::Update)?;
     let obj = update_with::<K>(ctl, id, if_match(headers), |_, o, _| merge(o, &attrs)).await?;
     Ok(answer_as(StatusCode::OK, K::SINGULAR, &obj))
 }
@@ -425,11 +369,11 @@ pub fn show_route<K: Kind>() -> MethodRouter<Arc<Controller>> {
     )
 }
 
-/// GET of one object and PUT of the plain attributes in `allowed`.
-pub fn item_routes<K: Kind>(allowed: &'static [&'static str]) -> MethodRouter<Arc<Controller>> {
+/// GET of one object and PUT of its plain attributes.
+pub fn item_routes<K: Kind>(attributes: &'static Attributes) -> MethodRouter<Arc<Controller>> {
     show_route::<K>().put(
         move |State(c): Ctl, Path(id): Path<String>, h: HeaderMap, b: Bytes| async move {
-            update_attrs::<K>(&c, &id, &h, &b, allowed).await
+            update_attrs::<K>(&c, &id, &h, &b, attributes).await
         },
     )
 }

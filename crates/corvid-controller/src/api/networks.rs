@@ -12,9 +12,12 @@ use corvid_api::{AllocationPool, HostRoute, Network, Status, Subnet, SubnetPool}
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
+use super::attributes::{
+    Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
+};
 use super::{
-    answer_as, attr, body, encode, if_match, item_routes, list_route, lookup, merge, object,
-    objects, project_of, show_route, update_with, Ctl,
+    answer_as, attr, body, encode, if_match, item_routes, list_route, lookup, merge, project_of,
+    show_route, update_with, Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -23,78 +26,66 @@ use crate::keys;
 use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
 
-pub(super) const NETWORK_ATTRS: &[&str] = &[
-    "id",
-    "name",
-    "admin_state_up",
-    "shared",
-    "description",
-    "mtu",
-    "port_security_enabled",
-    "router:external",
-    "tags",
-    "project_id",
-    "tenant_id",
-    "provider:network_type",
-    "provider:segmentation_id",
-    "corvid:masquerade",
-];
-pub(super) const NETWORK_UPDATE: &[&str] = &[
-    "corvid:masquerade",
-    "name",
-    "admin_state_up",
-    "shared",
-    "description",
-    "mtu",
-    "port_security_enabled",
-    "router:external",
-];
-pub(super) const SUBNET_ATTRS: &[&str] = &[
-    "id",
-    "name",
-    "network_id",
-    "ip_version",
-    "cidr",
-    "gateway_ip",
-    "allocation_pools",
-    "host_routes",
-    "dns_nameservers",
-    "enable_dhcp",
-    "subnetpool_id",
-    "prefixlen",
-    "description",
-    "tags",
-    "project_id",
-    "tenant_id",
-    "ipv6_ra_mode",
-    "ipv6_address_mode",
-    "service_types",
-];
-pub(super) const SUBNET_UPDATE: &[&str] = &[
-    "name",
-    "description",
-    "gateway_ip",
-    "allocation_pools",
-    "dns_nameservers",
-    "host_routes",
-    "enable_dhcp",
-    "service_types",
-];
-pub(super) const POOL_ATTRS: &[&str] = &[
-    "id",
-    "name",
-    "prefixes",
-    "default_prefixlen",
-    "min_prefixlen",
-    "max_prefixlen",
-    "is_default",
-    "shared",
-    "description",
-    "tags",
-    "project_id",
-    "tenant_id",
-];
-pub(super) const POOL_UPDATE: &[&str] = &["name", "description", "is_default", "default_prefixlen"];
+/// What a client may send of a network.
+pub(super) const NETWORK: Attributes = Attributes {
+    singular: "network",
+    plural: "networks",
+    common: &NEUTRON,
+    own: &[
+        Attribute::create("id", Type::Text),
+        NAME,
+        DESCRIPTION,
+        ADMIN_STATE_UP,
+        Attribute::both("shared", Type::Bool),
+        Attribute::both("mtu", Type::Int),
+        Attribute::both("port_security_enabled", Type::Bool),
+        Attribute::both("router:external", Type::Bool),
+        Attribute::create("provider:network_type", Type::Text),
+        Attribute::create("provider:segmentation_id", Type::Int),
+        Attribute::both("corvid:masquerade", Type::Bool),
+    ],
+};
+/// What a client may send of a subnet.
+pub(super) const SUBNET: Attributes = Attributes {
+    singular: "subnet",
+    plural: "subnets",
+    common: &NEUTRON,
+    own: &[
+        Attribute::create("id", Type::Text),
+        NAME,
+        DESCRIPTION,
+        Attribute::create("network_id", Type::Text),
+        Attribute::create("ip_version", Type::IpVersion),
+        Attribute::create("cidr", Type::Text),
+        Attribute::both("gateway_ip", Type::Text),
+        Attribute::both("allocation_pools", Type::Pairs("start", "end")),
+        Attribute::both("host_routes", Type::Pairs("destination", "nexthop")),
+        Attribute::both("dns_nameservers", Type::Texts),
+        Attribute::both("enable_dhcp", Type::Bool),
+        Attribute::create("subnetpool_id", Type::Text),
+        Attribute::create("prefixlen", Type::Int),
+        Attribute::create("ipv6_ra_mode", Type::Text),
+        Attribute::create("ipv6_address_mode", Type::Text),
+        Attribute::both("service_types", Type::Texts),
+    ],
+};
+/// What a client may send of a subnet pool.
+pub(super) const SUBNET_POOL: Attributes = Attributes {
+    singular: "subnetpool",
+    plural: "subnetpools",
+    common: &NEUTRON,
+    own: &[
+        Attribute::create("id", Type::Text),
+        NAME,
+        DESCRIPTION,
+        Attribute::create("prefixes", Type::Texts),
+        Attribute::both("default_prefixlen", Type::Int),
+        Attribute::create("min_prefixlen", Type::Int),
+        Attribute::create("max_prefixlen", Type::Int),
+        Attribute::both("is_default", Type::Bool),
+        Attribute::create("shared", Type::Bool),
+    ],
+};
 
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
@@ -104,7 +95,7 @@ pub fn routes() -> Router<Arc<Controller>> {
         )
         .route(
             "/v2.0/networks/{id}",
-            item_routes::<Network>(NETWORK_UPDATE).delete(delete_network),
+            item_routes::<Network>(&NETWORK).delete(delete_network),
         )
         .route("/v2.0/subnets", list_route::<Subnet>().post(create_subnet))
         .route(
@@ -119,7 +110,7 @@ pub fn routes() -> Router<Arc<Controller>> {
         )
         .route(
             "/v2.0/subnetpools/{id}",
-            item_routes::<SubnetPool>(POOL_UPDATE).delete(delete_subnetpool),
+            item_routes::<SubnetPool>(&SUBNET_POOL).delete(delete_subnetpool),
         )
 }
 
@@ -176,7 +167,7 @@ async fn create_networks(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
-    let (bulk, objs) = objects(&v, "network", "networks", NETWORK_ATTRS)?;
+    let (bulk, objs) = NETWORK.objects(&v)?;
     let mut asked = Vec::new();
     for o in &objs {
         asked.push((new_network(o, &headers)?, requested_vni(o)?));
@@ -304,7 +295,7 @@ async fn update_subnet(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let attrs = object(&body(&b)?, "subnet", SUBNET_UPDATE)?;
+    let attrs = SUBNET.object(&body(&b)?, Write::Update)?;
     let subnet = update_with::<Subnet>(&c, &id, if_match(&headers), |_, s, _| {
         merge(s, &attrs)?;
         check_addressing(&s.cidr, s.gateway_ip, &s.allocation_pools)
@@ -376,7 +367,7 @@ async fn create_subnet(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let obj = object(&body(&b)?, "subnet", SUBNET_ATTRS)?;
+    let obj = SUBNET.object(&body(&b)?, Write::Create)?;
     let network_id: String =
         attr(&obj, "network_id")?.ok_or_else(|| NeutronError::bad_request("Missing network_id"))?;
     let pool_id: Option<String> = attr(&obj, "subnetpool_id")?;
@@ -525,7 +516,7 @@ async fn create_subnetpool(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let obj = object(&body(&b)?, "subnetpool", POOL_ATTRS)?;
+    let obj = SUBNET_POOL.object(&body(&b)?, Write::Create)?;
     let prefixes: Vec<IpNet> = attr(&obj, "prefixes")?
         .filter(|p: &Vec<IpNet>| !p.is_empty())
         .ok_or_else(|| NeutronError::bad_request("A subnetpool needs at least one prefix"))?;

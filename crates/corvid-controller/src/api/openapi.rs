@@ -1,96 +1,26 @@
 //! The OpenAPI 3 description of the API, served at `/openapi.json`.
 
 use axum::Json;
-use corvid_api::Status;
 use serde_json::{json, Map, Value};
 
+use super::attributes::{Attributes, Type, Write};
+use super::{floatingips, lbaas, networks, ports};
+
 /// Collections with the standard list/create/show/update/delete operations.
-const COLLECTIONS: [(&str, &str); 9] = [
-    ("/v2.0/networks", "network"),
-    ("/v2.0/subnets", "subnet"),
-    ("/v2.0/subnetpools", "subnetpool"),
-    ("/v2.0/ports", "port"),
-    ("/v2.0/floatingips", "floatingip"),
-    ("/v2/lbaas/loadbalancers", "loadbalancer"),
-    ("/v2/lbaas/listeners", "listener"),
-    ("/v2/lbaas/pools", "pool"),
-    ("/v2/lbaas/pools/{pool_id}/members", "member"),
+const COLLECTIONS: [(&str, &Attributes); 9] = [
+    ("/v2.0/networks", &networks::NETWORK),
+    ("/v2.0/subnets", &networks::SUBNET),
+    ("/v2.0/subnetpools", &networks::SUBNET_POOL),
+    ("/v2.0/ports", &ports::PORT),
+    ("/v2.0/floatingips", &floatingips::FLOATING_IP),
+    ("/v2/lbaas/loadbalancers", &lbaas::LOADBALANCER.attributes),
+    ("/v2/lbaas/listeners", &lbaas::LISTENER.attributes),
+    ("/v2/lbaas/pools", &lbaas::POOL.attributes),
+    (
+        "/v2/lbaas/pools/{pool_id}/members",
+        &lbaas::MEMBER.attributes,
+    ),
 ];
-
-/// The attributes a create and an update of `singular` take.
-fn attributes(singular: &str) -> (Vec<&'static str>, &'static [&'static str]) {
-    use super::{floatingips as f, networks as n, ports as p};
-    match singular {
-        "network" => (n::NETWORK_ATTRS.to_vec(), n::NETWORK_UPDATE),
-        "subnet" => (n::SUBNET_ATTRS.to_vec(), n::SUBNET_UPDATE),
-        "subnetpool" => (n::POOL_ATTRS.to_vec(), n::POOL_UPDATE),
-        "port" => (p::PORT_ATTRS.to_vec(), p::PORT_UPDATE),
-        "floatingip" => (f::FIP_ATTRS.to_vec(), f::FIP_UPDATE),
-        other => super::lbaas::attributes(other).unwrap_or_default(),
-    }
-}
-
-/// The JSON schema of one attribute, by Neutron's and Octavia's types.
-fn attribute_schema(name: &str) -> Value {
-    let pair = |a: &str, b: &str| {
-        json!({"type": "array", "items": {"type": "object", "additionalProperties": false,
-            "properties": {a: {"type": "string"}, b: {"type": "string"}}}})
-    };
-    match name {
-        "admin_state_up"
-        | "shared"
-        | "port_security_enabled"
-        | "router:external"
-        | "enable_dhcp"
-        | "fast_path"
-        | "is_default"
-        | "corvid:masquerade"
-        | "backup" => {
-            json!({"type": "boolean"})
-        }
-        "ip_version" => json!({"type": "integer", "enum": [4, 6]}),
-        "mtu"
-        | "prefixlen"
-        | "default_prefixlen"
-        | "min_prefixlen"
-        | "max_prefixlen"
-        | "provider:segmentation_id"
-        | "protocol_port"
-        | "weight"
-        | "connection_limit" => {
-            json!({"type": "integer"})
-        }
-        "tags" | "dns_nameservers" | "prefixes" | "security_groups" | "service_types" => {
-            json!({"type": "array", "items": {"type": "string"}})
-        }
-        "fixed_ips" => pair("subnet_id", "ip_address"),
-        "allocation_pools" => pair("start", "end"),
-        "host_routes" => pair("destination", "nexthop"),
-        "allowed_address_pairs" | "extra_dhcp_opts" => {
-            json!({"type": "array", "items": {"type": "object"}})
-        }
-        "binding:profile" | "session_persistence" => json!({"type": "object", "nullable": true}),
-        "status" => {
-            json!({"type": "string", "enum": Status::names()})
-        }
-        _ => json!({"type": "string", "nullable": true}),
-    }
-}
-
-/// `{"<singular>": {attributes}}`, and for a create also `{"<singular>s": [...]}`.
-fn body_schema(singular: &str, attrs: &[&str], bulk: bool) -> Value {
-    let object = json!({"type": "object", "additionalProperties": false,
-        "properties": attrs.iter().map(|a| (a.to_string(), attribute_schema(a))).collect::<Map<_, _>>()});
-    let mut properties = Map::new();
-    properties.insert(singular.into(), object.clone());
-    if bulk {
-        properties.insert(
-            format!("{singular}s"),
-            json!({"type": "array", "items": object}),
-        );
-    }
-    json!({"type": "object", "minProperties": 1, "maxProperties": 1, "properties": properties})
-}
 
 fn op(summary: String, ok: &str, body: Option<Value>) -> Value {
     let mut o = json!({
@@ -116,8 +46,8 @@ fn id_param(name: &str) -> Value {
 
 pub async fn document() -> Json<Value> {
     let mut paths = Map::new();
-    for (path, singular) in COLLECTIONS {
-        let (create, update) = attributes(singular);
+    for (path, attributes) in COLLECTIONS {
+        let singular = attributes.singular;
         let mut params = Vec::new();
         if path.contains("{pool_id}") {
             params.push(id_param("pool_id"));
@@ -125,14 +55,14 @@ pub async fn document() -> Json<Value> {
         paths.insert(path.to_string(), json!({
             "parameters": params,
             "get": op(format!("List {singular}s (filters on any attribute, fields, limit/marker, sort_key/sort_dir, tags)"), "200", None),
-            "post": op(format!("Create a {singular} (or several: {{\"{singular}s\": [...]}}, all or nothing)"), "201", Some(body_schema(singular, &create, true))),
+            "post": op(format!("Create a {singular} (or several: {{\"{singular}s\": [...]}}, all or nothing)"), "201", Some(attributes.schema(Write::Create))),
         }));
         let mut item_params = params.clone();
         item_params.push(id_param("id"));
         paths.insert(format!("{path}/{{id}}"), json!({
             "parameters": item_params,
             "get": op(format!("Show a {singular}"), "200", None),
-            "put": op(format!("Update a {singular} (If-Match: revision_number=N guards it)"), "200", Some(body_schema(singular, update, false))),
+            "put": op(format!("Update a {singular} (If-Match: revision_number=N guards it)"), "200", Some(attributes.schema(Write::Update))),
             "delete": op(format!("Delete a {singular}"), "204", None),
         }));
         if path.starts_with("/v2.0/") {
@@ -142,7 +72,7 @@ pub async fn document() -> Json<Value> {
                     "parameters": [id_param("id")],
                     "get": op("List tags".into(), "200", None),
                     "put": op("Replace all tags".into(), "200", Some(json!({"type": "object", "required": ["tags"],
-                        "properties": {"tags": attribute_schema("tags")}}))),
+                        "properties": {"tags": Type::Texts.schema()}}))),
                     "delete": op("Remove all tags".into(), "204", None),
                 }),
             );
@@ -167,7 +97,7 @@ pub async fn document() -> Json<Value> {
             "parameters": [id_param("id")],
             "get": op("Show a host".into(), "200", None),
             "put": op("Register a host and its underlay_ip (idempotent)".into(), "200",
-                Some(body_schema("host", super::hosts::HOST_ATTRS, false))),
+                Some(super::hosts::HOST.schema(Write::Update))),
             "delete": op("Forget a host".into(), "204", None),
         }),
     );
@@ -198,7 +128,7 @@ pub async fn document() -> Json<Value> {
         json!({
             "parameters": [id_param("project_id")],
             "post": op("Create ports (Mizar-MP agreement)".into(), "201",
-                Some(body_schema("port", super::ports::PORT_ATTRS, true))),
+                Some(super::ports::PORT.schema(Write::Create))),
             "get": op("List the project's ports".into(), "200", None),
         }),
     );

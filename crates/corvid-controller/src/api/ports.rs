@@ -16,9 +16,12 @@ use corvid_api::{FixedIp, Network, Port, Status, Subnet};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::attributes::{
+    Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
+};
 use super::{
-    answer, answer_as, attr, body, encode, if_match, list, lookup, merge, object, objects,
-    project_of, show, show_route, update_with, Ctl, Query,
+    answer, answer_as, attr, body, encode, if_match, list, lookup, merge, project_of, show,
+    show_route, update_with, Ctl, Query,
 };
 use crate::controller::{Controller, Pending};
 use crate::error::NeutronError;
@@ -28,53 +31,38 @@ use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
 use crate::view::{Entry, View};
 
-pub(super) const PORT_ATTRS: &[&str] = &[
-    "id",
-    "name",
-    "network_id",
-    "admin_state_up",
-    "mac_address",
-    "fixed_ips",
-    "device_id",
-    "device_owner",
-    "binding:host_id",
-    "binding:profile",
-    "binding:vnic_type",
-    "port_security_enabled",
-    "security_groups",
-    "allowed_address_pairs",
-    "extra_dhcp_opts",
-    "description",
-    "tags",
-    "project_id",
-    "tenant_id",
-    "veth_name",
-    "network_ns",
-    "veth_namespace",
-    "fast_path",
-    "dns_name",
-    "dns_domain",
-];
-pub(super) const PORT_UPDATE: &[&str] = &[
-    "name",
-    "mac_address",
-    "fixed_ips",
-    "admin_state_up",
-    "device_id",
-    "device_owner",
-    "binding:host_id",
-    "binding:profile",
-    "binding:vnic_type",
-    "port_security_enabled",
-    "security_groups",
-    "allowed_address_pairs",
-    "extra_dhcp_opts",
-    "description",
-    "status",
-    "veth_name",
-    "network_ns",
-    "fast_path",
-];
+/// What a client may send of a port.
+pub(super) const PORT: Attributes = Attributes {
+    singular: "port",
+    plural: "ports",
+    common: &NEUTRON,
+    own: &[
+        Attribute::create("id", Type::Text),
+        Attribute::create("network_id", Type::Text),
+        NAME,
+        DESCRIPTION,
+        ADMIN_STATE_UP,
+        Attribute::both("mac_address", Type::Text),
+        Attribute::both("fixed_ips", Type::Pairs("subnet_id", "ip_address")),
+        Attribute::both("device_id", Type::Text),
+        Attribute::both("device_owner", Type::Text),
+        Attribute::both("binding:host_id", Type::Text),
+        Attribute::both("binding:profile", Type::Object),
+        Attribute::both("binding:vnic_type", Type::Text),
+        Attribute::both("port_security_enabled", Type::Bool),
+        Attribute::both("security_groups", Type::Texts),
+        Attribute::both("allowed_address_pairs", Type::Objects),
+        Attribute::both("extra_dhcp_opts", Type::Objects),
+        Attribute::update("status", Type::Status),
+        Attribute::both("veth_name", Type::Text),
+        Attribute::both("network_ns", Type::Text),
+        Attribute::create("veth_namespace", Type::Text),
+        Attribute::both("fast_path", Type::Bool),
+        Attribute::create("dns_name", Type::Text),
+        Attribute::create("dns_domain", Type::Text),
+    ],
+};
+
 pub fn routes() -> Router<Arc<Controller>> {
     Router::new()
         .route("/v2.0/ports", get(list_ports).post(create_ports))
@@ -414,7 +402,7 @@ async fn create_ports(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
-    let (bulk, objs) = objects(&v, "port", "ports", PORT_ATTRS)?;
+    let (bulk, objs) = PORT.objects(&v)?;
     let (ports, _pending) = c
         .transact(|view| {
             let mut pending = c.pending();
@@ -446,7 +434,7 @@ async fn update_port(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let mut attrs = object(&body(&b)?, "port", PORT_UPDATE)?;
+    let mut attrs = PORT.object(&body(&b)?, Write::Update)?;
     let requests: Option<Vec<FixedIpRequest>> = attr(&attrs, "fixed_ips")?;
     attrs.remove("fixed_ips");
     if let Some(s) = attrs.get("status") {
