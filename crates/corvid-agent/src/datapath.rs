@@ -4,8 +4,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use corvid_net::bridge::{
-    ensure_bridge, ensure_gateway, ensure_plugged, BridgeSpec, Plugged, PortSpec,
+use corvid_net::binding::{
+    ensure_bridge, ensure_gateway, ensure_plugged, BridgeSpec, Plugged, VethSpec,
 };
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nft::{self, MasqueradeTag};
@@ -129,7 +129,7 @@ impl Datapath {
             &mut container,
             &ns,
             bridge,
-            &PortSpec {
+            &VethSpec {
                 ifname: &p.ifname,
                 mtu: Some(mtu),
                 hairpin: false,

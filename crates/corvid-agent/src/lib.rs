@@ -17,7 +17,7 @@ use corvid_api::{ApiError, Client, Status, WatchFilter};
 
 use crate::cache::{Cache, Dirty};
 use crate::datapath::Datapath;
-use corvid_net::bridge::Plugged;
+use corvid_net::binding::Plugged;
 use corvid_net::link::Link;
 use corvid_net::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 

@@ -88,7 +88,7 @@ impl Client {
     /// controller serves as well; the watch feed stays where it is.
     pub fn project(&self, project: &str) -> Client {
         Client {
-            scope: Some(format!("/project/{}", encode(project))),
+            scope: Some(format!("/project/{}", percent_encode(project))),
             ..self.clone()
         }
     }
@@ -182,7 +182,7 @@ impl Client {
     pub fn list<R: Resource>(&self, filters: &[(&str, &str)]) -> Result<(Vec<R>, i64), ApiError> {
         let query: Vec<String> = filters
             .iter()
-            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+            .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
             .collect();
         let path = format!("{}?{}", self.collection::<R>(), query.join("&"));
         let (status, value, revision) = self.request("GET", &path, None)?;
@@ -211,7 +211,11 @@ impl Client {
 
     /// Adds one tag to a resource.
     pub fn add_tag<R: Resource>(&self, id: &str, tag: &str) -> Result<(), ApiError> {
-        let path = format!("{}/{id}/tags/{}", self.collection::<R>(), encode(tag));
+        let path = format!(
+            "{}/{id}/tags/{}",
+            self.collection::<R>(),
+            percent_encode(tag)
+        );
         self.call("PUT", &path, None).map(drop)
     }
 
@@ -231,7 +235,7 @@ impl Client {
         id: &str,
         underlay_ip: std::net::IpAddr,
     ) -> Result<crate::Host, ApiError> {
-        let path = format!("/v2.0/hosts/{}", encode(id));
+        let path = format!("/v2.0/hosts/{}", percent_encode(id));
         let v = self.call(
             "PUT",
             &path,
@@ -250,10 +254,10 @@ impl Client {
     ) -> Result<WatchPage, ApiError> {
         let mut path = format!("/v2.0/watch?since={since}&timeout={}", timeout.as_secs());
         if let Some(r) = filter.resource {
-            path.push_str(&format!("&resource={}", encode(r)));
+            path.push_str(&format!("&resource={}", percent_encode(r)));
         }
         if let Some(h) = filter.host_id {
-            path.push_str(&format!("&binding:host_id={}", encode(h)));
+            path.push_str(&format!("&binding:host_id={}", percent_encode(h)));
         }
         Self::decode(self.call("GET", &path, None)?)
     }
@@ -276,7 +280,7 @@ fn check(status: u16, value: Value) -> Result<Value, ApiError> {
 }
 
 /// Percent-encodes a query component.
-fn encode(s: &str) -> String {
+fn percent_encode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, QUERY_COMPONENT).to_string()
 }
 

@@ -3,7 +3,7 @@
 //! with the same corvid-net functions the agent and the bridge plugin use.
 
 use corvid_api::{Network, Port, Status, Subnet};
-use corvid_net::bridge::{ensure_bridge, ensure_plugged, BridgeSpec, PortSpec};
+use corvid_net::binding::{ensure_bridge, ensure_plugged, BridgeSpec, VethSpec};
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 use serde_json::{json, Value};
@@ -317,7 +317,7 @@ impl Driver {
             &mut peer,
             &here,
             &bridge,
-            &PortSpec {
+            &VethSpec {
                 ifname: &src,
                 mtu: Some(net.mtu),
                 hairpin: false,

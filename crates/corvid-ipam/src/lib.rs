@@ -4,11 +4,11 @@
 
 #![deny(missing_docs)]
 
+pub mod leases;
 pub mod range;
-pub mod store;
 
+pub use leases::{Lease, LeaseDir, LeaseLock, PreparedLease};
 pub use range::{Range, RangeConf, RangeSet};
-pub use store::{Lease, PreparedLease, Store, StoreLock};
 
 /// Why an allocation or a range could not be made.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 
 #![deny(missing_docs)]
 
-pub mod bridge;
+pub mod binding;
 pub mod link;
 pub mod names;
 pub mod netlink;

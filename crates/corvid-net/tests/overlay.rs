@@ -1,7 +1,7 @@
 //! The overlay's kernel effects, in a namespace of their own (as root): a vxlan device on
 //! a bridge, FDB and neighbour entries added, listed and removed.
 
-use corvid_net::bridge::{ensure_bridge, BridgeSpec};
+use corvid_net::binding::{ensure_bridge, BridgeSpec};
 use corvid_net::link::LinkKind;
 use corvid_net::overlay::{FdbEntry, NeighbourEntry, VxlanSpec};
 use corvid_net::{Netlink, Netns};

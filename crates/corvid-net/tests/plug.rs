@@ -1,7 +1,7 @@
 //! `ensure_plugged` against every half-made state an interrupted plug or a hand can leave,
 //! for real (as root), with the host and the pod each a namespace of their own.
 
-use corvid_net::bridge::{ensure_bridge, ensure_plugged, plug, BridgeSpec, Plugged, PortSpec};
+use corvid_net::binding::{ensure_bridge, ensure_plugged, plug, BridgeSpec, Plugged, VethSpec};
 use corvid_net::link::Link;
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
@@ -93,8 +93,8 @@ impl Setup {
         }
     }
 
-    fn spec(&self) -> PortSpec<'static> {
-        PortSpec {
+    fn spec(&self) -> VethSpec<'static> {
+        VethSpec {
             ifname: "eth0",
             mtu: None,
             hairpin: false,

@@ -156,7 +156,7 @@ struct Floor {
 
 impl Floor {
     fn new(tag: &str, n: usize) -> Floor {
-        use corvid_net::bridge::{ensure_bridge, plug, BridgeSpec, PortSpec};
+        use corvid_net::binding::{ensure_bridge, plug, BridgeSpec, VethSpec};
         use corvid_net::Netlink;
         let host_ns = Ns::new(format!("{tag}-k-h"));
         let mut host = Netlink::open_in(&Netns::open(&host_ns.0).unwrap()).unwrap();
@@ -167,7 +167,7 @@ impl Floor {
             promisc: false,
         };
         let bridge = ensure_bridge(&mut host, &bridge_spec).unwrap();
-        let spec = PortSpec {
+        let spec = VethSpec {
             ifname: "eth0",
             mtu: None,
             hairpin: false,

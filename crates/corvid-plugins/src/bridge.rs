@@ -6,8 +6,8 @@ use corvid_cni::result::{Interface, Route};
 use corvid_cni::skel::{validate_ifname, CmdArgs, Plugin};
 use corvid_cni::Command;
 use corvid_cni::{CniResult, Error, ErrorCode};
-use corvid_net::bridge::{
-    configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, Port, PortSpec,
+use corvid_net::binding::{
+    configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, VethPair, VethSpec,
 };
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nft::{self, MasqueradeTag};
@@ -169,7 +169,7 @@ struct Undo<'a> {
 }
 
 impl Undo<'_> {
-    fn run(self, host: &mut Netlink, port: &Port) {
+    fn run(self, host: &mut Netlink, port: &VethPair) {
         if let Some(tag) = &self.masq {
             let _ = nft::delete_masquerade(tag);
         }
@@ -188,7 +188,7 @@ fn ensure_bridge_and_plug(
     ns: &Netns,
     conf: &BridgeConf,
     ifname: &str,
-) -> Result<(Link, Port), Error> {
+) -> Result<(Link, VethPair), Error> {
     let bridge = ensure_bridge(
         host,
         &BridgeSpec {
@@ -214,7 +214,7 @@ fn ensure_bridge_and_plug(
         container,
         ns,
         &bridge,
-        &PortSpec {
+        &VethSpec {
             ifname,
             mtu: conf.mtu,
             hairpin: conf.hairpin_mode,
@@ -302,7 +302,7 @@ fn finish(
     host: &mut Netlink,
     container: &mut Netlink,
     bridge: &Link,
-    port: &Port,
+    port: &VethPair,
     result: &mut CniResult,
     undo: &mut Undo,
 ) -> Result<(), Error> {

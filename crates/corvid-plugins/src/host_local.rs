@@ -5,8 +5,8 @@ use crate::errors;
 use corvid_cni::result::{Dns, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
-use corvid_ipam::store::DEFAULT_DATA_DIR;
-use corvid_ipam::{Range, RangeConf, RangeSet, Store};
+use corvid_ipam::leases::DEFAULT_DATA_DIR;
+use corvid_ipam::{LeaseDir, Range, RangeConf, RangeSet};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -169,7 +169,7 @@ impl Plugin for HostLocal {
             Some(p) => read_resolv_conf(p)?,
             None => Dns::default(),
         };
-        let store = Store::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
+        let store = LeaseDir::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
         // Written and synced before the lock: concurrent ADDs then wait on each other only
         // for the scan and the link, not for the disk.
         let mut prepared = (0..setup.sets.len())
@@ -253,7 +253,7 @@ impl Plugin for HostLocal {
 
     fn del(&self, args: &CmdArgs) -> Result<(), Error> {
         let setup = load(args)?;
-        let store = Store::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
+        let store = LeaseDir::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
         lock.release_by_id(&args.container_id, &args.ifname)
             .map(drop)
@@ -262,7 +262,7 @@ impl Plugin for HostLocal {
 
     fn check(&self, args: &CmdArgs) -> Result<(), Error> {
         let setup = load(args)?;
-        let store = Store::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
+        let store = LeaseDir::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
         let held = lock
             .get_by_id(&args.container_id, &args.ifname)
@@ -305,7 +305,7 @@ impl Plugin for HostLocal {
             .flatten()
             .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
             .collect();
-        let store = Store::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
+        let store = LeaseDir::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
         for lease in lock.leases().map_err(errors::ipam)? {
             let kept = valid.contains(&(lease.container_id.as_str(), lease.ifname.as_str()))
@@ -320,7 +320,7 @@ impl Plugin for HostLocal {
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
         let setup = load(args)?;
-        Store::open(data_dir(&setup.conf), &args.conf.name)
+        LeaseDir::open(data_dir(&setup.conf), &args.conf.name)
             .map(drop)
             .map_err(|e| Error::new(ErrorCode::PluginNotAvailable, e.to_string()))
     }

@@ -4,7 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod bridge;
-pub mod controller;
+pub mod corvid;
 pub mod delegate;
 pub mod errors;
 pub mod host_local;
@@ -20,7 +20,7 @@ pub const PLUGIN_NAMES: [&str; 4] = ["bridge", "corvid", "host-local", "loopback
 pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
     match name {
         "bridge" => Some(&bridge::Bridge),
-        "corvid" => Some(&controller::Controller),
+        "corvid" => Some(&corvid::Corvid),
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         _ => None,

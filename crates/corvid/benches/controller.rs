@@ -1,4 +1,4 @@
-//! Controller benchmark: port-create throughput and latency with 16 concurrent clients on
+//! ControllerProcess benchmark: port-create throughput and latency with 16 concurrent clients on
 //! each store, list-by-device_id latency and the controller's RSS at 100k ports, then
 //! creates again on that full store (`redb+`).
 //! Run with `cargo bench -p corvid --bench controller`; `CORVID_BENCH_PORTS` sets the
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use corvid_api::{Client, Network, Port, Subnet};
 use serde_json::json;
-use support::{redb_store, Controller, Etcd};
+use support::{redb_store, ControllerProcess, Etcd};
 
 const CLIENTS: usize = 16;
 const NEUTRON_CREATES_PER_SEC: f64 = 7.0;
@@ -57,7 +57,7 @@ fn cpu_time(pid: u32) -> Duration {
 
 /// 16 clients create ports for `secs`; prints creates/s, p50, p99, and the controller's
 /// CPU time per create (steadier than the rate on a shared machine).
-fn creates(label: &str, ctl: &Controller, secs: u64) {
+fn creates(label: &str, ctl: &ControllerProcess, secs: u64) {
     let net = network(&ctl.client());
     let lat = Arc::new(Mutex::new(Vec::new()));
     let cpu_before = cpu_time(ctl.pid());
@@ -107,7 +107,7 @@ fn rss_mib(pid: u32) -> f64 {
 }
 
 /// Fills to `n` ports (bulk requests), then times list-by-device_id and reads RSS.
-fn at_scale(ctl: &Controller, n: u64) {
+fn at_scale(ctl: &ControllerProcess, n: u64) {
     let c = ctl.client();
     let net = network(&c);
     let fill = Instant::now();
@@ -155,15 +155,15 @@ fn main() {
     let secs = env("CORVID_BENCH_SECS", 5);
     {
         let (_dir, spec) = redb_store();
-        creates("redb", &Controller::start(&spec, None), secs);
+        creates("redb", &ControllerProcess::start(&spec, None), secs);
     }
     {
         let (_dir, spec) = redb_store();
-        let redb = Controller::start(&spec, None);
+        let redb = ControllerProcess::start(&spec, None);
         at_scale(&redb, env("CORVID_BENCH_PORTS", 100_000));
         creates("redb+", &redb, secs);
     }
     let etcd = Etcd::start();
-    let ctl = Controller::start(&format!("etcd:{}", etcd.url), None);
+    let ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
     creates("etcd", &ctl, secs);
 }

@@ -9,7 +9,7 @@ mod support;
 
 use std::process::Command;
 
-fn fuzz(ctl: &support::Controller, dir: &std::path::Path) {
+fn fuzz(ctl: &support::ControllerProcess, dir: &std::path::Path) {
     let out = Command::new("schemathesis")
         .current_dir(dir)
         .args(["run", &format!("{}/openapi.json", ctl.url)])
@@ -28,8 +28,8 @@ fn fuzz(ctl: &support::Controller, dir: &std::path::Path) {
 #[test]
 fn generated_requests_never_get_a_server_error_or_hang_on_either_store() {
     let (dir, spec) = support::redb_store();
-    fuzz(&support::Controller::start(&spec, None), dir.path());
+    fuzz(&support::ControllerProcess::start(&spec, None), dir.path());
     let etcd = support::Etcd::start();
-    let ctl = support::Controller::start(&format!("etcd:{}", etcd.url), None);
+    let ctl = support::ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
     fuzz(&ctl, dir.path());
 }

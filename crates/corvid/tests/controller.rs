@@ -13,14 +13,17 @@ use corvid_api::{
     Client, EventKind, FloatingIp, Network, Port, Status, Subnet, SubnetPool, WatchFilter,
 };
 use serde_json::{json, Value};
-use support::{redb_store, Controller, Etcd};
+use support::{redb_store, ControllerProcess, Etcd};
 
 /// Runs `f` against a controller on each backend.
-fn on_both(f: impl Fn(&Controller)) {
+fn on_both(f: impl Fn(&ControllerProcess)) {
     let (_dir, spec) = redb_store();
-    f(&Controller::start(&spec, None));
+    f(&ControllerProcess::start(&spec, None));
     let etcd = Etcd::start();
-    f(&Controller::start(&format!("etcd:{}", etcd.url), None));
+    f(&ControllerProcess::start(
+        &format!("etcd:{}", etcd.url),
+        None,
+    ));
 }
 
 fn network_with_subnet(c: &Client, cidr: &str, gateway: Value) -> (Network, Subnet) {
@@ -579,8 +582,8 @@ fn two_controllers_on_one_etcd_never_share_an_address() {
     let etcd = Etcd::start();
     let spec = format!("etcd:{}", etcd.url);
     let (a, b) = (
-        Controller::start(&spec, None),
-        Controller::start(&spec, None),
+        ControllerProcess::start(&spec, None),
+        ControllerProcess::start(&spec, None),
     );
     let net: Network = a.client().create(json!({"name": "shared"})).unwrap();
     a.client()
@@ -599,7 +602,7 @@ fn a_killed_controller_keeps_every_acknowledged_create() {
     let (_dir, spec) = redb_store();
     let etcd = Etcd::start();
     for spec in [spec, format!("etcd:{}", etcd.url)] {
-        let mut ctl = Controller::start(&spec, None);
+        let mut ctl = ControllerProcess::start(&spec, None);
         let c = ctl.client();
         let (net, sub) = network_with_subnet(&c, "10.4.0.0/16", json!("10.4.0.1"));
         let acked = Arc::new(Mutex::new(Vec::new()));
@@ -654,7 +657,7 @@ fn a_killed_controller_keeps_every_acknowledged_create() {
 #[test]
 fn a_token_is_required_when_configured() {
     let (_dir, spec) = redb_store();
-    let ctl = Controller::start(&spec, Some("s3cret"));
+    let ctl = ControllerProcess::start(&spec, Some("s3cret"));
     assert!(ctl.client().list::<Network>(&[]).is_ok());
     let anonymous = Client::new(&ctl.url);
     assert_eq!(kind(anonymous.list::<Network>(&[])).0, 401);
@@ -808,13 +811,13 @@ fn a_bulk_too_large_for_etcd_is_refused_whole_and_redb_takes_it() {
         c.create_bulk::<Port>((0..n).map(|_| json!({"network_id": net})).collect())
     };
     let (_dir, spec) = redb_store();
-    let redb = Controller::start(&spec, None);
+    let redb = ControllerProcess::start(&spec, None);
     let c = redb.client();
     let (net, _) = network_with_subnet(&c, "10.8.0.0/16", json!(null));
     assert_eq!(bulk(&c, &net.id, 300).unwrap().len(), 300);
 
     let etcd = Etcd::start();
-    let ctl = Controller::start(&format!("etcd:{}", etcd.url), None);
+    let ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
     let c = ctl.client();
     let (net, _) = network_with_subnet(&c, "10.8.0.0/16", json!(null));
     assert_eq!(

@@ -16,10 +16,10 @@ fn python_neutronclient_works_against_the_controller_on_either_store() {
     let token = Some("nc-token");
     run_script(
         "neutron_client.py",
-        &support::Controller::start(&spec, token),
+        &support::ControllerProcess::start(&spec, token),
     );
     let etcd = support::Etcd::start();
-    let on_etcd = support::Controller::start(&format!("etcd:{}", etcd.url), token);
+    let on_etcd = support::ControllerProcess::start(&format!("etcd:{}", etcd.url), token);
     run_script("neutron_client.py", &on_etcd);
 }
 
@@ -28,12 +28,12 @@ fn openstacksdk_discovers_and_drives_networks_and_load_balancers() {
     let (_dir, spec) = support::redb_store();
     run_script(
         "openstacksdk_client.py",
-        &support::Controller::start(&spec, None),
+        &support::ControllerProcess::start(&spec, None),
     );
 }
 
 /// Runs a script of `tests/data` against `ctl` and expects it to end with `<name>: ok`.
-fn run_script(script: &str, ctl: &support::Controller) {
+fn run_script(script: &str, ctl: &support::ControllerProcess) {
     let path = format!("{}/tests/data/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
         .args([path.as_str(), &ctl.url, "nc-token"])

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::attributes::{Attribute, Attributes, Type, Write, DESCRIPTION, NEUTRON};
 use super::{
-    answer_as, attr, body, encode, if_match, list_route, lookup, project_of, show_route,
+    answer_as, attr, body, if_match, list_route, lookup, project_of, show_route, to_stored,
     update_with, Ctl,
 };
 use crate::controller::Controller;
@@ -190,7 +190,7 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                 ops: vec![
                     Op::Put(ip_key, id.clone().into_bytes()),
                     Op::Put(keys::network_user(&net_id, &id), Vec::new()),
-                    Op::Put(keys::resource("floatingips", &id), encode(&fip)),
+                    Op::Put(keys::resource("floatingips", &id), to_stored(&fip)),
                 ],
             };
             Ok((txn, (fip, pending)))

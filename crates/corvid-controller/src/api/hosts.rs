@@ -12,7 +12,7 @@ use axum::Router;
 use corvid_api::Host;
 
 use super::attributes::{Attribute, Attributes, Type, Write, DESCRIPTION};
-use super::{answer_as, attr, body, encode, list_route, show_route, Ctl};
+use super::{answer_as, attr, body, list_route, show_route, to_stored, Ctl};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -99,7 +99,7 @@ async fn register(
             host.updated_at = t;
             let txn = Txn {
                 compares: vec![compare],
-                ops: vec![Op::Put(key, encode(&host))],
+                ops: vec![Op::Put(key, to_stored(&host))],
             };
             Ok((txn, (host, created)))
         })

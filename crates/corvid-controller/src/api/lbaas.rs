@@ -16,8 +16,8 @@ use serde_json::{json, Map, Value};
 use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, PROJECT_ID, TENANT_ID,
 };
-use super::ports::{plan_port, port_removal};
-use super::{answer, answer_as, attr, body, encode, project_of, Ctl, Query};
+use super::ports::{draft_port, port_removal};
+use super::{answer, answer_as, attr, body, project_of, to_stored, Ctl, Query};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -311,7 +311,7 @@ async fn create(
             if spec.attributes.plural == "loadbalancers" {
                 vip(v, &mut pending, &mut o, &mut txn, headers, &id)?;
             }
-            txn.ops.push(Op::Put(key, encode(&o)));
+            txn.ops.push(Op::Put(key, to_stored(&o)));
             Ok((txn, (o, pending)))
         })
         .await?;
@@ -369,10 +369,10 @@ fn vip(
             if !fixed.is_empty() {
                 req.insert("fixed_ips".into(), json!([fixed]));
             }
-            let plan = plan_port(v, pending, &req, headers)?;
-            txn.compares.extend(plan.txn.compares);
-            txn.ops.extend(plan.txn.ops);
-            plan.port
+            let draft = draft_port(v, pending, &req, headers)?;
+            txn.compares.extend(draft.txn.compares);
+            txn.ops.extend(draft.txn.ops);
+            draft.port
         }
     };
     let first = port.fixed_ips.first();
@@ -400,7 +400,7 @@ async fn update(
             let key = keys::resource(spec.attributes.plural, id);
             let txn = Txn {
                 compares: vec![Compare::ModRevision(key.clone(), modrev)],
-                ops: vec![Op::Put(key, encode(&o))],
+                ops: vec![Op::Put(key, to_stored(&o))],
             };
             Ok((txn, full(v, spec, o)))
         })

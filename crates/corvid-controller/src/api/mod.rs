@@ -224,7 +224,7 @@ pub fn project_of(obj: &Map<String, Value>, headers: &HeaderMap) -> String {
 }
 
 /// Serializes a resource for the store.
-pub fn encode<T: serde::Serialize>(obj: &T) -> Vec<u8> {
+pub fn to_stored<T: serde::Serialize>(obj: &T) -> Vec<u8> {
     serde_json::to_vec(obj).unwrap_or_default()
 }
 
@@ -324,7 +324,7 @@ pub async fn update_with<K: Kind>(
         let key = keys::resource(K::PLURAL, id);
         txn.compares
             .push(Compare::ModRevision(key.clone(), entry.mod_revision));
-        txn.ops.push(Op::Put(key, encode(&obj)));
+        txn.ops.push(Op::Put(key, to_stored(&obj)));
         Ok((txn, obj))
     })
     .await

@@ -16,8 +16,8 @@ use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
 };
 use super::{
-    answer_as, attr, body, encode, if_match, item_routes, list_route, lookup, merge, project_of,
-    show_route, update_with, Ctl,
+    answer_as, attr, body, if_match, item_routes, list_route, lookup, merge, project_of,
+    show_route, to_stored, update_with, Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -209,7 +209,7 @@ async fn create_networks(
                 txn.compares.push(Compare::CreateRevision(key.clone(), 0));
                 txn.compares
                     .push(Compare::CreateRevision(vni_key.clone(), 0));
-                txn.ops.push(Op::Put(key, encode(&n)));
+                txn.ops.push(Op::Put(key, to_stored(&n)));
                 txn.ops.push(Op::Put(vni_key, n.id.clone().into_bytes()));
                 nets.push(n);
             }
@@ -462,8 +462,8 @@ async fn create_subnet(
                     Compare::CreateRevision(sub_key.clone(), 0),
                 ],
                 ops: vec![
-                    Op::Put(net_key, encode(&network)),
-                    Op::Put(sub_key, encode(&subnet)),
+                    Op::Put(net_key, to_stored(&network)),
+                    Op::Put(sub_key, to_stored(&subnet)),
                 ],
             };
             if let Some(p) = &pool {
@@ -471,7 +471,7 @@ async fn create_subnet(
                 let key = keys::resource("subnetpools", &p.obj.id);
                 txn.compares
                     .push(Compare::ModRevision(key.clone(), p.mod_revision));
-                txn.ops.push(Op::Put(key, encode(&*p.obj)));
+                txn.ops.push(Op::Put(key, to_stored(&*p.obj)));
             }
             Ok((txn, subnet))
         })
@@ -503,7 +503,7 @@ async fn delete_subnet(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCo
                 network.revision_number += 1;
                 txn.compares
                     .push(Compare::ModRevision(net_key.clone(), net.mod_revision));
-                txn.ops.push(Op::Put(net_key, encode(&network)));
+                txn.ops.push(Op::Put(net_key, to_stored(&network)));
             }
             Ok((txn, ()))
         })
@@ -574,7 +574,7 @@ async fn create_subnetpool(
     let key = keys::resource("subnetpools", &pool.id);
     let txn = Txn {
         compares: vec![Compare::CreateRevision(key.clone(), 0)],
-        ops: vec![Op::Put(key, encode(&pool))],
+        ops: vec![Op::Put(key, to_stored(&pool))],
     };
     if c.commit(txn).await?.is_none() {
         return Err(NeutronError::conflict(

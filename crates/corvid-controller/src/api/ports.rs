@@ -20,8 +20,8 @@ use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
 };
 use super::{
-    answer, answer_as, attr, body, encode, if_match, list, lookup, merge, project_of, show,
-    show_route, update_with, Ctl, Query,
+    answer, answer_as, attr, body, if_match, list, lookup, merge, project_of, show, show_route,
+    to_stored, update_with, Ctl, Query,
 };
 use crate::controller::{Controller, Pending};
 use crate::error::NeutronError;
@@ -154,7 +154,7 @@ struct FixedIpRequest {
 }
 
 /// A port about to be written, with the compares and ops that make it consistent.
-pub(super) struct Plan {
+pub(super) struct PortDraft {
     pub port: Port,
     pub txn: Txn,
 }
@@ -176,12 +176,12 @@ fn subnets_of<'v>(v: &'v View, net: &Network) -> Vec<&'v Subnet> {
 }
 
 /// Resolves one port request against the view; picks addresses and a MAC.
-pub(super) fn plan_port(
+pub(super) fn draft_port(
     v: &View,
     pending: &mut Pending,
     obj: &Map<String, Value>,
     headers: &HeaderMap,
-) -> Result<Plan, NeutronError> {
+) -> Result<PortDraft, NeutronError> {
     let mut network_id: String =
         attr(obj, "network_id")?.ok_or_else(|| NeutronError::bad_request("Missing network_id"))?;
     let mut requests: Option<Vec<FixedIpRequest>> = attr(obj, "fixed_ips")?;
@@ -279,8 +279,8 @@ pub(super) fn plan_port(
         updated_at: t,
         revision_number: 1,
     };
-    txn.ops.push(Op::Put(port_key, encode(&port)));
-    Ok(Plan { port, txn })
+    txn.ops.push(Op::Put(port_key, to_stored(&port)));
+    Ok(PortDraft { port, txn })
 }
 
 /// Resolves requested addresses (`None`: Neutron's default, one address from the first
@@ -409,10 +409,10 @@ async fn create_ports(
             let mut ports = Vec::new();
             let mut txn = Txn::default();
             for o in &objs {
-                let plan = plan_port(view, &mut pending, o, &headers)?;
-                txn.compares.extend(plan.txn.compares);
-                txn.ops.extend(plan.txn.ops);
-                ports.push(plan.port);
+                let draft = draft_port(view, &mut pending, o, &headers)?;
+                txn.compares.extend(draft.txn.compares);
+                txn.ops.extend(draft.txn.ops);
+                ports.push(draft.port);
             }
             // Every port of a bulk checks its network and subnet: once is enough, and
             // etcd counts compares against --max-txn-ops.
@@ -577,7 +577,7 @@ pub async fn delete_port(c: &Controller, id: &str) -> Result<(), NeutronError> {
             let k = keys::resource("floatingips", &f.id);
             txn.compares
                 .push(Compare::ModRevision(k.clone(), fip.mod_revision));
-            txn.ops.push(Op::Put(k, encode(&f)));
+            txn.ops.push(Op::Put(k, to_stored(&f)));
         }
         Ok((txn, ()))
     })

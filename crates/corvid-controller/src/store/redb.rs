@@ -57,7 +57,7 @@ fn backend<E: std::fmt::Display>(e: E) -> StoreError {
 }
 
 /// Stored value layout: create revision, mod revision (little endian), then the value.
-fn encode(create: i64, modified: i64, value: &[u8]) -> Vec<u8> {
+fn pack_record(create: i64, modified: i64, value: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + value.len());
     out.extend_from_slice(&create.to_le_bytes());
     out.extend_from_slice(&modified.to_le_bytes());
@@ -73,7 +73,7 @@ fn revision_at(raw: &[u8], i: usize) -> i64 {
     )
 }
 
-fn decode(key: &[u8], raw: &[u8]) -> KeyValue {
+fn unpack_record(key: &[u8], raw: &[u8]) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(key).into_owned(),
         value: raw.get(16..).unwrap_or_default().to_vec(),
@@ -176,13 +176,13 @@ fn apply(table: &mut KvTable, txn: &Txn, rev: i64) -> Result<Option<Vec<Event>>,
             Op::Put(key, value) => {
                 // Most puts create their key: insert as new, and rewrite with the key's
                 // own create revision only when it already existed.
-                let stored = encode(rev, rev, value);
+                let stored = pack_record(rev, rev, value);
                 let old_create = table
                     .insert(key.as_bytes(), stored.as_slice())?
                     .map(|old| revision_at(old.value(), 0));
                 let create = match old_create {
                     Some(c) if c != rev => {
-                        table.insert(key.as_bytes(), encode(c, rev, value).as_slice())?;
+                        table.insert(key.as_bytes(), pack_record(c, rev, value).as_slice())?;
                         c
                     }
                     _ => rev,
@@ -307,7 +307,7 @@ impl Store for RedbStore {
             if !k.value().starts_with(prefix.as_bytes()) {
                 break;
             }
-            out.push(decode(k.value(), v.value()));
+            out.push(unpack_record(k.value(), v.value()));
         }
         Ok((out, revision))
     }
@@ -410,7 +410,7 @@ mod tests {
             let wtx = db.begin_write().unwrap();
             wtx.open_table(KV_STR)
                 .unwrap()
-                .insert("/corvid/r/networks/n1", encode(3, 5, b"{}").as_slice())
+                .insert("/corvid/r/networks/n1", pack_record(3, 5, b"{}").as_slice())
                 .unwrap();
             wtx.open_table(META).unwrap().insert(REVISION, 5).unwrap();
             wtx.commit().unwrap();

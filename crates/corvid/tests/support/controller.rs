@@ -80,7 +80,7 @@ impl Drop for Etcd {
 }
 
 /// A running `corvid controller`.
-pub struct Controller {
+pub struct ControllerProcess {
     child: Child,
     /// Its base URL.
     pub url: String,
@@ -88,9 +88,9 @@ pub struct Controller {
     token: Option<String>,
 }
 
-impl Controller {
+impl ControllerProcess {
     /// Starts a controller on `store` and waits until it answers.
-    pub fn start(store: &str, token: Option<&str>) -> Controller {
+    pub fn start(store: &str, token: Option<&str>) -> ControllerProcess {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_corvid"));
@@ -113,7 +113,7 @@ impl Controller {
             Err(ureq::Error::Status(..)) => true,
             Err(_) => false,
         });
-        Controller {
+        ControllerProcess {
             child,
             url,
             store: store.to_string(),
@@ -147,11 +147,11 @@ impl Controller {
     pub fn restart(&mut self) {
         self.kill9();
         let token = self.token.clone();
-        *self = Controller::start(&self.store.clone(), token.as_deref());
+        *self = ControllerProcess::start(&self.store.clone(), token.as_deref());
     }
 }
 
-impl Drop for Controller {
+impl Drop for ControllerProcess {
     fn drop(&mut self) {
         self.kill9();
     }

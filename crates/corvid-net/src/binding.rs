@@ -116,7 +116,7 @@ fn sysfs_addr_assign_type(bridge: &Link) -> Option<String> {
 
 /// How a port is plugged.
 #[derive(Debug, Clone)]
-pub struct PortSpec<'a> {
+pub struct VethSpec<'a> {
     /// The interface name inside the container.
     pub ifname: &'a str,
     /// MTU of both veth ends.
@@ -135,7 +135,7 @@ pub struct PortSpec<'a> {
 
 /// A plugged port: the host end on the bridge, the container end in the namespace.
 #[derive(Debug, Clone)]
-pub struct Port {
+pub struct VethPair {
     /// The host end.
     pub host: Link,
     /// The container end.
@@ -170,8 +170,8 @@ pub fn plug(
     container: &mut Netlink,
     netns: &Netns,
     bridge: &Link,
-    spec: &PortSpec,
-) -> Result<Port> {
+    spec: &VethSpec,
+) -> Result<VethPair> {
     // Choosing the container end's MAC here, with the kernel echoing the host end (and
     // the peer's index), spares two lookups that wait on the kernel's work on the new pair.
     let peer_mac = spec.mac.map_or_else(random_mac, str::to_string);
@@ -206,7 +206,7 @@ pub fn plug(
                 peer_index: Some(peer),
                 ..
             },
-        ) => Port {
+        ) => VethPair {
             container: Link {
                 index: peer,
                 name: spec.ifname.to_string(),
@@ -231,7 +231,7 @@ pub fn plug(
                     libc::ENODEV,
                 )));
             };
-            Port { host, container }
+            VethPair { host, container }
         }
     };
     let configured = (|| {
@@ -336,7 +336,7 @@ pub fn ensure_plugged(
     container: &mut Netlink,
     netns: &Netns,
     bridge: &Link,
-    spec: &PortSpec,
+    spec: &VethSpec,
     addrs: &[IpNet],
     routes: &[(IpNet, Option<IpAddr>)],
 ) -> Result<Plugged> {
@@ -397,7 +397,7 @@ pub fn ensure_plugged(
 
 /// Whether `h` and `c` are the two ends of one pair, `h` on the bridge and `c` with the
 /// asked MAC.
-fn is_pair(h: &Link, c: &Link, bridge: &Link, spec: &PortSpec) -> bool {
+fn is_pair(h: &Link, c: &Link, bridge: &Link, spec: &VethSpec) -> bool {
     h.kind == LinkKind::Veth
         && c.kind == LinkKind::Veth
         && c.peer_index == Some(h.index)

@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::errors;
 
 /// The controller-backed plugin.
-pub struct Controller;
+pub struct Corvid;
 
 /// This plugin's own CNI error codes (the spec leaves 100 and up to plugins).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,7 +344,7 @@ fn netns_of(args: &CmdArgs) -> Result<String, Error> {
         .ok_or_else(|| Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))
 }
 
-impl Plugin for Controller {
+impl Plugin for Corvid {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, Error> {
         let (conf, client) = load(args)?;
         let netns = netns_of(args)?;

@@ -26,7 +26,7 @@ pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
 /// One network's lease directory.
 #[derive(Debug)]
-pub struct Store {
+pub struct LeaseDir {
     dir: PathBuf,
     lock: File,
 }
@@ -47,9 +47,9 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
     move |source| Error::Io { what, source }
 }
 
-impl Store {
+impl LeaseDir {
     /// Opens (creating if needed) the directory of `network` under `data_dir`.
-    pub fn open(data_dir: &Path, network: &str) -> Result<Store, Error> {
+    pub fn open(data_dir: &Path, network: &str) -> Result<LeaseDir, Error> {
         let dir = data_dir.join(network);
         fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
         let lock_path = dir.join("lock");
@@ -60,7 +60,7 @@ impl Store {
             .truncate(false)
             .open(&lock_path)
             .map_err(io_err(format!("open {}", lock_path.display())))?;
-        Ok(Store { dir, lock })
+        Ok(LeaseDir { dir, lock })
     }
 
     /// The directory holding the leases.
@@ -69,7 +69,7 @@ impl Store {
     }
 
     /// Writes and syncs the content of a lease for (id, ifname), not yet under any name:
-    /// [`StoreLock::reserve`] gives it one.
+    /// [`LeaseLock::reserve`] gives it one.
     pub fn prepare_lease(&self, id: &str, ifname: &str) -> Result<PreparedLease, Error> {
         let content = format!("{}{LINE_BREAK}{ifname}", id.trim());
         let unnamed = rustix::fs::open(
@@ -97,7 +97,7 @@ impl Store {
     }
 
     /// Takes the exclusive lock the reference plugin also takes; released on drop.
-    pub fn lock(&self) -> Result<StoreLock<'_>, Error> {
+    pub fn lock(&self) -> Result<LeaseLock<'_>, Error> {
         loop {
             match rustix::fs::flock(&self.lock, FlockOperation::LockExclusive) {
                 Ok(()) => break,
@@ -105,7 +105,7 @@ impl Store {
                 Err(e) => return Err(io_err("lock the lease directory")(e.into())),
             }
         }
-        Ok(StoreLock { store: self })
+        Ok(LeaseLock { store: self })
     }
 }
 
@@ -113,7 +113,7 @@ impl Store {
 /// that is removed on drop (the lease keeps its own link).
 #[derive(Debug)]
 pub enum PreparedLease {
-    /// An O_TMPFILE file, linked into the directory by [`StoreLock::reserve`].
+    /// An O_TMPFILE file, linked into the directory by [`LeaseLock::reserve`].
     Unnamed(File),
     /// A temporary file, for filesystems without O_TMPFILE.
     Named {
@@ -177,11 +177,11 @@ fn is_stale_temp(name: &str) -> bool {
 
 /// The store while its lock is held: the only way to read or change leases.
 #[derive(Debug)]
-pub struct StoreLock<'a> {
-    store: &'a Store,
+pub struct LeaseLock<'a> {
+    store: &'a LeaseDir,
 }
 
-impl Drop for StoreLock<'_> {
+impl Drop for LeaseLock<'_> {
     fn drop(&mut self) {
         // Closing the store unlocks too; an unlock that fails leaves nothing to undo.
         let _ = rustix::fs::flock(&self.store.lock, FlockOperation::Unlock);
@@ -215,7 +215,7 @@ fn read_lease(dir: &File, name: &std::ffi::OsStr) -> Option<String> {
     Some(rest)
 }
 
-impl StoreLock<'_> {
+impl LeaseLock<'_> {
     fn path(&self, name: &str) -> PathBuf {
         self.store.dir.join(name)
     }
@@ -381,7 +381,7 @@ mod tests {
         );
     }
 
-    fn reserve(l: &StoreLock, id: &str, ifname: &str, addr: &str, set: usize) -> bool {
+    fn reserve(l: &LeaseLock, id: &str, ifname: &str, addr: &str, set: usize) -> bool {
         let lease = l.store.prepare_lease(id, ifname).unwrap();
         l.reserve(lease, ip(addr), set).unwrap().is_ok()
     }
@@ -389,7 +389,7 @@ mod tests {
     #[test]
     fn writes_the_reference_layout() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(tmp.path(), "net1").unwrap();
+        let store = LeaseDir::open(tmp.path(), "net1").unwrap();
         let l = store.lock().unwrap();
         assert!(reserve(&l, "c1", "eth0", "10.1.0.2", 0));
         assert!(!reserve(&l, "c2", "eth0", "10.1.0.2", 0));
@@ -416,7 +416,7 @@ mod tests {
     #[test]
     fn releases_by_id_and_interface() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(tmp.path(), "n").unwrap();
+        let store = LeaseDir::open(tmp.path(), "n").unwrap();
         let l = store.lock().unwrap();
         reserve(&l, "c1", "eth0", "10.1.0.2", 0);
         reserve(&l, "c1", "eth1", "10.1.0.3", 0);
@@ -431,7 +431,7 @@ mod tests {
     #[test]
     fn survives_what_a_crash_leaves_behind() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(tmp.path(), "n").unwrap();
+        let store = LeaseDir::open(tmp.path(), "n").unwrap();
         let dir = tmp.path().join("n");
         fs::write(dir.join("last_reserved_ip.0"), "").unwrap();
         fs::write(dir.join("10.1.0.7"), "").unwrap();
@@ -456,7 +456,7 @@ mod tests {
     #[test]
     fn a_named_lease_is_written_again_when_its_file_was_taken_away() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(tmp.path(), "n").unwrap();
+        let store = LeaseDir::open(tmp.path(), "n").unwrap();
         let dir = tmp.path().join("n");
         let content = "c1\r\neth0".to_string();
         let path = write_temp(&dir, &content).unwrap();
