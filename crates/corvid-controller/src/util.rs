@@ -1,4 +1,4 @@
-//! Small generators the API needs: UUIDs, MACs, timestamps.
+//! Small generators the API needs: UUIDs, random numbers, timestamps.
 
 use std::time::SystemTime;
 
@@ -13,12 +13,6 @@ fn random<const N: usize>() -> [u8; N] {
 /// store keys land on the same few pages instead of one page each.
 pub fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
-}
-
-/// The MAC numbered `n` (its low 24 bits) in Neutron's `fa:16:3e` range.
-pub fn mac_at(n: u32) -> String {
-    let b = n.to_be_bytes();
-    format!("fa:16:3e:{:02x}:{:02x}:{:02x}", b[1], b[2], b[3])
 }
 
 /// A random number below `n` (n > 0).
@@ -36,7 +30,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_macs_and_times_have_their_shapes() {
+    fn ids_and_times_have_their_shapes() {
         let id = new_id();
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "7");
@@ -47,7 +41,6 @@ mod tests {
         assert!("89ab".contains(&id[19..20]), "RFC 4122 variant");
         std::thread::sleep(std::time::Duration::from_millis(2));
         assert!(new_id() > id, "time-ordered across milliseconds");
-        assert_eq!(mac_at(0x0102_0a0b), "fa:16:3e:02:0a:0b");
         let t = now();
         assert_eq!(t.len(), 20);
         assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T');

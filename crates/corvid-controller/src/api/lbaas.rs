@@ -326,7 +326,7 @@ async fn create(
 /// `vip_subnet_id`/`vip_network_id` created in the same transaction.
 fn vip(
     v: &View,
-    pending: &mut crate::controller::Pending,
+    pending: &mut crate::ipam::Pending,
     o: &mut Map<String, Value>,
     txn: &mut Txn,
     headers: &HeaderMap,

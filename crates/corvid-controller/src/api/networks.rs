@@ -21,7 +21,7 @@ use super::{
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
-use crate::ipam;
+use crate::ipam::pools;
 use crate::keys;
 use crate::store::{Compare, Op, Txn};
 use crate::util::{new_id, now};
@@ -277,8 +277,8 @@ fn check_addressing(
             "Gateway IP {g} is not in subnet {cidr}"
         )));
     }
-    ipam::check_pools(cidr, pools).map_err(NeutronError::bad_request)?;
-    if let Some(g) = gateway_ip.filter(|g| ipam::in_pools(pools, *g)) {
+    pools::check_pools(cidr, pools).map_err(NeutronError::bad_request)?;
+    if let Some(g) = gateway_ip.filter(|g| pools::in_pools(pools, *g)) {
         return Err(NeutronError::conflict(
             "GatewayConflictWithAllocationPools",
             format!("Gateway ip {g} conflicts with allocation pool"),
@@ -326,7 +326,7 @@ fn subnet_cidr(
                     format!("Cidr {c} is not within subnetpool {} prefixes", p.id),
                 ));
             }
-            if taken.iter().any(|t| ipam::overlaps(t, &c)) {
+            if taken.iter().any(|t| pools::overlaps(t, &c)) {
                 return Err(NeutronError::conflict(
                     "SubnetAllocationError",
                     format!(
@@ -349,7 +349,7 @@ fn subnet_cidr(
                     ),
                 ));
             }
-            ipam::carve(&p.prefixes, taken, len).ok_or_else(|| {
+            pools::carve(&p.prefixes, taken, len).ok_or_else(|| {
                 NeutronError::conflict(
                     "SubnetAllocationError",
                     format!(
@@ -410,7 +410,7 @@ async fn create_subnet(
                     "Cidr {cidr} does not match ip_version {version}"
                 )));
             }
-            if let Some(o) = siblings.iter().find(|s| ipam::overlaps(&s.cidr, &cidr)) {
+            if let Some(o) = siblings.iter().find(|s| pools::overlaps(&s.cidr, &cidr)) {
                 return Err(NeutronError::invalid_input(format!(
                     "Requested subnet with cidr: {cidr} for network: {network_id} overlaps with another subnet ({})",
                     o.id
@@ -419,11 +419,11 @@ async fn create_subnet(
             let gateway_ip: Option<IpAddr> = match obj.get("gateway_ip") {
                 Some(Value::Null) => None,
                 Some(_) => attr(&obj, "gateway_ip")?,
-                None => Some(ipam::default_gateway(&cidr)),
+                None => Some(pools::default_gateway(&cidr)),
             };
             let pools: Vec<AllocationPool> = match attr(&obj, "allocation_pools")? {
                 Some(p) => p,
-                None => ipam::default_pools(&cidr, gateway_ip),
+                None => pools::default_pools(&cidr, gateway_ip),
             };
             check_addressing(&cidr, gateway_ip, &pools)?;
             let project = project_of(&obj, &headers);

@@ -3,7 +3,6 @@
 //! `/v2.0/ports` and the Mizar-MP agreement's `/project/{project}/ports`.
 
 use std::collections::HashSet;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -13,7 +12,6 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use corvid_api::{FixedIp, Network, Port, Status, Subnet};
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::attributes::{
@@ -23,8 +21,10 @@ use super::{
     answer, answer_as, attr, body, if_match, list, lookup, merge, project_of, show, show_route,
     to_stored, update_with, Ctl, Query,
 };
-use crate::controller::{Controller, Pending};
+use crate::controller::Controller;
 use crate::error::NeutronError;
+use crate::ipam::fixed_ips::{assign_fixed_ips, change_mac, take_mac, FixedIpRequest};
+use crate::ipam::Pending;
 use crate::keys;
 use crate::query::ListQuery;
 use crate::store::{Compare, Op, Txn};
@@ -145,34 +145,10 @@ async fn list_ports(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronE
     list::<Port>(&c, q.as_deref(), candidates)
 }
 
-/// One requested address: a subnet, an address, or both.
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FixedIpRequest {
-    subnet_id: Option<String>,
-    ip_address: Option<IpAddr>,
-}
-
 /// A port about to be written, with the compares and ops that make it consistent.
 pub(super) struct PortDraft {
     pub port: Port,
     pub txn: Txn,
-}
-
-fn mac_valid(mac: &str) -> bool {
-    let parts: Vec<&str> = mac.split(':').collect();
-    parts.len() == 6
-        && parts
-            .iter()
-            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
-        && u8::from_str_radix(parts[0], 16).is_ok_and(|b| b & 1 == 0)
-}
-
-fn subnets_of<'v>(v: &'v View, net: &Network) -> Vec<&'v Subnet> {
-    net.subnets
-        .iter()
-        .filter_map(|s| v.subnets.get(s.as_str()).map(|e| &*e.obj))
-        .collect()
 }
 
 /// Resolves one port request against the view; picks addresses and a MAC.
@@ -214,28 +190,14 @@ pub(super) fn draft_port(
         ops: Vec::new(),
     };
     let fixed_ips = assign_fixed_ips(v, pending, &net.obj, requests, &id, &[], &mut txn)?;
-    let mac = match attr::<String>(obj, "mac_address")? {
-        Some(m) => {
-            let m = m.to_ascii_lowercase();
-            if !mac_valid(&m) {
-                return Err(NeutronError::invalid_input(format!(
-                    "'{m}' is not a valid MAC address"
-                )));
-            }
-            if v.macs.contains(&m) || !pending.reserve(keys::mac(&m)) {
-                return Err(NeutronError::conflict(
-                    "MacAddressInUse",
-                    format!("Unable to complete operation for network {network_id}. The mac address {m} is in use."),
-                ));
-            }
-            m
-        }
-        None => pending.pick_mac(&v.macs),
-    };
-    txn.compares
-        .push(Compare::CreateRevision(keys::mac(&mac), 0));
-    txn.ops
-        .push(Op::Put(keys::mac(&mac), id.clone().into_bytes()));
+    let mac = take_mac(
+        v,
+        pending,
+        attr(obj, "mac_address")?,
+        &network_id,
+        &id,
+        &mut txn,
+    )?;
     txn.ops
         .push(Op::Put(keys::network_user(&network_id, &id), Vec::new()));
     let project = project_of(obj, headers);
@@ -281,110 +243,6 @@ pub(super) fn draft_port(
     };
     txn.ops.push(Op::Put(port_key, to_stored(&port)));
     Ok(PortDraft { port, txn })
-}
-
-/// Resolves requested addresses (`None`: Neutron's default, one address from the first
-/// subnet of each IP version) into the port's fixed IPs on `net`, adding to `txn` the
-/// compares and puts that take each new one for `owner`. An address in `held` (the port's
-/// own, on an update) that is asked for again stays as it is; one not asked for again is
-/// freed.
-fn assign_fixed_ips(
-    v: &View,
-    pending: &mut Pending,
-    net: &Network,
-    requests: Option<Vec<FixedIpRequest>>,
-    owner: &str,
-    held: &[FixedIp],
-    txn: &mut Txn,
-) -> Result<Vec<FixedIp>, NeutronError> {
-    let (network_id, subnets) = (&net.id, subnets_of(v, net));
-    let requests = requests.unwrap_or_else(|| {
-        let mut seen = HashSet::new();
-        subnets
-            .iter()
-            .filter(|s| seen.insert(s.ip_version))
-            .map(|s| FixedIpRequest {
-                subnet_id: Some(s.id.clone()),
-                ip_address: None,
-            })
-            .collect()
-    });
-    let mut fixed_ips: Vec<FixedIp> = Vec::new();
-    for r in requests {
-        let subnet = match (&r.subnet_id, r.ip_address) {
-            (Some(s), _) => subnets.iter().find(|x| x.id == *s).copied().ok_or_else(|| {
-                NeutronError::invalid_input(format!("Subnet {s} is not on network {network_id}"))
-            })?,
-            (None, Some(ip)) => subnets.iter().find(|x| x.cidr.contains(&ip)).copied().ok_or_else(|| {
-                NeutronError::new(
-                    StatusCode::BAD_REQUEST,
-                    "InvalidIpForNetwork",
-                    format!("IP address {ip} is not a valid IP for any of the subnets on the specified network."),
-                )
-            })?,
-            (None, None) => return Err(NeutronError::invalid_input("fixed_ips entry needs subnet_id or ip_address")),
-        };
-        let taken = v.ips.get(&subnet.id);
-        let ip = match r.ip_address {
-            Some(ip) => {
-                if !subnet.cidr.contains(&ip) {
-                    return Err(NeutronError::new(
-                        StatusCode::BAD_REQUEST,
-                        "InvalidIpForSubnet",
-                        format!("IP address {ip} is not a valid IP for the specified subnet."),
-                    ));
-                }
-                let again = fixed_ips.iter().any(|f| f.ip_address == ip);
-                if !again
-                    && held
-                        .iter()
-                        .any(|h| h.subnet_id == subnet.id && h.ip_address == ip)
-                {
-                    fixed_ips.push(FixedIp {
-                        subnet_id: subnet.id.clone(),
-                        ip_address: ip,
-                    });
-                    continue;
-                }
-                if again
-                    || taken.is_some_and(|t| t.contains(&ip))
-                    || !pending.reserve(keys::ip(&subnet.id, ip))
-                {
-                    return Err(NeutronError::conflict(
-                        "IpAddressAlreadyAllocated",
-                        format!("IP address {ip} already allocated in subnet {}", subnet.id),
-                    ));
-                }
-                ip
-            }
-            None => pending
-                .pick_ip(subnet, |ip| !taken.is_some_and(|t| t.contains(&ip)))
-                .ok_or_else(|| {
-                    NeutronError::conflict(
-                        "IpAddressGenerationFailure",
-                        format!("No more IP addresses available on network {network_id}."),
-                    )
-                })?,
-        };
-        let key = keys::ip(&subnet.id, ip);
-        txn.compares.push(Compare::CreateRevision(key.clone(), 0));
-        txn.compares.push(Compare::CreateRevision(
-            keys::resource("subnets", &subnet.id),
-            v.subnets
-                .get(subnet.id.as_str())
-                .map_or(0, |e| e.create_revision),
-        ));
-        txn.ops.push(Op::Put(key, owner.as_bytes().to_vec()));
-        fixed_ips.push(FixedIp {
-            subnet_id: subnet.id.clone(),
-            ip_address: ip,
-        });
-    }
-    for h in held.iter().filter(|h| !fixed_ips.contains(h)) {
-        txn.ops
-            .push(Op::Delete(keys::ip(&h.subnet_id, h.ip_address)));
-    }
-    Ok(fixed_ips)
 }
 
 fn vif_type(host: &str) -> &'static str {
@@ -501,43 +359,6 @@ fn check_floating_ips_kept(v: &View, p: &Port, kept: &[FixedIp]) -> Result<(), N
     }
 }
 
-/// A new MAC, as Neutron allows it: valid, free, and only while the port is unbound
-/// (a bound port's MAC is already in a datapath).
-fn change_mac(
-    v: &View,
-    p: &Port,
-    old_mac: &str,
-    old_host: &str,
-    txn: &mut Txn,
-) -> Result<(), NeutronError> {
-    let m = &p.mac_address;
-    if !mac_valid(m) {
-        return Err(NeutronError::invalid_input(format!(
-            "'{m}' is not a valid MAC address"
-        )));
-    }
-    if !old_host.is_empty() {
-        return Err(NeutronError::conflict(
-            "PortBound",
-            format!("Unable to complete operation on port {}: the MAC address of a port bound to host {old_host} cannot change.", p.id),
-        ));
-    }
-    if v.macs.contains(m) {
-        return Err(NeutronError::conflict(
-            "MacAddressInUse",
-            format!(
-                "Unable to complete operation for network {}. The mac address {m} is in use.",
-                p.network_id
-            ),
-        ));
-    }
-    txn.compares.push(Compare::CreateRevision(keys::mac(m), 0));
-    txn.ops
-        .push(Op::Put(keys::mac(m), p.id.clone().into_bytes()));
-    txn.ops.push(Op::Delete(keys::mac(old_mac)));
-    Ok(())
-}
-
 /// The transaction removing a port with its addresses, MAC and network use.
 pub(super) fn port_removal(e: &Entry<Port>) -> Txn {
     let p = &e.obj;
@@ -583,17 +404,4 @@ pub async fn delete_port(c: &Controller, id: &str) -> Result<(), NeutronError> {
     })
     .await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::mac_valid;
-
-    #[test]
-    fn macs_are_checked() {
-        assert!(mac_valid("fa:16:3e:11:22:33"));
-        assert!(!mac_valid("fa:16:3e:11:22"));
-        assert!(!mac_valid("01:16:3e:11:22:33"), "multicast");
-        assert!(!mac_valid("zz:16:3e:11:22:33"));
-    }
 }
