@@ -3,16 +3,28 @@
 
 use std::path::Path;
 
+use tracing::Level;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::prelude::*;
+
 fn main() {
     // stdout is the CNI result channel: logs go to stderr only, warnings and worse unless
-    // RUST_LOG asks for more. Without RUST_LOG no filter is parsed: plugins start often.
-    let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    match tracing_subscriber::EnvFilter::try_from_default_env() {
-        Ok(filter) => logs.with_env_filter(filter).init(),
-        Err(_) => logs.with_max_level(tracing::Level::WARN).init(),
-    }
+    // RUST_LOG asks for more. RUST_LOG is read as targets and levels (`info`,
+    // `corvid_net=debug`), not as EnvFilter's span and field directives: those pull in a
+    // regex engine, a third of a MiB on every plugin start.
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(Level::WARN));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .without_time(),
+        )
+        .with(filter)
+        .init();
     let mut argv = std::env::args();
     let invoked = argv.next().unwrap_or_default();
     let mut name = Path::new(&invoked)
