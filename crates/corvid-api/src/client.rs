@@ -161,6 +161,26 @@ impl Client {
         Self::decode(v[R::SINGULAR].clone())
     }
 
+    /// Creates the resource with ID `id` (`attrs` must carry it), or shows the one an
+    /// earlier attempt made: derived IDs make a retried create idempotent.
+    pub fn create_or_get<R: Resource>(&self, id: &str, attrs: Value) -> Result<R, ApiError> {
+        match self.create(attrs) {
+            Err(ApiError::Neutron {
+                status: 409, kind, ..
+            }) if kind.ends_with("Exists") => self.get(id),
+            r => r,
+        }
+    }
+
+    /// Deletes one resource; `Ok(false)` when there was none.
+    pub fn delete_if_present<R: Resource>(&self, id: &str) -> Result<bool, ApiError> {
+        match self.delete::<R>(id) {
+            Ok(()) => Ok(true),
+            Err(ApiError::Neutron { status: 404, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates several resources in one all-or-nothing request.
     pub fn create_bulk<R: Resource>(&self, attrs: Vec<Value>) -> Result<Vec<R>, ApiError> {
         let v = self.call(

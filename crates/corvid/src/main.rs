@@ -1,6 +1,7 @@
 //! The corvid command line: argument parsing only; the work is done by the libraries.
 
 mod cni;
+mod kube_watch;
 mod signal;
 mod up;
 
@@ -69,6 +70,8 @@ enum Command {
     Up(up::UpArgs),
     /// Run the Docker network and IPAM driver (unix socket, or TCP with a spec file).
     DockerPlugin(DockerPluginArgs),
+    /// Run the Kubernetes watcher: namespaces to networks, pods to ports and annotations.
+    KubeWatch(kube_watch::KubeWatchArgs),
 }
 
 /// How a host-side process reaches the controller and names its host.
@@ -173,6 +176,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Up(a) => up::run(a),
+        Command::KubeWatch(a) => kube_watch::run(a),
         Command::DockerPlugin(a) => {
             let driver = corvid_docker::Driver::new(corvid_docker::Config {
                 controller: a.host.controller,

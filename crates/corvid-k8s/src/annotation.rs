@@ -1,0 +1,153 @@
+//! The `corvid.io/port` pod annotation: what the watcher allocated for a pod, in the form
+//! the node's CNI plugin plugs it from, without asking the controller.
+
+use std::net::IpAddr;
+
+use corvid_api::{Network, Port, Subnet};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// The annotation's key.
+pub const KEY: &str = "corvid.io/port";
+
+/// One route of the pod's interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// Destination.
+    pub dst: IpNet,
+    /// Next hop; none for an on-link route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gw: Option<IpAddr>,
+}
+
+/// The annotation's value: one flat JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortAnnotation {
+    /// The controller's port.
+    pub port_id: String,
+    /// The network the port is on (the plugin plugs into its bridge).
+    pub network_id: String,
+    /// The pod the port was made for: a pod recreated under the same name has another UID,
+    /// and must not take this port.
+    pub pod_uid: String,
+    /// The interface's MAC.
+    pub mac: String,
+    /// The addresses, with their subnets' prefix lengths.
+    pub addresses: Vec<IpNet>,
+    /// The IPv4 gateway, if the subnet has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<IpAddr>,
+    /// Routes: the default route through the gateway, then the subnets' host routes.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    /// The network's MTU.
+    pub mtu: u32,
+}
+
+impl PortAnnotation {
+    /// The annotation of `port` for pod `pod_uid`, given the port's network and subnets.
+    pub fn of(port: &Port, pod_uid: &str, network: &Network, subnets: &[Subnet]) -> Self {
+        let mut addresses = Vec::new();
+        let mut gateway = None;
+        let mut routes = Vec::new();
+        for ip in &port.fixed_ips {
+            let Some(s) = subnets.iter().find(|s| s.id == ip.subnet_id) else {
+                continue;
+            };
+            if let Ok(a) = IpNet::new(ip.ip_address, s.cidr.prefix_len()) {
+                addresses.push(a);
+            }
+            if let Some(gw) = s.gateway_ip {
+                let default = if gw.is_ipv4() {
+                    gateway.get_or_insert(gw);
+                    IpNet::V4(Default::default())
+                } else {
+                    IpNet::V6(Default::default())
+                };
+                if !routes.iter().any(|r: &Route| r.dst == default) {
+                    routes.push(Route {
+                        dst: default,
+                        gw: Some(gw),
+                    });
+                }
+            }
+            for r in &s.host_routes {
+                routes.push(Route {
+                    dst: r.destination,
+                    gw: Some(r.nexthop),
+                });
+            }
+        }
+        PortAnnotation {
+            port_id: port.id.clone(),
+            network_id: network.id.clone(),
+            pod_uid: pod_uid.to_string(),
+            mac: port.mac_address.clone(),
+            addresses,
+            gateway,
+            routes,
+            mtu: network.mtu,
+        }
+    }
+
+    /// Reads an annotation's text; the error says what is wrong with it.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let a: PortAnnotation =
+            serde_json::from_str(text).map_err(|e| format!("{KEY} is malformed: {e}"))?;
+        if a.port_id.is_empty() || a.pod_uid.is_empty() || a.network_id.is_empty() {
+            return Err(format!("{KEY} names no port, network or pod"));
+        }
+        if a.addresses.is_empty() {
+            return Err(format!("{KEY} of port {} has no address", a.port_id));
+        }
+        Ok(a)
+    }
+
+    /// The annotation's text.
+    pub fn to_text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PortAnnotation {
+        PortAnnotation {
+            port_id: "p1".into(),
+            network_id: "n1".into(),
+            pod_uid: "u1".into(),
+            mac: "fa:16:3e:00:00:01".into(),
+            addresses: vec!["10.64.0.5/16".parse().unwrap()],
+            gateway: Some("10.64.0.1".parse().unwrap()),
+            routes: vec![Route {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                gw: Some("10.64.0.1".parse().unwrap()),
+            }],
+            mtu: 1450,
+        }
+    }
+
+    #[test]
+    fn the_annotation_is_flat_camel_case_json_and_reads_back() {
+        let a = sample();
+        let text = a.to_text();
+        assert!(text.contains("\"portId\":\"p1\""), "{text}");
+        assert!(text.contains("\"addresses\":[\"10.64.0.5/16\"]"), "{text}");
+        assert_eq!(PortAnnotation::parse(&text).unwrap(), a);
+    }
+
+    #[test]
+    fn a_malformed_annotation_is_refused_with_the_reason() {
+        assert!(PortAnnotation::parse("{").unwrap_err().contains("malformed"));
+        let mut a = sample();
+        a.addresses.clear();
+        assert!(PortAnnotation::parse(&a.to_text())
+            .unwrap_err()
+            .contains("no address"));
+        let newer = sample().to_text().replace('{', "{\"fromANewerWatcher\":1,");
+        assert_eq!(PortAnnotation::parse(&newer).unwrap(), sample());
+    }
+}

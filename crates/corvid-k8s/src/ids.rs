@@ -1,0 +1,73 @@
+//! The controller objects that stand for Kubernetes objects, named from their UIDs: a
+//! retried create finds what the first attempt made, and a pod recreated under the same
+//! name (a StatefulSet's) gets a port of its own.
+
+use uuid::Uuid;
+
+/// The namespace of these name-based UUIDs: version 5 of `corvid:kubernetes` in the URL
+/// namespace.
+const K8S: Uuid = uuid::uuid!("a74b2c53-b512-588a-83ca-08db43b5e6c3");
+
+fn derive(kind: &str, key: &str) -> String {
+    Uuid::new_v5(&K8S, format!("{kind}/{key}").as_bytes()).to_string()
+}
+
+/// The port of the pod with UID `pod_uid`.
+pub fn port(pod_uid: &str) -> String {
+    derive("port", pod_uid)
+}
+
+/// The network of the namespace with UID `namespace_uid`.
+pub fn network(namespace_uid: &str) -> String {
+    derive("network", namespace_uid)
+}
+
+/// The subnet of the namespace with UID `namespace_uid`.
+pub fn subnet(namespace_uid: &str) -> String {
+    derive("subnet", namespace_uid)
+}
+
+/// The subnet pool the namespaces' subnets are carved from.
+pub fn pod_pool() -> String {
+    derive("subnetpool", "pods")
+}
+
+/// The service network and its subnet.
+pub fn service_network() -> (String, String) {
+    (derive("network", "services"), derive("subnet", "services"))
+}
+
+/// `device_owner` of the ports the watcher makes.
+pub const POD_OWNER: &str = "corvid:k8s-pod";
+
+/// The tag on every network the watcher makes.
+pub const NETWORK_TAG: &str = "corvid:k8s";
+
+/// Tag naming a namespace (`namespace:<name>`) on its network and its pods' ports.
+pub fn namespace_tag(name: &str) -> String {
+    format!("namespace:{name}")
+}
+
+/// Tag carrying a namespace's UID on its network.
+pub fn namespace_uid_tag(uid: &str) -> String {
+    format!("namespace-uid:{uid}")
+}
+
+/// Tag naming a pod on its port.
+pub fn pod_tag(name: &str) -> String {
+    format!("pod:{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_the_uid_not_the_name() {
+        assert_eq!(port("u1"), port("u1"));
+        assert_ne!(port("u1"), port("u2"));
+        assert_ne!(port("u1"), network("u1"));
+        assert_ne!(network("u1"), subnet("u1"));
+        assert_eq!(Uuid::parse_str(&port("u1")).unwrap().get_version_num(), 5);
+    }
+}

@@ -1,0 +1,544 @@
+//! `corvid kube-watch`: namespaces to networks, pods to ports, and each pod's port written
+//! back onto it as the `corvid.io/port` annotation.
+//!
+//! One loop takes the namespace and pod watch streams in turn and reconciles each object
+//! on its own (idempotent: IDs derive from UIDs, a create that finds its object done
+//! shows it). No finalizers: they would block every pod deletion while the watcher is
+//! down. Instead, once a full list has arrived and every `resync` after, ports whose pod
+//! is gone and networks whose namespace is gone are swept.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corvid_api::{ApiError, Client, Network, Port, Subnet, SubnetPool};
+use futures::{Stream, StreamExt};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::annotation::{PortAnnotation, KEY};
+use crate::ids;
+use crate::leader::{Candidate, Election};
+
+/// What `corvid kube-watch` is told.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Kubeconfig path; `$KUBECONFIG`, then the in-cluster account, when none.
+    pub kubeconfig: Option<PathBuf>,
+    /// The controller's URL.
+    pub controller: String,
+    /// The controller's token, if it wants one.
+    pub token: Option<String>,
+    /// The API server's `--service-cluster-ip-range`.
+    pub service_cidr: IpNet,
+    /// The network floating IPs come from; must exist when named.
+    pub public_network: Option<String>,
+    /// Where the namespaces' subnets are carved from.
+    pub pod_pool: IpNet,
+    /// The prefix length of each namespace's subnet.
+    pub namespace_prefix: u8,
+    /// How often ports and networks left by missed deletions are swept.
+    pub resync: Duration,
+    /// The lease that elects the one acting watcher.
+    pub election: Election,
+}
+
+/// A failure that ends the watcher, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server could not be used.
+    #[error("API server: {0}")]
+    Kube(String),
+    /// The controller refused or could not be reached.
+    #[error("controller: {0}")]
+    Controller(#[from] ApiError),
+    /// Start-up found something the operator must fix.
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        Error::Kube(e.to_string())
+    }
+}
+
+/// Runs the watcher: waits for the lease, sets up, reconciles until the lease is lost or
+/// a watch ends for good.
+pub async fn run(cfg: Config) -> Result<(), Error> {
+    let kube = crate::connect(cfg.kubeconfig.as_deref())
+        .await
+        .map_err(Error::Kube)?;
+    let mut ctl = Client::new(&cfg.controller);
+    if let Some(t) = &cfg.token {
+        ctl = ctl.with_token(t);
+    }
+    let mut candidate = Candidate::new(kube.clone(), cfg.election.clone());
+    candidate.acquire().await;
+    let mut watcher = Watcher::new(kube, ctl, cfg);
+    tokio::select! {
+        r = watcher.run() => r,
+        lost = candidate.hold() => {
+            Err(Error::Kube(format!("leadership lost ({lost}): stopping so that only one watcher acts")))
+        }
+    }
+}
+
+/// A namespace's network as far as the watcher has made it.
+#[derive(Clone)]
+struct NamespaceNetwork {
+    network: Network,
+    subnets: Vec<Subnet>,
+}
+
+/// Work that failed and is tried again.
+enum Retry {
+    Pod(Box<Pod>),
+    Namespace(Box<Namespace>),
+}
+
+/// One event from either watch, or a timer.
+enum Input {
+    Namespace(Event<Namespace>),
+    Pod(Event<Pod>),
+    WatchFailed(&'static str, String),
+    Retry(Retry),
+    Resync,
+}
+
+struct Watcher {
+    kube: kube::Client,
+    ctl: Arc<Client>,
+    cfg: Config,
+    /// Namespace name to UID, as listed and watched.
+    namespaces: HashMap<String, String>,
+    namespaces_listing: Option<HashMap<String, String>>,
+    /// Networks made, by namespace UID.
+    networks: HashMap<String, NamespaceNetwork>,
+    /// UIDs of the pods that exist.
+    pods: HashSet<String>,
+    pods_listing: Option<HashSet<String>>,
+    listed: (bool, bool),
+    retry_tx: tokio::sync::mpsc::UnboundedSender<Retry>,
+    retry_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Retry>>,
+}
+
+/// How long failed work waits before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+impl Watcher {
+    fn new(kube: kube::Client, ctl: Client, cfg: Config) -> Self {
+        let (retry_tx, retry_rx) = tokio::sync::mpsc::unbounded_channel();
+        Watcher {
+            kube,
+            ctl: Arc::new(ctl),
+            cfg,
+            namespaces: HashMap::new(),
+            namespaces_listing: None,
+            networks: HashMap::new(),
+            pods: HashSet::new(),
+            pods_listing: None,
+            listed: (false, false),
+            retry_tx,
+            retry_rx: Some(retry_rx),
+        }
+    }
+
+    /// Runs a blocking controller call off the async workers.
+    async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Client) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let ctl = self.ctl.clone();
+        tokio::task::spawn_blocking(move || f(&ctl))
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Transport(e.to_string())))
+    }
+
+    async fn run(&mut self) -> Result<(), Error> {
+        self.setup().await?;
+        let namespaces = watcher::watcher(Api::<Namespace>::all(self.kube.clone()), Default::default())
+            .map(|e| e.map_or_else(|e| Input::WatchFailed("namespaces", e.to_string()), Input::Namespace));
+        let pods = watcher::watcher(Api::<Pod>::all(self.kube.clone()), Default::default())
+            .map(|e| e.map_or_else(|e| Input::WatchFailed("pods", e.to_string()), Input::Pod));
+        let retries = self
+            .retry_rx
+            .take()
+            .map(tokio_stream_of)
+            .expect("run is called once");
+        let resync = interval_stream(self.cfg.resync).map(|_| Input::Resync);
+        let mut inputs = futures::stream::select_all([
+            namespaces.boxed(),
+            pods.boxed(),
+            retries.map(Input::Retry).boxed(),
+            resync.boxed(),
+        ]);
+        while let Some(input) = inputs.next().await {
+            match input {
+                Input::Namespace(e) => self.namespace_event(e).await,
+                Input::Pod(e) => self.pod_event(e).await,
+                Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
+                Input::Retry(Retry::Namespace(n)) => self.namespace(&n).await,
+                Input::Resync => self.sweep().await,
+                // The watcher retries by itself (with backoff); say so once per failure.
+                Input::WatchFailed(what, e) => tracing::warn!("watching {what}: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Start-up as the flat-mode design lists it: the pod pool, the default namespace's
+    /// network, the service network, and the public network checked.
+    async fn setup(&mut self) -> Result<(), Error> {
+        if let Some(public) = self.cfg.public_network.clone() {
+            let name = public.clone();
+            let by_name = self
+                .call(move |c| c.list::<Network>(&[("name", &name)]).map(|l| l.0))
+                .await?;
+            let id = public.clone();
+            let by_id = self
+                .call(move |c| match c.get::<Network>(&id) {
+                    Ok(n) => Ok(Some(n)),
+                    Err(ApiError::Neutron { status: 404, .. }) => Ok(None),
+                    Err(e) => Err(e),
+                })
+                .await?;
+            if by_name.is_empty() && by_id.is_none() {
+                return Err(Error::Setup(format!(
+                    "the public network {public:?} does not exist: create it first, e.g. \
+                     POST /v2.0/networks {{\"network\": {{\"name\": \"{public}\", \"router:external\": true}}}} \
+                     and a subnet for its floating IPs, or name another with --public-network"
+                )));
+            }
+        }
+        let pool = json!({
+            "id": ids::pod_pool(), "name": "k8s-pods",
+            "prefixes": [self.cfg.pod_pool.to_string()],
+            "default_prefixlen": self.cfg.namespace_prefix,
+        });
+        self.call(move |c| c.create_or_get::<SubnetPool>(&ids::pod_pool(), pool))
+            .await?;
+        let (net_id, subnet_id) = ids::service_network();
+        let cidr = self.cfg.service_cidr;
+        let net = json!({"id": net_id, "name": "k8s-services", "tags": [ids::NETWORK_TAG]});
+        let subnet = json!({
+            "id": subnet_id, "network_id": net_id, "name": "k8s-services",
+            "cidr": cidr.to_string(), "ip_version": if cidr.addr().is_ipv4() { 4 } else { 6 },
+            // The API server gives the range's first address to the `kubernetes`
+            // service: no gateway takes it.
+            "gateway_ip": null,
+        });
+        self.call(move |c| {
+            c.create_or_get::<Network>(&net_id, net)?;
+            c.create_or_get::<Subnet>(&subnet_id, subnet)
+        })
+        .await?;
+        let default = Api::<Namespace>::all(self.kube.clone())
+            .get("default")
+            .await?;
+        self.namespace(&default).await;
+        tracing::info!(
+            pod_pool = %self.cfg.pod_pool, service_cidr = %self.cfg.service_cidr,
+            "set up: the pod pool, the service network and the default namespace's network"
+        );
+        Ok(())
+    }
+
+    fn retry(&self, r: Retry) {
+        let tx = self.retry_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_AFTER).await;
+            let _ = tx.send(r);
+        });
+    }
+
+    async fn namespace_event(&mut self, e: Event<Namespace>) {
+        match e {
+            Event::Init => self.namespaces_listing = Some(HashMap::new()),
+            Event::InitApply(n) => {
+                if let Some(l) = &mut self.namespaces_listing {
+                    l.insert(n.name_any(), n.uid().unwrap_or_default());
+                }
+                self.namespace(&n).await;
+            }
+            Event::InitDone => {
+                self.namespaces = self.namespaces_listing.take().unwrap_or_default();
+                self.listed.0 = true;
+                self.sweep().await;
+            }
+            Event::Apply(n) => {
+                self.namespaces.insert(n.name_any(), n.uid().unwrap_or_default());
+                self.namespace(&n).await;
+            }
+            Event::Delete(n) => {
+                self.namespaces.remove(&n.name_any());
+                if let Some(uid) = n.uid() {
+                    self.remove_network(&uid).await;
+                }
+            }
+        }
+    }
+
+    /// Makes the namespace's network and subnet, unless it is going away.
+    async fn namespace(&mut self, n: &Namespace) {
+        let (name, Some(uid)) = (n.name_any(), n.uid()) else {
+            return;
+        };
+        if n.metadata.deletion_timestamp.is_some() || self.networks.contains_key(&uid) {
+            return;
+        }
+        match self.make_network(&name, &uid).await {
+            Ok(made) => {
+                tracing::info!(namespace = %name, network = %made.network.id, "namespace network ready");
+                self.networks.insert(uid, made);
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %name, "making the namespace's network: {e}");
+                self.retry(Retry::Namespace(Box::new(n.clone())));
+            }
+        }
+    }
+
+    async fn make_network(&self, name: &str, uid: &str) -> Result<NamespaceNetwork, ApiError> {
+        let (net_id, subnet_id) = (ids::network(uid), ids::subnet(uid));
+        let tags = [ids::NETWORK_TAG.to_string(), ids::namespace_tag(name), ids::namespace_uid_tag(uid)];
+        let net = json!({"id": net_id, "name": format!("k8s-{name}"), "tags": tags});
+        let subnet = json!({
+            "id": subnet_id, "network_id": net_id, "name": format!("k8s-{name}"),
+            "ip_version": 4, "subnetpool_id": ids::pod_pool(),
+            "prefixlen": self.cfg.namespace_prefix,
+        });
+        self.call(move |c| {
+            let network = c.create_or_get::<Network>(&net_id, net)?;
+            let subnet = c.create_or_get::<Subnet>(&subnet_id, subnet)?;
+            Ok(NamespaceNetwork {
+                network,
+                subnets: vec![subnet],
+            })
+        })
+        .await
+    }
+
+    /// The network of the namespace named `name`, made now if the namespace watch has
+    /// not brought it yet.
+    async fn network_of(&mut self, name: &str) -> Option<NamespaceNetwork> {
+        let uid = match self.namespaces.get(name) {
+            Some(uid) => uid.clone(),
+            None => {
+                let n = Api::<Namespace>::all(self.kube.clone()).get_opt(name).await.ok()??;
+                self.namespace(&n).await;
+                n.uid()?
+            }
+        };
+        if !self.networks.contains_key(&uid) {
+            let made = self.make_network(name, &uid).await.ok()?;
+            self.networks.insert(uid.clone(), made);
+        }
+        self.networks.get(&uid).cloned()
+    }
+
+    async fn pod_event(&mut self, e: Event<Pod>) {
+        match e {
+            Event::Init => self.pods_listing = Some(HashSet::new()),
+            Event::InitApply(p) => {
+                if let (Some(l), Some(uid)) = (&mut self.pods_listing, p.uid()) {
+                    l.insert(uid);
+                }
+                self.pod(&p).await;
+            }
+            Event::InitDone => {
+                self.pods = self.pods_listing.take().unwrap_or_default();
+                self.listed.1 = true;
+                self.sweep().await;
+            }
+            Event::Apply(p) => {
+                if let Some(uid) = p.uid() {
+                    self.pods.insert(uid);
+                }
+                self.pod(&p).await;
+            }
+            Event::Delete(p) => {
+                if let Some(uid) = p.uid() {
+                    self.pods.remove(&uid);
+                    self.remove_port(&uid).await;
+                }
+            }
+        }
+    }
+
+    /// Gives a scheduled pod on the pod network its port and annotation.
+    async fn pod(&mut self, p: &Pod) {
+        let Some(uid) = p.uid() else { return };
+        let spec = p.spec.clone().unwrap_or_default();
+        let Some(node) = spec.node_name.filter(|n| !n.is_empty()) else {
+            return;
+        };
+        if spec.host_network == Some(true) {
+            return;
+        }
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            // A finished pod keeps no address.
+            self.remove_port(&uid).await;
+            return;
+        }
+        let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
+        let Some(net) = self.network_of(&ns).await else {
+            tracing::warn!(namespace = %ns, pod = %name, "no network for the namespace yet");
+            self.retry(Retry::Pod(Box::new(p.clone())));
+            return;
+        };
+        let port_id = ids::port(&uid);
+        let attrs = json!({
+            "id": port_id, "network_id": net.network.id, "name": format!("{ns}/{name}"),
+            "device_id": uid, "device_owner": ids::POD_OWNER, "binding:host_id": node,
+            "tags": [ids::namespace_tag(&ns), ids::pod_tag(&name)],
+        });
+        let id = port_id.clone();
+        let port = match self.call(move |c| c.create_or_get::<Port>(&id, attrs)).await {
+            Ok(port) => port,
+            Err(e) => {
+                tracing::warn!(namespace = %ns, pod = %name, "making the pod's port: {e}");
+                self.retry(Retry::Pod(Box::new(p.clone())));
+                return;
+            }
+        };
+        let want = PortAnnotation::of(&port, &uid, &net.network, &net.subnets);
+        let have = p.annotations().get(KEY).and_then(|t| PortAnnotation::parse(t).ok());
+        if have.as_ref() == Some(&want) {
+            return;
+        }
+        // The resourceVersion makes the patch apply to the pod as read: a pod deleted and
+        // recreated meanwhile is not annotated with another pod's port.
+        let patch = json!({"metadata": {
+            "resourceVersion": p.resource_version(),
+            "uid": uid,
+            "annotations": {KEY: want.to_text()},
+        }});
+        let api = Api::<Pod>::namespaced(self.kube.clone(), &ns);
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => tracing::info!(namespace = %ns, pod = %name, port = %port_id, "annotated"),
+            // A newer version of the pod is on its way through the watch.
+            Err(e) if is_conflict(&e) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(namespace = %ns, pod = %name, "annotating: {e}");
+                self.retry(Retry::Pod(Box::new(p.clone())));
+            }
+        }
+    }
+
+    async fn remove_port(&self, pod_uid: &str) {
+        let id = ids::port(pod_uid);
+        let port = id.clone();
+        match self.call(move |c| c.delete_if_present::<Port>(&port)).await {
+            Ok(true) => tracing::info!(port = %id, pod_uid, "port of a gone pod deleted"),
+            Ok(false) => {}
+            // The next sweep finds it.
+            Err(e) => tracing::warn!(port = %id, "deleting the port of a gone pod: {e}"),
+        }
+    }
+
+    /// Deletes a gone namespace's network once its ports are gone; the next sweep tries
+    /// again while some remain.
+    async fn remove_network(&mut self, namespace_uid: &str) {
+        let (net, subnet) = (ids::network(namespace_uid), ids::subnet(namespace_uid));
+        let (n, s) = (net.clone(), subnet.clone());
+        let pods = self.pods.clone();
+        let done = self
+            .call(move |c| {
+                let (ports, _) = c.list::<Port>(&[("network_id", &n)])?;
+                let mut left = 0;
+                for p in ports {
+                    if p.device_owner == ids::POD_OWNER && !pods.contains(&p.device_id) {
+                        c.delete_if_present::<Port>(&p.id)?;
+                    } else {
+                        left += 1;
+                    }
+                }
+                if left > 0 {
+                    return Ok(false);
+                }
+                c.delete_if_present::<Subnet>(&s)?;
+                c.delete_if_present::<Network>(&n)?;
+                Ok(true)
+            })
+            .await;
+        match done {
+            Ok(true) => {
+                self.networks.remove(namespace_uid);
+                tracing::info!(network = %net, "network of a gone namespace deleted");
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(network = %net, "deleting the network of a gone namespace: {e}"),
+        }
+    }
+
+    /// Deletes what deletions the watcher missed left behind: ports whose pod is gone,
+    /// networks whose namespace is gone. Only once both lists have arrived.
+    async fn sweep(&mut self) {
+        if self.listed != (true, true) {
+            return;
+        }
+        let pods = self.pods.clone();
+        let swept = self
+            .call(move |c| {
+                let (ports, _) = c.list::<Port>(&[("device_owner", ids::POD_OWNER)])?;
+                let mut n = 0;
+                for p in ports.iter().filter(|p| !pods.contains(&p.device_id)) {
+                    n += usize::from(c.delete_if_present::<Port>(&p.id)?);
+                }
+                Ok(n)
+            })
+            .await;
+        match swept {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("swept {n} ports of pods that are gone"),
+            Err(e) => tracing::warn!("sweeping ports: {e}"),
+        }
+        let live: HashSet<String> = self.namespaces.values().cloned().collect();
+        let networks = self
+            .call(|c| c.list::<Network>(&[("tags", ids::NETWORK_TAG)]).map(|l| l.0))
+            .await;
+        let gone: Vec<String> = match networks {
+            Ok(nets) => nets
+                .iter()
+                .filter_map(|n| {
+                    n.tags
+                        .iter()
+                        .find_map(|t| t.strip_prefix("namespace-uid:"))
+                        .filter(|uid| !live.contains(*uid))
+                        .map(str::to_string)
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!("sweeping networks: {e}");
+                Vec::new()
+            }
+        };
+        for uid in gone {
+            self.remove_network(&uid).await;
+        }
+    }
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn interval_stream(every: Duration) -> impl Stream<Item = ()> + Send {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    futures::stream::poll_fn(move |cx| tick.poll_tick(cx).map(|_| Some(())))
+}

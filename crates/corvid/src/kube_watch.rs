@@ -1,0 +1,97 @@
+//! `corvid kube-watch`: the Kubernetes watcher (namespaces to networks, pods to ports).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use corvid_k8s::leader::Election;
+use corvid_k8s::watcher::Config;
+
+/// Arguments of `corvid kube-watch`.
+#[derive(clap::Args)]
+pub struct KubeWatchArgs {
+    /// Kubeconfig of the API server; $KUBECONFIG, then the in-cluster service account, when
+    /// not given.
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// The controller's URL.
+    #[arg(
+        long,
+        env = "CORVID_CONTROLLER",
+        default_value = "http://127.0.0.1:9696"
+    )]
+    controller: String,
+    /// The controller's token.
+    #[arg(long, env = "CORVID_TOKEN")]
+    token: Option<String>,
+    /// The API server's --service-cluster-ip-range: the service network's subnet.
+    #[arg(long, default_value = "10.0.0.0/24")]
+    service_cidr: ipnet::IpNet,
+    /// The network floating IPs come from; the watcher will not start while it is missing.
+    #[arg(long)]
+    public_network: Option<String>,
+    /// Where each namespace's subnet is carved from.
+    #[arg(long, default_value = "10.64.0.0/10")]
+    pod_pool: ipnet::IpNet,
+    /// Prefix length of each namespace's subnet.
+    #[arg(long, default_value_t = 16)]
+    namespace_prefix: u8,
+    /// Seconds between sweeps for ports and networks whose pod or namespace is gone.
+    #[arg(long, default_value_t = 300)]
+    resync: u64,
+    /// Namespace of the lease that elects the acting watcher.
+    #[arg(long, default_value = "kube-system")]
+    lease_namespace: String,
+    /// Name of that lease.
+    #[arg(long, default_value = "corvid-kube-watch")]
+    lease_name: String,
+    /// This watcher's identity in the lease (host name and PID when not given).
+    #[arg(long)]
+    identity: Option<String>,
+    /// Seconds a lease holds without renewal: a standby takes over this long after the
+    /// holder stops.
+    #[arg(long, default_value_t = 10)]
+    lease_seconds: u64,
+}
+
+/// Runs the watcher until it fails or a stop signal comes.
+pub fn run(a: KubeWatchArgs) -> ExitCode {
+    let identity = a.identity.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let config = Config {
+        kubeconfig: a.kubeconfig,
+        controller: a.controller,
+        token: a.token,
+        service_cidr: a.service_cidr,
+        public_network: a.public_network,
+        pod_pool: a.pod_pool,
+        namespace_prefix: a.namespace_prefix,
+        resync: Duration::from_secs(a.resync.max(1)),
+        election: Election {
+            namespace: a.lease_namespace,
+            name: a.lease_name,
+            identity,
+            duration: Duration::from_secs(a.lease_seconds.max(1)),
+        },
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("kube-watch: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async {
+        tokio::select! {
+            r = corvid_k8s::watcher::run(config) => match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("kube-watch: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            _ = crate::signal::stop_requested() => ExitCode::SUCCESS,
+        }
+    })
+}
