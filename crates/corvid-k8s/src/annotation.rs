@@ -141,7 +141,9 @@ mod tests {
 
     #[test]
     fn a_malformed_annotation_is_refused_with_the_reason() {
-        assert!(PortAnnotation::parse("{").unwrap_err().contains("malformed"));
+        assert!(PortAnnotation::parse("{")
+            .unwrap_err()
+            .contains("malformed"));
         let mut a = sample();
         a.addresses.clear();
         assert!(PortAnnotation::parse(&a.to_text())

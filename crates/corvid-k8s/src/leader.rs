@@ -102,7 +102,8 @@ impl Candidate {
         };
         self.observed = Some((record, unchanged_since));
         let ours = holder == self.election.identity;
-        let expired = holder.is_empty() || now.duration_since(unchanged_since) >= self.election.duration;
+        let expired =
+            holder.is_empty() || now.duration_since(unchanged_since) >= self.election.duration;
         if !ours && !expired {
             return Ok(Standing::Follower(holder));
         }
@@ -112,11 +113,7 @@ impl Candidate {
             next.acquire_time = spec.acquire_time;
         }
         lease.spec = Some(next);
-        match self
-            .api
-            .replace(&self.election.name, &pp, &lease)
-            .await
-        {
+        match self.api.replace(&self.election.name, &pp, &lease).await {
             Ok(_) => Ok(Standing::Leader),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Standing::Follower(holder)),
             Err(e) => Err(e),
@@ -156,7 +153,10 @@ impl Candidate {
                 Err(e) => {
                     tracing::warn!(lease = %self.election.name, "renewing the lease: {e}");
                     if renewed.elapsed() >= self.election.duration {
-                        return format!("the lease could not be renewed for {:?}", self.election.duration);
+                        return format!(
+                            "the lease could not be renewed for {:?}",
+                            self.election.duration
+                        );
                     }
                 }
             }

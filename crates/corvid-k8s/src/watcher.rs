@@ -166,8 +166,15 @@ impl Watcher {
 
     async fn run(&mut self) -> Result<(), Error> {
         self.setup().await?;
-        let namespaces = watcher::watcher(Api::<Namespace>::all(self.kube.clone()), Default::default())
-            .map(|e| e.map_or_else(|e| Input::WatchFailed("namespaces", e.to_string()), Input::Namespace));
+        let namespaces =
+            watcher::watcher(Api::<Namespace>::all(self.kube.clone()), Default::default()).map(
+                |e| {
+                    e.map_or_else(
+                        |e| Input::WatchFailed("namespaces", e.to_string()),
+                        Input::Namespace,
+                    )
+                },
+            );
         let pods = watcher::watcher(Api::<Pod>::all(self.kube.clone()), Default::default())
             .map(|e| e.map_or_else(|e| Input::WatchFailed("pods", e.to_string()), Input::Pod));
         let retries = self
@@ -276,7 +283,8 @@ impl Watcher {
                 self.sweep().await;
             }
             Event::Apply(n) => {
-                self.namespaces.insert(n.name_any(), n.uid().unwrap_or_default());
+                self.namespaces
+                    .insert(n.name_any(), n.uid().unwrap_or_default());
                 self.namespace(&n).await;
             }
             Event::Delete(n) => {
@@ -310,7 +318,11 @@ impl Watcher {
 
     async fn make_network(&self, name: &str, uid: &str) -> Result<NamespaceNetwork, ApiError> {
         let (net_id, subnet_id) = (ids::network(uid), ids::subnet(uid));
-        let tags = [ids::NETWORK_TAG.to_string(), ids::namespace_tag(name), ids::namespace_uid_tag(uid)];
+        let tags = [
+            ids::NETWORK_TAG.to_string(),
+            ids::namespace_tag(name),
+            ids::namespace_uid_tag(uid),
+        ];
         let net = json!({"id": net_id, "name": format!("k8s-{name}"), "tags": tags});
         let subnet = json!({
             "id": subnet_id, "network_id": net_id, "name": format!("k8s-{name}"),
@@ -334,7 +346,10 @@ impl Watcher {
         let uid = match self.namespaces.get(name) {
             Some(uid) => uid.clone(),
             None => {
-                let n = Api::<Namespace>::all(self.kube.clone()).get_opt(name).await.ok()??;
+                let n = Api::<Namespace>::all(self.kube.clone())
+                    .get_opt(name)
+                    .await
+                    .ok()??;
                 self.namespace(&n).await;
                 n.uid()?
             }
@@ -404,7 +419,10 @@ impl Watcher {
             "tags": [ids::namespace_tag(&ns), ids::pod_tag(&name)],
         });
         let id = port_id.clone();
-        let port = match self.call(move |c| c.create_or_get::<Port>(&id, attrs)).await {
+        let port = match self
+            .call(move |c| c.create_or_get::<Port>(&id, attrs))
+            .await
+        {
             Ok(port) => port,
             Err(e) => {
                 tracing::warn!(namespace = %ns, pod = %name, "making the pod's port: {e}");
@@ -413,7 +431,10 @@ impl Watcher {
             }
         };
         let want = PortAnnotation::of(&port, &uid, &net.network, &net.subnets);
-        let have = p.annotations().get(KEY).and_then(|t| PortAnnotation::parse(t).ok());
+        let have = p
+            .annotations()
+            .get(KEY)
+            .and_then(|t| PortAnnotation::parse(t).ok());
         if have.as_ref() == Some(&want) {
             return;
         }
@@ -425,7 +446,10 @@ impl Watcher {
             "annotations": {KEY: want.to_text()},
         }});
         let api = Api::<Pod>::namespaced(self.kube.clone(), &ns);
-        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => tracing::info!(namespace = %ns, pod = %name, port = %port_id, "annotated"),
             // A newer version of the pod is on its way through the watch.
             Err(e) if is_conflict(&e) => {}
@@ -479,7 +503,9 @@ impl Watcher {
                 tracing::info!(network = %net, "network of a gone namespace deleted");
             }
             Ok(false) => {}
-            Err(e) => tracing::warn!(network = %net, "deleting the network of a gone namespace: {e}"),
+            Err(e) => {
+                tracing::warn!(network = %net, "deleting the network of a gone namespace: {e}")
+            }
         }
     }
 
@@ -507,7 +533,10 @@ impl Watcher {
         }
         let live: HashSet<String> = self.namespaces.values().cloned().collect();
         let networks = self
-            .call(|c| c.list::<Network>(&[("tags", ids::NETWORK_TAG)]).map(|l| l.0))
+            .call(|c| {
+                c.list::<Network>(&[("tags", ids::NETWORK_TAG)])
+                    .map(|l| l.0)
+            })
             .await;
         let gone: Vec<String> = match networks {
             Ok(nets) => nets

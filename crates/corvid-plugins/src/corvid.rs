@@ -3,9 +3,9 @@
 //! UP); DEL deletes the port. The plugin never touches the kernel itself.
 
 use std::hash::Hasher;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use corvid_api::{ApiError, Client, EventKind, Port, Resource, Status, Subnet, WatchFilter};
+use corvid_api::{ApiError, Client, Port, Status, Subnet};
 use corvid_cni::result::{Dns, Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
@@ -16,6 +16,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::errors;
+use crate::wait::{self, NotActive};
 
 /// The controller-backed plugin.
 pub struct Corvid;
@@ -201,76 +202,29 @@ fn create_port(
     }
 }
 
-/// The port and the revision it was read at.
-fn read_port(client: &Client, conf: &Conf, id: &str) -> Result<(Port, i64), Error> {
-    let (ports, revision) = client
-        .list::<Port>(&[("id", id)])
-        .map_err(|e| api(e, conf, "read the port"))?;
-    let port = ports.into_iter().next().ok_or_else(|| {
-        Error::new(
-            Code::ControllerRefused,
-            format!("port {id} vanished while waiting for it to come UP"),
-        )
-    })?;
-    Ok((port, revision))
-}
-
-/// Waits for the port's status to leave BUILD/DOWN: the watch feed when possible, so
-/// UP is seen the moment the agent reports it.
+/// Waits until the host's agent has plugged the port and reported it UP.
 fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
-    let deadline = Instant::now() + Duration::from_secs(conf.timeout);
-    let (mut port, mut revision) = read_port(client, conf, id)?;
-    let filter = WatchFilter {
-        host_id: Some(&conf.host_id),
-        resource: Some(Port::PLURAL),
-    };
-    loop {
-        match port.status {
-            Status::Active => return Ok(port),
-            Status::Error => {
-                return Err(Error::new(
-                    Code::PortFailed,
-                    format!(
-                        "the agent of host {} could not plug port {id}: see its log",
-                        conf.host_id
-                    ),
-                ))
-            }
-            Status::Down | Status::Build => {}
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::new(
-                Code::PortTimeout,
-                format!(
-                    "port {id} is not UP after {}s: is `corvid agent --host-id {}` running on this host?",
-                    conf.timeout, conf.host_id
-                ),
-            ));
-        }
-        let wait = Duration::from_secs(left.as_secs().clamp(1, 30));
-        let page = match client.watch(revision, &filter, wait) {
-            Ok(page) => page,
-            // Fell behind the feed: read the port again and watch from there.
-            Err(ApiError::Neutron { status: 410, .. }) => {
-                (port, revision) = read_port(client, conf, id)?;
-                continue;
-            }
-            Err(e) => return Err(api(e, conf, "wait for the port")),
-        };
-        revision = page.revision;
-        for e in page.events.iter().filter(|e| e.id == id) {
-            if e.kind == EventKind::Delete {
-                return Err(Error::new(
-                    Code::ControllerRefused,
-                    format!("port {id} was deleted while waiting for it to come UP"),
-                ));
-            }
-            if let Ok(p) = e.decode::<Port>() {
-                port = p;
-            }
-        }
-    }
+    wait::active(client, &conf.host_id, id, Duration::from_secs(conf.timeout)).map_err(|e| match e {
+        NotActive::Failed => Error::new(
+            Code::PortFailed,
+            format!(
+                "the agent of host {} could not plug port {id}: see its log",
+                conf.host_id
+            ),
+        ),
+        NotActive::Timeout => Error::new(
+            Code::PortTimeout,
+            format!(
+                "port {id} is not UP after {}s: is `corvid agent --host-id {}` running on this host?",
+                conf.timeout, conf.host_id
+            ),
+        ),
+        NotActive::Gone => Error::new(
+            Code::ControllerRefused,
+            format!("port {id} was deleted while waiting for it to come UP"),
+        ),
+        NotActive::Api(e) => api(e, conf, "wait for the port"),
+    })
 }
 
 /// The CNI result of an UP port: its interface, addresses and the subnet's gateway.

@@ -5,22 +5,25 @@
 
 pub mod bridge;
 pub mod corvid;
+pub mod corvid_k8s;
 pub mod delegate;
 pub mod errors;
 pub mod host_local;
 pub mod install;
 pub mod loopback;
+pub mod wait;
 
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 4] = ["bridge", "corvid", "host-local", "loopback"];
+pub const PLUGIN_NAMES: [&str; 5] = ["bridge", "corvid", "corvid-k8s", "host-local", "loopback"];
 
 /// The plugin behind a name, if this binary has one.
 pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
     match name {
         "bridge" => Some(&bridge::Bridge),
         "corvid" => Some(&corvid::Corvid),
+        "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         _ => None,

@@ -75,7 +75,10 @@ pub fn run(a: KubeWatchArgs) -> ExitCode {
             duration: Duration::from_secs(a.lease_seconds.max(1)),
         },
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("kube-watch: starting the runtime: {e}");
