@@ -249,10 +249,14 @@ impl Watcher {
             c.create_or_get::<Subnet>(&subnet_id, subnet)
         })
         .await?;
-        let default = Api::<Namespace>::all(self.kube.clone())
-            .get("default")
-            .await?;
-        self.namespace(&default).await;
+        // The API server makes `default` shortly after it starts: the namespace watch
+        // brings it if it is not there yet.
+        if let Some(default) = Api::<Namespace>::all(self.kube.clone())
+            .get_opt("default")
+            .await?
+        {
+            self.namespace(&default).await;
+        }
         tracing::info!(
             pod_pool = %self.cfg.pod_pool, service_cidr = %self.cfg.service_cidr,
             "set up: the pod pool, the service network and the default namespace's network"

@@ -1,0 +1,327 @@
+//! A real kube-apiserver (v1.20, built by scripts/build-kube-apiserver.sh) on a real etcd,
+//! both inside a test namespace, with static token users that RBAC binds like service
+//! accounts. No scheduler, controller-manager or kubelet: tests set `spec.nodeName` and
+//! play the kubelet.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use corvid_net::Netns;
+use serde_json::Value;
+
+use super::cluster::ns::Proc;
+
+/// The cluster administrator (group system:masters).
+pub const ADMIN_TOKEN: &str = "cvt-admin-token";
+/// The watcher's user: what RBAC bindings to its ServiceAccount match.
+pub const WATCHER_TOKEN: &str = "cvt-watcher-token";
+/// The node plugin's user.
+pub const NODE_TOKEN: &str = "cvt-node-token";
+/// A user no role is bound to.
+pub const NOBODY_TOKEN: &str = "cvt-nobody-token";
+
+/// Where the API server binary is, built once and cached outside the checkout.
+pub fn binary() -> PathBuf {
+    std::env::var_os("CORVID_KUBE_APISERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/kube-apiserver-1.20/kube-apiserver"))
+}
+
+/// A running API server and its etcd.
+pub struct KubeApi {
+    _etcd: Proc,
+    apiserver: Proc,
+    dir: tempfile::TempDir,
+    netns: PathBuf,
+    /// Its URL, reachable from the namespace it runs in and the ones routed to it.
+    pub url: String,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl is installed");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+impl KubeApi {
+    /// Starts etcd and the API server in namespace `netns`, serving on `addr:6443`.
+    pub fn start(netns: &Path, addr: &str) -> KubeApi {
+        let bin = binary();
+        assert!(
+            bin.exists(),
+            "{} is missing: run scripts/build-kube-apiserver.sh (scripts/test.sh does)",
+            bin.display()
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("cvt-kube")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        // A CA and a server certificate it signs: rustls refuses a CA certificate as a
+        // server's own.
+        openssl(
+            d,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=cvt-kube-ca",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=cvt-kube-apiserver",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+            ],
+        );
+        std::fs::write(
+            d.join("server.ext"),
+            format!(
+                "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+                 extendedKeyUsage=serverAuth\n\
+                 subjectAltName=IP:{addr},IP:127.0.0.1,IP:10.0.0.1,DNS:kubernetes.default.svc\n"
+            ),
+        )
+        .unwrap();
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+                "-out",
+                "server.crt",
+            ],
+        );
+        openssl(d, &["genrsa", "-out", "sa.key", "2048"]);
+        let sa = |name: &str| format!("system:serviceaccount:kube-system:{name}");
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!(
+                "{ADMIN_TOKEN},cvt-admin,cvt-admin,\"system:masters\"\n\
+                 {WATCHER_TOKEN},{},cvt-watcher,\"system:serviceaccounts,system:serviceaccounts:kube-system\"\n\
+                 {NODE_TOKEN},{},cvt-node,\"system:serviceaccounts,system:serviceaccounts:kube-system\"\n\
+                 {NOBODY_TOKEN},cvt-nobody,cvt-nobody\n",
+                sa("corvid-kube-watch"),
+                sa("corvid-node"),
+            ),
+        )
+        .unwrap();
+        let ns = Netns::open(netns).unwrap();
+        let etcd_url = "http://127.0.0.1:2379";
+        let mut etcd = Command::new("etcd");
+        etcd.arg("--data-dir")
+            .arg(d.join("etcd"))
+            .args([
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+            ])
+            .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        ns.apply_to(&mut etcd).unwrap();
+        let etcd = Proc(
+            etcd.spawn()
+                .expect("etcd (Debian's etcd-server) is installed"),
+        );
+        let log = std::fs::File::create(d.join("apiserver.log")).unwrap();
+        let mut api = Command::new(&bin);
+        api.args([
+            &format!("--etcd-servers={etcd_url}"),
+            &format!("--bind-address={addr}"),
+            &format!("--advertise-address={addr}"),
+            "--secure-port=6443",
+            "--insecure-port=0",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+            "--endpoint-reconciler-type=none",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--service-account-issuer=https://kubernetes.default.svc",
+        ])
+        .arg(format!(
+            "--token-auth-file={}",
+            d.join("tokens.csv").display()
+        ))
+        .arg(format!(
+            "--tls-cert-file={}",
+            d.join("server.crt").display()
+        ))
+        .arg(format!(
+            "--tls-private-key-file={}",
+            d.join("server.key").display()
+        ))
+        .arg(format!(
+            "--service-account-key-file={}",
+            d.join("sa.key").display()
+        ))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            d.join("sa.key").display()
+        ))
+        .arg(format!("--cert-dir={}", d.join("certs").display()))
+        .stdout(Stdio::null())
+        .stderr(log);
+        ns.apply_to(&mut api).unwrap();
+        let apiserver = Proc(api.spawn().unwrap());
+        let kube = KubeApi {
+            _etcd: etcd,
+            apiserver,
+            netns: netns.to_path_buf(),
+            url: format!("https://{addr}:6443"),
+            dir,
+        };
+        let ready = kube.kubeconfig(ADMIN_TOKEN);
+        let start = std::time::Instant::now();
+        // Ready once the bootstrap controller has made the system namespaces and an
+        // authorized read succeeds: RBAC, not only the socket.
+        while !kube.run(&ready, |c| async move {
+            let ns: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(c);
+            ns.get("kube-system").await.is_ok() && ns.get("default").await.is_ok()
+        }) {
+            if start.elapsed() > Duration::from_secs(60) {
+                let log = kube.log();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!(
+                    "the API server is not ready after 60 s; its log ends:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        kube
+    }
+
+    /// The API server's log, for assertion messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default()
+    }
+
+    /// A kubeconfig for the user with `token`, trusting the server's certificate.
+    pub fn kubeconfig(&self, token: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("{token}.kubeconfig"));
+        let config = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "cvt",
+            "clusters": [{"name": "cvt", "cluster": {
+                "server": self.url,
+                "certificate-authority": self.dir.path().join("ca.crt"),
+            }}],
+            "users": [{"name": "cvt", "user": {"token": token}}],
+            "contexts": [{"name": "cvt", "context": {"cluster": "cvt", "user": "cvt"}}],
+        });
+        std::fs::write(&path, config.to_string()).unwrap();
+        path
+    }
+
+    /// Runs `f` with a client of the user in `kubeconfig`, its sockets in the API server's
+    /// namespace.
+    pub fn run<F, T>(&self, kubeconfig: &Path, f: impl FnOnce(kube::Client) -> F + Send) -> T
+    where
+        F: Future<Output = T>,
+        T: Send,
+    {
+        let ns = Netns::open(&self.netns).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                ns.run(|| {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let client = corvid_k8s::connect(Some(kubeconfig)).await.unwrap();
+                        f(client).await
+                    })
+                })
+                .unwrap()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// Runs `f` as the administrator.
+    pub fn admin<F, T>(&self, f: impl FnOnce(kube::Client) -> F + Send) -> T
+    where
+        F: Future<Output = T>,
+        T: Send,
+    {
+        self.run(&self.kubeconfig(ADMIN_TOKEN), f)
+    }
+
+    /// Applies every object of a multi-document YAML manifest, as the administrator.
+    pub fn apply_manifest(&self, path: &Path) {
+        let text = std::fs::read_to_string(path).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+        self.admin(|c| async move {
+            for doc in docs.into_iter().filter(|d| d.is_object()) {
+                let obj: kube::core::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+                let types = obj.types.clone().expect("apiVersion and kind");
+                let (group, version) = match types.api_version.split_once('/') {
+                    Some((g, v)) => (g.to_string(), v.to_string()),
+                    None => (String::new(), types.api_version.clone()),
+                };
+                let plural = format!("{}s", types.kind.to_ascii_lowercase());
+                let ar = kube::core::ApiResource {
+                    group,
+                    version,
+                    api_version: types.api_version.clone(),
+                    kind: types.kind.clone(),
+                    plural,
+                };
+                let api: kube::Api<kube::core::DynamicObject> = match &obj.metadata.namespace {
+                    Some(ns) => kube::Api::namespaced_with(c.clone(), ns, &ar),
+                    None => kube::Api::all_with(c.clone(), &ar),
+                };
+                api.create(&Default::default(), &obj)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("applying {} {:?}: {e}", types.kind, obj.metadata.name)
+                    });
+            }
+        })
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        self.apiserver.kill9();
+    }
+}
