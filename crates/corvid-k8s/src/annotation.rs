@@ -10,6 +10,27 @@ use serde::{Deserialize, Serialize};
 /// The annotation's key.
 pub const KEY: &str = "corvid.io/port";
 
+/// The key of the annotation that says why a pod has no port yet.
+pub const ERROR_KEY: &str = "corvid.io/port-error";
+
+/// Why the watcher could not make a pod's port; it keeps trying, and removes this once the
+/// port is made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortError {
+    /// The controller's error type (`IpAddressGenerationFailure` when the namespace's
+    /// network is full).
+    pub reason: String,
+    /// What the controller said.
+    pub message: String,
+}
+
+impl PortError {
+    /// The annotation's text.
+    pub fn to_text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
 /// One route of the pod's interface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Route {

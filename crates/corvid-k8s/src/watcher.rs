@@ -21,7 +21,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::annotation::{PortAnnotation, KEY};
+use crate::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
 use crate::ids;
 use crate::leader::{Candidate, Election};
 
@@ -104,8 +104,8 @@ enum Retry {
 
 /// One event from either watch, or a timer.
 enum Input {
-    Namespace(Event<Namespace>),
-    Pod(Event<Pod>),
+    Namespace(Box<Event<Namespace>>),
+    Pod(Box<Event<Pod>>),
     WatchFailed(&'static str, String),
     Retry(Retry),
     Resync,
@@ -171,12 +171,17 @@ impl Watcher {
                 |e| {
                     e.map_or_else(
                         |e| Input::WatchFailed("namespaces", e.to_string()),
-                        Input::Namespace,
+                        |e| Input::Namespace(Box::new(e)),
                     )
                 },
             );
-        let pods = watcher::watcher(Api::<Pod>::all(self.kube.clone()), Default::default())
-            .map(|e| e.map_or_else(|e| Input::WatchFailed("pods", e.to_string()), Input::Pod));
+        let pods =
+            watcher::watcher(Api::<Pod>::all(self.kube.clone()), Default::default()).map(|e| {
+                e.map_or_else(
+                    |e| Input::WatchFailed("pods", e.to_string()),
+                    |e| Input::Pod(Box::new(e)),
+                )
+            });
         let retries = self
             .retry_rx
             .take()
@@ -191,8 +196,8 @@ impl Watcher {
         ]);
         while let Some(input) = inputs.next().await {
             match input {
-                Input::Namespace(e) => self.namespace_event(e).await,
-                Input::Pod(e) => self.pod_event(e).await,
+                Input::Namespace(e) => self.namespace_event(*e).await,
+                Input::Pod(e) => self.pod_event(*e).await,
                 Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
                 Input::Retry(Retry::Namespace(n)) => self.namespace(&n).await,
                 Input::Resync => self.sweep().await,
@@ -423,6 +428,7 @@ impl Watcher {
             "tags": [ids::namespace_tag(&ns), ids::pod_tag(&name)],
         });
         let id = port_id.clone();
+        let api = Api::<Pod>::namespaced(self.kube.clone(), &ns);
         let port = match self
             .call(move |c| c.create_or_get::<Port>(&id, attrs))
             .await
@@ -430,6 +436,21 @@ impl Watcher {
             Ok(port) => port,
             Err(e) => {
                 tracing::warn!(namespace = %ns, pod = %name, "making the pod's port: {e}");
+                // The controller's refusal goes onto the pod, where the node's plugin
+                // (and `kubectl describe`) shows it instead of waiting out its timeout.
+                if let ApiError::Neutron { kind, message, .. } = &e {
+                    let error = PortError {
+                        reason: kind.clone(),
+                        message: message.clone(),
+                    };
+                    if p.annotations().get(ERROR_KEY) != Some(&error.to_text()) {
+                        let patch =
+                            json!({"metadata": {"annotations": {ERROR_KEY: error.to_text()}}});
+                        let _ = api
+                            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await;
+                    }
+                }
                 self.retry(Retry::Pod(Box::new(p.clone())));
                 return;
             }
@@ -439,7 +460,7 @@ impl Watcher {
             .annotations()
             .get(KEY)
             .and_then(|t| PortAnnotation::parse(t).ok());
-        if have.as_ref() == Some(&want) {
+        if have.as_ref() == Some(&want) && !p.annotations().contains_key(ERROR_KEY) {
             return;
         }
         // The resourceVersion makes the patch apply to the pod as read: a pod deleted and
@@ -447,9 +468,8 @@ impl Watcher {
         let patch = json!({"metadata": {
             "resourceVersion": p.resource_version(),
             "uid": uid,
-            "annotations": {KEY: want.to_text()},
+            "annotations": {KEY: want.to_text(), ERROR_KEY: null},
         }});
-        let api = Api::<Pod>::namespaced(self.kube.clone(), &ns);
         match api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -12,7 +12,7 @@ use corvid_api::{ApiError, Client, Port};
 use corvid_cni::result::{Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
-use corvid_k8s::annotation::{PortAnnotation, KEY};
+use corvid_k8s::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
 use corvid_net::binding::{ensure_bridge, ensure_plugged, BridgeSpec, VethSpec};
 use corvid_net::{names, Netlink, Netns};
 use futures::StreamExt;
@@ -196,6 +196,25 @@ fn annotation_of(p: &Pod, want_uid: Option<&str>) -> Result<Option<PortAnnotatio
         return Ok(None);
     }
     let Some(text) = p.annotations().get(KEY) else {
+        if let Some(e) = p
+            .annotations()
+            .get(ERROR_KEY)
+            .and_then(|t| serde_json::from_str::<PortError>(t).ok())
+        {
+            let code: u32 = if e.reason == "IpAddressGenerationFailure" {
+                ErrorCode::AddressExhausted.into()
+            } else {
+                ControllerCode::ControllerRefused.into()
+            };
+            return Err(Error::new(
+                code,
+                format!(
+                    "corvid kube-watch cannot make a port for pod {}: {}",
+                    p.name_any(),
+                    e.message
+                ),
+            ));
+        }
         return Ok(None);
     };
     let a = PortAnnotation::parse(text).map_err(|e| {

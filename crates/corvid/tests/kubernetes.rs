@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
 use support::cluster::ns::{wait_until, Proc};
 use support::cluster::{cni_result, url, Cluster};
-use support::kube::{KubeApi, NODE_TOKEN, WATCHER_TOKEN};
+use support::kube::{KubeApi, NOBODY_TOKEN, NODE_TOKEN, WATCHER_TOKEN};
 
 const API_ADDR: &str = "10.99.0.254";
 
@@ -45,7 +45,7 @@ fn start_watcher(cluster: &Cluster, kube: &KubeApi, extra: &[&str]) -> Proc {
         .arg("kube-watch")
         .arg("--kubeconfig")
         .arg(kube.kubeconfig(WATCHER_TOKEN))
-        .args(["--controller", &url(), "--lease-seconds", "4"])
+        .args(["--controller", &url()])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -67,10 +67,15 @@ fn namespace(kube: &KubeApi, name: &str) {
 
 /// Creates a pod already scheduled to `node`; returns its UID.
 fn pod(kube: &KubeApi, ns: &str, name: &str, node: &str) -> String {
+    pod_with(kube, ns, name, node, json!({}))
+}
+
+/// A pod with these annotations.
+fn pod_with(kube: &KubeApi, ns: &str, name: &str, node: &str, annotations: Value) -> String {
     let (ns, name, node) = (ns.to_string(), name.to_string(), node.to_string());
     kube.admin(|c| async move {
         let p: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name},
+            "metadata": {"name": name, "annotations": annotations},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cvt-pause"}]},
         }))
         .unwrap();
@@ -141,7 +146,7 @@ fn wait_annotation(kube: &KubeApi, ns: &str, name: &str) -> PortAnnotation {
 /// The CNI_ARGS the kubelet sends through containerd: its keys in a different order on
 /// each call.
 fn cni_args(ns: &str, name: &str, uid: &str, sandbox: &str, shuffle: usize) -> String {
-    let mut pairs = vec![
+    let mut pairs = [
         "IgnoreUnknown=1".to_string(),
         format!("K8S_POD_NAMESPACE={ns}"),
         format!("K8S_POD_NAME={name}"),
@@ -231,7 +236,7 @@ fn cni_error(out: &Output) -> Value {
 #[test]
 fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
     let (cluster, kube) = setup("k8");
-    let _watcher = start_watcher(&cluster, &kube, &[]);
+    let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
     for ns in ["a", "b"] {
         namespace(&kube, ns);
     }
@@ -268,7 +273,6 @@ fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
         let net = nets
             .iter()
             .find(|n| n.id == a.network_id)
-            .or_else(|| None)
             .cloned()
             .unwrap_or_else(|| cluster.api(|c| c.get::<Network>(&a.network_id)).unwrap());
         assert!(
@@ -387,4 +391,206 @@ fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
             .iter()
             .any(|p| p.device_owner == corvid_k8s::ids::POD_OWNER)
     });
+}
+
+fn lease_holder(kube: &KubeApi) -> Option<String> {
+    kube.admin(|c| async move {
+        let api: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(c, "kube-system");
+        api.get_opt("corvid-kube-watch")
+            .await
+            .unwrap()?
+            .spec?
+            .holder_identity
+    })
+}
+
+fn networks_of_namespace(cluster: &Cluster, name: &str) -> Vec<Network> {
+    let tag = format!("namespace:{name}");
+    cluster
+        .api(|c| c.list::<Network>(&[("tags", tag.as_str())]))
+        .unwrap()
+        .0
+}
+
+/// Nothing of a failed ADD stays: no interface in the pod, no veth on the node, no port
+/// bound to a namespace.
+fn nothing_left(cluster: &Cluster, host: usize, netns: &support::cluster::ns::Ns) {
+    assert!(
+        netns.links("eth").is_empty(),
+        "an interface was left in the pod"
+    );
+    assert!(
+        cluster.hosts[host].links("cvp").is_empty(),
+        "a veth was left on the node"
+    );
+    assert!(
+        ports(cluster).iter().all(|p| p.network_ns.is_none()),
+        "a port was left bound to a namespace"
+    );
+}
+
+#[test]
+fn the_watcher_sweeps_what_it_missed_and_a_recreated_pod_gets_a_new_port() {
+    let (cluster, kube) = setup("ks");
+    let mut watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    namespace(&kube, "c");
+    namespace(&kube, "d");
+    let c0 = pod(&kube, "c", "p0", "h1");
+    pod(&kube, "d", "p0", "h2");
+    let old = wait_annotation(&kube, "c", "p0");
+    wait_annotation(&kube, "d", "p0");
+    assert_eq!(networks_of_namespace(&cluster, "d").len(), 1);
+    // Meanwhile, with the watcher down: a pod and a whole namespace go, and a pod comes
+    // back under an old name (as a StatefulSet's does).
+    watcher.kill9();
+    delete_pod(&kube, "c", "p0");
+    delete_pod(&kube, "d", "p0");
+    delete_namespace(&kube, "d");
+    let c0_again = pod(&kube, "c", "p0", "h1");
+    assert_ne!(c0, c0_again);
+    let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    wait_until(
+        "the missed pod's port to be swept",
+        Duration::from_secs(30),
+        || port(&cluster, &old.port_id).is_none(),
+    );
+    wait_until(
+        "the missed namespace's network to be swept",
+        Duration::from_secs(30),
+        || networks_of_namespace(&cluster, "d").is_empty(),
+    );
+    let new = wait_annotation(&kube, "c", "p0");
+    assert_eq!(new.pod_uid, c0_again);
+    assert_ne!(
+        new.port_id, old.port_id,
+        "a recreated pod gets a port of its own"
+    );
+    assert!(port(&cluster, &new.port_id).is_some());
+    assert!(
+        !ports(&cluster).iter().any(|p| p.device_id == c0),
+        "no port of the old pod remains"
+    );
+}
+
+#[test]
+fn an_add_waits_for_the_annotation_and_fails_clearly_without_leaving_anything() {
+    let (cluster, kube) = setup("ka");
+    namespace(&kube, "e");
+    let uid = pod(&kube, "e", "p0", "h1");
+    let netns = cluster.pod("e0");
+    let call = K8sCall {
+        host: 0,
+        command: "ADD",
+        ns: "e",
+        name: "p0",
+        uid: &uid,
+        netns: Some(&netns.path),
+    };
+    // No watcher: past the timeout, "try again later" and nothing left.
+    let out = run_plugin_with(&cluster, &kube, &call, json!({"timeout": 2}));
+    let e = cni_error(&out);
+    assert_eq!(e["code"], 11, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("corvid kube-watch"),
+        "{e}"
+    );
+    nothing_left(&cluster, 0, &netns);
+    // Bad input, each a clear error of its own and nothing left behind.
+    let bad_uid = pod_with(&kube, "e", "bad", "h1", json!({KEY: "{\"portId\": 5"}));
+    let bad = K8sCall {
+        name: "bad",
+        uid: &bad_uid,
+        ..call
+    };
+    let e = cni_error(&run_plugin(&cluster, &kube, &bad));
+    assert_eq!(e["code"], 112, "malformed annotation: {e}");
+    delete_pod(&kube, "e", "bad");
+    let e = cni_error(&run_plugin_with(
+        &cluster,
+        &kube,
+        &call,
+        json!({"kubeconfig": "/nonexistent/kubeconfig"}),
+    ));
+    assert_eq!(e["code"], 7, "missing kubeconfig: {e}");
+    let e = cni_error(&run_plugin_with(
+        &cluster,
+        &kube,
+        &call,
+        json!({"kubeconfig": kube.kubeconfig(NOBODY_TOKEN)}),
+    ));
+    assert_eq!(e["code"], 111, "no RBAC role: {e}");
+    let unreachable = kube.kubeconfig(NODE_TOKEN);
+    let text = std::fs::read_to_string(&unreachable)
+        .unwrap()
+        .replace(":6443", ":6444");
+    let elsewhere = unreachable.with_extension("elsewhere");
+    std::fs::write(&elsewhere, text).unwrap();
+    let e = cni_error(&run_plugin_with(
+        &cluster,
+        &kube,
+        &call,
+        json!({"kubeconfig": elsewhere}),
+    ));
+    assert_eq!(e["code"], 110, "API server unreachable: {e}");
+    nothing_left(&cluster, 0, &netns);
+    // An ADD that starts before the watcher annotates the pod waits, then succeeds.
+    let conf = plugin_conf(&kube, 0, NODE_TOKEN, 30);
+    let add = spawn_plugin(&cluster, &call, &conf);
+    std::thread::sleep(Duration::from_millis(500));
+    // A network of one address: the second pod finds it full.
+    let _watcher = start_watcher(
+        &cluster,
+        &kube,
+        &["--lease-seconds", "4", "--namespace-prefix", "30"],
+    );
+    let result = cni_result(&add.wait_with_output().unwrap());
+    assert_eq!(
+        result["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .nth(1),
+        Some("30")
+    );
+    let full_uid = pod(&kube, "e", "p1", "h1");
+    let full_ns = cluster.pod("e1");
+    let full = K8sCall {
+        name: "p1",
+        uid: &full_uid,
+        netns: Some(&full_ns.path),
+        ..call
+    };
+    let e = cni_error(&run_plugin(&cluster, &kube, &full));
+    assert_eq!(e["code"], 100, "exhausted namespace network: {e}");
+    assert!(e["msg"].as_str().unwrap().contains("p1"), "{e}");
+    assert!(full_ns.links("eth").is_empty());
+}
+
+#[test]
+fn two_watchers_one_acts_and_the_other_takes_over_when_it_is_killed() {
+    let (cluster, kube) = setup("kh");
+    let mut first = start_watcher(&cluster, &kube, &["--identity", "w1"]);
+    wait_until("w1 to lead", Duration::from_secs(30), || {
+        lease_holder(&kube).as_deref() == Some("w1")
+    });
+    let _second = start_watcher(&cluster, &kube, &["--identity", "w2"]);
+    namespace(&kube, "g");
+    pod(&kube, "g", "p0", "h1");
+    wait_annotation(&kube, "g", "p0");
+    assert_eq!(
+        lease_holder(&kube).as_deref(),
+        Some("w1"),
+        "the standby did not take the lease"
+    );
+    first.kill9();
+    let killed = std::time::Instant::now();
+    pod(&kube, "g", "p1", "h2");
+    wait_annotation(&kube, "g", "p1");
+    let took = killed.elapsed();
+    assert_eq!(lease_holder(&kube).as_deref(), Some("w2"));
+    assert!(
+        took < Duration::from_secs(15),
+        "the standby took {took:?} to act"
+    );
+    eprintln!("takeover after kill -9 of the holder: {took:?}");
 }
