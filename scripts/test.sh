@@ -20,6 +20,7 @@ command -v runc >/dev/null || need+=(runc)
 command -v etcd >/dev/null || need+=(etcd-server)
 [ -x /usr/sbin/dockerd ] || need+=(docker.io)
 command -v python3 >/dev/null || need+=(python3 python3-pip)
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
@@ -38,6 +39,10 @@ if ! command -v schemathesis >/dev/null \
         exit 1
     }
 fi
+
+# The Kubernetes tests (crates/corvid/tests/kubernetes.rs) run a real kube-apiserver 1.20:
+# built from Debian's source package once, cached outside the checkout.
+scripts/build-kube-apiserver.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -22,18 +22,17 @@ use support::kube::{KubeApi, NOBODY_TOKEN, NODE_TOKEN, WATCHER_TOKEN};
 
 const API_ADDR: &str = "10.99.0.254";
 
-fn rbac() -> &'static Path {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/kubernetes/rbac.yaml"
-    ))
+fn manifest(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/kubernetes")
+        .join(name)
 }
 
 /// The cluster, the API server beside the controller, and the RBAC objects applied.
 fn setup(name: &str) -> (Cluster, KubeApi) {
     let cluster = Cluster::new(name);
     let kube = KubeApi::start(&cluster.lan.path, API_ADDR);
-    kube.apply_manifest(rbac());
+    kube.apply_manifest(&manifest("rbac.yaml"));
     (cluster, kube)
 }
 
@@ -236,6 +235,9 @@ fn cni_error(out: &Output) -> Value {
 #[test]
 fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
     let (cluster, kube) = setup("k8");
+    // The deployment manifests are ones the API server takes.
+    kube.apply_manifest(&manifest("kube-watch.yaml"));
+    kube.apply_manifest(&manifest("node.yaml"));
     let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
     for ns in ["a", "b"] {
         namespace(&kube, ns);

@@ -174,6 +174,8 @@ impl KubeApi {
             "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
+            // As kubeadm and every distribution set it: node agents run privileged.
+            "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc",
         ])
         .arg(format!(
