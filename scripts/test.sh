@@ -21,6 +21,9 @@ command -v etcd >/dev/null || need+=(etcd-server)
 [ -x /usr/sbin/dockerd ] || need+=(docker.io)
 command -v python3 >/dev/null || need+=(python3 python3-pip)
 command -v openssl >/dev/null || need+=(openssl)
+# containerd's CRI plugin and runc for the Kubernetes node tests; protoc builds the CRI protos.
+command -v containerd >/dev/null || need+=(containerd)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update

@@ -4,11 +4,12 @@
 
 mod support {
     pub mod cluster;
+    pub mod cri;
     pub mod kube;
 }
 
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use corvid_api::{Network, Port, Status, Subnet};
@@ -595,4 +596,136 @@ fn two_watchers_one_acts_and_the_other_takes_over_when_it_is_killed() {
         "the standby took {took:?} to act"
     );
     eprintln!("takeover after kill -9 of the holder: {took:?}");
+}
+
+/// The network namespace of a CRI sandbox, from its verbose status.
+fn sandbox_netns(status: &k8s_cri::v1::PodSandboxStatusResponse) -> String {
+    let info: Value = serde_json::from_str(&status.info["info"]).unwrap();
+    info["runtimeSpec"]["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["type"] == "network")
+        .and_then(|n| n["path"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
+    use k8s_cri::v1::{
+        LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+        PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
+        RunPodSandboxRequest, StopPodSandboxRequest,
+    };
+    use support::cri::Containerd;
+    let (cluster, kube) = setup("kc");
+    let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    namespace(&kube, "web");
+    let nodes: Vec<Containerd> = (0..2)
+        .map(|h| {
+            let conflist = json!({
+                "cniVersion": "1.0.0", "name": "corvid",
+                "plugins": [plugin_conf(&kube, h, NODE_TOKEN, 30)],
+            });
+            Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
+        })
+        .collect();
+    let mut sandboxes = Vec::new();
+    for (h, node) in nodes.iter().enumerate() {
+        let name = format!("p{h}");
+        let uid = pod(&kube, "web", &name, &format!("h{}", h + 1));
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.clone(),
+                uid: uid.clone(),
+                namespace: "web".into(),
+                attempt: 0,
+            }),
+            hostname: name.clone(),
+            log_directory: node.log_dir(&uid),
+            linux: Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Pod as i32,
+                        pid: NamespaceMode::Pod as i32,
+                        ipc: NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (id, status) = node.run(|mut c| async move {
+            let id = c
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(config),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+                .into_inner()
+                .pod_sandbox_id;
+            let status = c
+                .pod_sandbox_status(PodSandboxStatusRequest {
+                    pod_sandbox_id: id.clone(),
+                    verbose: true,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            (id, status)
+        });
+        let a = annotation(&kube, "web", &name).expect("annotated");
+        let ip = status
+            .status
+            .as_ref()
+            .unwrap()
+            .network
+            .as_ref()
+            .unwrap()
+            .ip
+            .clone();
+        assert_eq!(
+            ip,
+            a.addresses[0].addr().to_string(),
+            "the sandbox has the port's address"
+        );
+        assert_eq!(port(&cluster, &a.port_id).unwrap().status, Status::Active);
+        sandboxes.push((id, sandbox_netns(&status), a));
+    }
+    // The two sandboxes, on two nodes, reach each other.
+    let to = sandboxes[1].2.addresses[0].addr().to_string();
+    let ping = Command::new("nsenter")
+        .arg(format!("--net={}", sandboxes[0].1))
+        .args(["ping", "-c", "1", "-W", "2", &to])
+        .output()
+        .unwrap();
+    assert!(
+        ping.status.success(),
+        "sandbox on h1 cannot reach {to} on h2: {ping:?}"
+    );
+    // StopPodSandbox (DEL with the namespace) and RemovePodSandbox (DEL without it) both
+    // succeed and unplug.
+    for (h, (id, _, a)) in sandboxes.iter().enumerate() {
+        let id = id.clone();
+        nodes[h].run(|mut c| async move {
+            c.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}"));
+            c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await
+                .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+        });
+        assert!(
+            cluster.hosts[h].links("cvp").is_empty(),
+            "the pod's veth is gone from h{}",
+            h + 1
+        );
+        assert_eq!(port(&cluster, &a.port_id).unwrap().network_ns, None);
+    }
 }

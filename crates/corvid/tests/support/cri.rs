@@ -1,0 +1,228 @@
+//! containerd's CRI plugin (Debian's containerd 1.6) as a node's kubelet uses it: a private
+//! root, state and socket, pod namespaces under the state directory, the CNI plugins and
+//! configuration of the test, and an offline pause image. Driven over CRI v1 (gRPC on the
+//! unix socket) with the calls the kubelet makes.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::cluster::ns::{wait_until, Ns, Proc};
+
+/// The sandbox image the CRI plugin is told to use.
+pub const PAUSE_IMAGE: &str = "cvt.local/pause:1";
+
+/// A private containerd with its CRI plugin.
+pub struct Containerd {
+    _proc: Proc,
+    dir: tempfile::TempDir,
+    /// Its gRPC socket.
+    pub socket: PathBuf,
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Archives the contents of `dir` as `to`.
+fn tar(dir: &Path, to: &Path) -> PathBuf {
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .arg("-cf")
+        .arg(to)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(ok.success(), "tar of {}", dir.display());
+    to.to_path_buf()
+}
+
+/// Writes a blob into an OCI layout and returns its descriptor's digest and size.
+fn blob(layout: &Path, from: &Path) -> (String, u64) {
+    let digest = sha256(from);
+    let size = std::fs::metadata(from).unwrap().len();
+    std::fs::copy(from, layout.join("blobs/sha256").join(&digest)).unwrap();
+    (format!("sha256:{digest}"), size)
+}
+
+/// An OCI image-layout tar of one uncompressed layer holding busybox, whose command sleeps
+/// forever: what the CRI plugin runs as each pod's sandbox.
+fn pause_image(dir: &Path) -> PathBuf {
+    let root = dir.join("pause-rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy("/usr/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static is installed");
+    let layer = tar(&root, &dir.join("layer.tar"));
+    let layout = dir.join("pause-layout");
+    std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+    let (layer_digest, layer_size) = blob(&layout, &layer);
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        serde_json::json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Entrypoint": ["/bin/busybox", "sleep", "2147483647"]},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (config_digest, config_size) = blob(&layout, &config);
+    let manifest = dir.join("manifest.json");
+    std::fs::write(
+        &manifest,
+        serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": config_digest, "size": config_size},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                        "digest": layer_digest, "size": layer_size}],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (manifest_digest, manifest_size) = blob(&layout, &manifest);
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "digest": manifest_digest, "size": manifest_size,
+                           "annotations": {"io.containerd.image.name": PAUSE_IMAGE}}],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    tar(&layout, &dir.join("pause.tar"))
+}
+
+impl Containerd {
+    /// Starts containerd inside `node` (so the CNI plugins it runs see the node's network
+    /// namespace as the host's), with `bin_dir` as CNI_PATH and `conflist` as the only
+    /// network configuration.
+    pub fn start(node: &Ns, bin_dir: &Path, conflist: &serde_json::Value) -> Containerd {
+        let dir = tempfile::Builder::new()
+            .prefix("cvt-containerd")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        let conf_dir = d.join("net.d");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        std::fs::write(conf_dir.join("10-corvid.conflist"), conflist.to_string()).unwrap();
+        let socket = d.join("containerd.sock");
+        let config = format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+"#,
+            root = d.join("root").display(),
+            state = d.join("state").display(),
+            socket = socket.display(),
+            bin = bin_dir.display(),
+            conf = conf_dir.display(),
+        );
+        std::fs::write(d.join("config.toml"), config).unwrap();
+        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
+        let child = node
+            .command("containerd")
+            .arg("--config")
+            .arg(d.join("config.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("containerd is installed");
+        let c = Containerd {
+            _proc: Proc(child),
+            socket,
+            dir,
+        };
+        wait_until("containerd", Duration::from_secs(30), || c.socket.exists());
+        let tar = pause_image(c.dir.path());
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&c.socket)
+            .args(["--namespace", "k8s.io", "images", "import"])
+            .arg(&tar)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ctr images import: {out:?}\n{}",
+            c.log()
+        );
+        c
+    }
+
+    /// containerd's log, for assertion messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// Where pod logs go.
+    pub fn log_dir(&self, uid: &str) -> String {
+        self.dir.path().join("pods").join(uid).display().to_string()
+    }
+
+    /// Runs `f` with a CRI runtime client on the socket.
+    pub fn run<F, T>(&self, f: impl FnOnce(RuntimeServiceClient<Channel>) -> F) -> T
+    where
+        F: Future<Output = T>,
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let socket = self.socket.clone();
+        rt.block_on(async move {
+            let channel = Endpoint::try_from("http://[::]")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let socket = socket.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(socket).await?,
+                        ))
+                    }
+                }))
+                .await
+                .unwrap();
+            f(RuntimeServiceClient::new(channel)).await
+        })
+    }
+}
