@@ -593,8 +593,17 @@ fn two_controllers_on_one_etcd_never_share_an_address() {
     let (ips, errors) = concurrent_creates(&[a.client(), b.client()], &net.id, 240);
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(ips.iter().collect::<HashSet<_>>().len(), 240);
-    let (seen_by_b, _) = b.client().list::<Port>(&[("network_id", &net.id)]).unwrap();
-    assert_eq!(seen_by_b.len(), 240);
+    // Each controller reads its own writes at once; the other's arrive through its etcd
+    // watch, a moment later on a loaded machine.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (seen_by_b, _) = b.client().list::<Port>(&[("network_id", &net.id)]).unwrap();
+        if seen_by_b.len() == 240 || std::time::Instant::now() > deadline {
+            assert_eq!(seen_by_b.len(), 240, "b's view of the ports");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -17,9 +17,9 @@ use corvid_k8s::annotation::{PortAnnotation, KEY};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
-use support::cluster::ns::{wait_until, Proc};
-use support::cluster::{cni_result, url, Cluster};
-use support::kube::{KubeApi, NOBODY_TOKEN, NODE_TOKEN, WATCHER_TOKEN};
+use support::cluster::ns::wait_until;
+use support::cluster::{cni_result, Cluster};
+use support::kube::{plugin_conf, start_watcher, KubeApi, NOBODY_TOKEN, NODE_TOKEN};
 
 const API_ADDR: &str = "10.99.0.254";
 
@@ -35,23 +35,6 @@ fn setup(name: &str) -> (Cluster, KubeApi) {
     let kube = KubeApi::start(&cluster.lan.path, API_ADDR);
     kube.apply_manifest(&manifest("rbac.yaml"));
     (cluster, kube)
-}
-
-/// `corvid kube-watch` in the lan namespace, as the watcher's RBAC-bound user.
-fn start_watcher(cluster: &Cluster, kube: &KubeApi, extra: &[&str]) -> Proc {
-    let child = cluster
-        .lan
-        .command(env!("CARGO_BIN_EXE_corvid"))
-        .arg("kube-watch")
-        .arg("--kubeconfig")
-        .arg(kube.kubeconfig(WATCHER_TOKEN))
-        .args(["--controller", &url()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    Proc(child)
 }
 
 fn namespace(kube: &KubeApi, name: &str) {
@@ -165,14 +148,6 @@ struct K8sCall<'a> {
     name: &'a str,
     uid: &'a str,
     netns: Option<&'a Path>,
-}
-
-fn plugin_conf(kube: &KubeApi, host: usize, token: &str, timeout: u64) -> Value {
-    json!({
-        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "corvid-k8s",
-        "kubeconfig": kube.kubeconfig(token), "controller": url(),
-        "hostId": format!("h{}", host + 1), "timeout": timeout,
-    })
 }
 
 fn spawn_plugin(cluster: &Cluster, call: &K8sCall, conf: &Value) -> Child {
@@ -614,9 +589,8 @@ fn sandbox_netns(status: &k8s_cri::v1::PodSandboxStatusResponse) -> String {
 #[test]
 fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
     use k8s_cri::v1::{
-        LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
-        PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
-        RunPodSandboxRequest, StopPodSandboxRequest,
+        PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+        StopPodSandboxRequest,
     };
     use support::cri::Containerd;
     let (cluster, kube) = setup("kc");
@@ -635,29 +609,7 @@ fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
     for (h, node) in nodes.iter().enumerate() {
         let name = format!("p{h}");
         let uid = pod(&kube, "web", &name, &format!("h{}", h + 1));
-        let config = PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.clone(),
-                uid: uid.clone(),
-                namespace: "web".into(),
-                attempt: 0,
-            }),
-            hostname: name.clone(),
-            log_directory: node.log_dir(&uid),
-            linux: Some(LinuxPodSandboxConfig {
-                security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(NamespaceOption {
-                        network: NamespaceMode::Pod as i32,
-                        pid: NamespaceMode::Pod as i32,
-                        ipc: NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let config = node.sandbox_config("web", &name, &uid);
         let (id, status) = node.run(|mut c| async move {
             let id = c
                 .run_pod_sandbox(RunPodSandboxRequest {

@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata,
+};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::cluster::ns::{wait_until, Ns, Proc};
@@ -194,12 +198,52 @@ state = "{state}"
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
     }
 
-    /// Where pod logs go.
-    pub fn log_dir(&self, uid: &str) -> String {
-        self.dir.path().join("pods").join(uid).display().to_string()
+    /// The sandbox configuration the kubelet sends for pod `namespace/name`.
+    pub fn sandbox_config(&self, namespace: &str, name: &str, uid: &str) -> PodSandboxConfig {
+        PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: uid.into(),
+                namespace: namespace.into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            log_directory: self.dir.path().join("pods").join(uid).display().to_string(),
+            linux: Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Pod as i32,
+                        pid: NamespaceMode::Pod as i32,
+                        ipc: NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
     }
 
-    /// Runs `f` with a CRI runtime client on the socket.
+    /// A CRI runtime client on the socket, in the calling runtime.
+    pub async fn client(&self) -> RuntimeServiceClient<Channel> {
+        let socket = self.socket.clone();
+        let channel = Endpoint::try_from("http://[::]")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(socket).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        RuntimeServiceClient::new(channel)
+    }
+
+    /// Runs `f` with a CRI runtime client, on a runtime of its own.
     pub fn run<F, T>(&self, f: impl FnOnce(RuntimeServiceClient<Channel>) -> F) -> T
     where
         F: Future<Output = T>,
@@ -208,21 +252,6 @@ state = "{state}"
             .enable_all()
             .build()
             .unwrap();
-        let socket = self.socket.clone();
-        rt.block_on(async move {
-            let channel = Endpoint::try_from("http://[::]")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let socket = socket.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(
-                            tokio::net::UnixStream::connect(socket).await?,
-                        ))
-                    }
-                }))
-                .await
-                .unwrap();
-            f(RuntimeServiceClient::new(channel)).await
-        })
+        rt.block_on(async { f(self.client().await).await })
     }
 }

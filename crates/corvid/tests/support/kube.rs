@@ -10,9 +10,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use corvid_net::Netns;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::cluster::ns::Proc;
+use super::cluster::{url, Cluster};
 
 /// The cluster administrator (group system:masters).
 pub const ADMIN_TOKEN: &str = "cvt-admin-token";
@@ -326,4 +327,30 @@ impl Drop for KubeApi {
     fn drop(&mut self) {
         self.apiserver.kill9();
     }
+}
+
+/// `corvid kube-watch` in the lan namespace, as the watcher's RBAC-bound user.
+pub fn start_watcher(cluster: &Cluster, kube: &KubeApi, extra: &[&str]) -> Proc {
+    let child = cluster
+        .lan
+        .command(env!("CARGO_BIN_EXE_corvid"))
+        .arg("kube-watch")
+        .arg("--kubeconfig")
+        .arg(kube.kubeconfig(WATCHER_TOKEN))
+        .args(["--controller", &url()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// The `corvid-k8s` plugin's configuration for node `host`, as the user with `token`.
+pub fn plugin_conf(kube: &KubeApi, host: usize, token: &str, timeout: u64) -> Value {
+    json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "corvid-k8s",
+        "kubeconfig": kube.kubeconfig(token), "controller": url(),
+        "hostId": format!("h{}", host + 1), "timeout": timeout,
+    })
 }

@@ -1,0 +1,306 @@
+//! Kubernetes end to end on a real kube-apiserver 1.20, `corvid kube-watch` and
+//! containerd's CRI on a simulated node:
+//! 1. pod created (with `spec.nodeName`) → `corvid.io/port` annotation seen on a watch, for
+//!    N pods one at a time and N twenty at a time; beside it, the floor: a bare merge
+//!    patch of a pod annotation, timed the same way;
+//! 2. CRI RunPodSandbox of an annotated pod with `corvid-k8s`, taking turns with the same
+//!    containerd build and configuration running the reference bridge + host-local;
+//! 3. pod created → RunPodSandbox returned (the kubelet's view: the plugin waits for the
+//!    watcher).
+//! Prints p50 and p99 of each and the ratios. Needs root and what scripts/test.sh installs.
+//!
+//! `cargo build --release --workspace && cargo bench -p corvid --bench kubernetes` (CORVID_BENCH_PODS
+//! sets N, default 100).
+
+#[path = "../tests/support/cluster.rs"]
+mod cluster;
+#[path = "../tests/support/cri.rs"]
+mod cri;
+#[path = "../tests/support/kube.rs"]
+mod kube_api;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cluster::Cluster;
+use cri::Containerd;
+use futures::StreamExt;
+use k8s_cri::v1::{RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube_api::{plugin_conf, start_watcher, KubeApi, NODE_TOKEN};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+const NS: &str = "bench";
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+fn row(label: &str, mut d: Vec<Duration>) -> f64 {
+    d.sort();
+    let (p50, p99) = (pct(&d, 0.5), pct(&d, 0.99));
+    println!("{label:<52} {:>4} {p50:>9.2} {p99:>9.2}", d.len());
+    p50
+}
+
+fn pod_object(name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cvt-pause"}]},
+    }))
+    .unwrap()
+}
+
+/// Names of the pods seen with `key` annotated, and when, from one watch of the namespace.
+fn watch_annotations(
+    api: Api<Pod>,
+    key: &'static str,
+) -> mpsc::UnboundedReceiver<(String, Instant)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut version = "0".to_string();
+        loop {
+            let params = WatchParams::default().timeout(290);
+            let Ok(stream) = api.watch(&params, &version).await else {
+                continue;
+            };
+            let mut stream = stream.boxed();
+            while let Some(Ok(e)) = stream.next().await {
+                if let WatchEvent::Added(p) | WatchEvent::Modified(p) = e {
+                    version = p.metadata.resource_version.clone().unwrap_or(version);
+                    if p.metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(key))
+                    {
+                        let _ = tx.send((p.metadata.name.unwrap_or_default(), Instant::now()));
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Creates `names` (all at once) and returns each one's time from its create to its
+/// annotation.
+async fn created_to_annotated(
+    api: &Api<Pod>,
+    seen: &mut mpsc::UnboundedReceiver<(String, Instant)>,
+    names: &[String],
+) -> Vec<Duration> {
+    let mut started = HashMap::new();
+    let creates = names.iter().map(|n| {
+        let api = api.clone();
+        let n = n.clone();
+        async move {
+            let t = Instant::now();
+            api.create(&PostParams::default(), &pod_object(&n, "h1"))
+                .await
+                .unwrap();
+            (n, t)
+        }
+    });
+    for (n, t) in futures::future::join_all(creates).await {
+        started.insert(n, t);
+    }
+    let mut out = Vec::new();
+    while out.len() < names.len() {
+        let (n, at) = seen.recv().await.unwrap();
+        if let Some(t) = started.remove(&n) {
+            out.push(at - t);
+        }
+    }
+    out
+}
+
+async fn delete_all(api: &Api<Pod>, names: &[String]) {
+    for n in names {
+        let _ = api
+            .delete(n, &DeleteParams::default().grace_period(0))
+            .await;
+    }
+}
+
+fn main() {
+    let n: usize = std::env::var("CORVID_BENCH_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let cluster = Cluster::new("kb");
+    let kube = KubeApi::start(&cluster.lan.path, "10.99.0.254");
+    kube.apply_manifest(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/rbac.yaml"),
+    );
+    let _watcher = start_watcher(&cluster, &kube, &[]);
+    let corvid = Containerd::start(
+        &cluster.hosts[0],
+        cluster.bin.path(),
+        &json!({"cniVersion": "1.0.0", "name": "corvid",
+                "plugins": [plugin_conf(&kube, 0, NODE_TOKEN, 60)]}),
+    );
+    let leases = tempfile::Builder::new()
+        .prefix("cvt-leases")
+        .tempdir()
+        .unwrap();
+    let reference = Containerd::start(
+        &cluster.hosts[0],
+        Path::new("/usr/lib/cni"),
+        &json!({"cniVersion": "1.0.0", "name": "reference", "plugins": [{
+            "type": "bridge", "bridge": "cvtref0", "isGateway": true,
+            "ipam": {"type": "host-local", "dataDir": leases.path(),
+                     "ranges": [[{"subnet": "10.250.0.0/16"}]]},
+        }]}),
+    );
+    println!("{:<52} {:>4} {:>9} {:>9}", "what (ms)", "n", "p50", "p99");
+    let (one, twenty, floor, run_corvid, run_reference, ready) = kube.admin(|c| async move {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+        Api::<Namespace>::all(c.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let api = Api::<Pod>::namespaced(c.clone(), NS);
+        let mut seen = watch_annotations(api.clone(), corvid_k8s::annotation::KEY);
+        // Warm up: the namespace's network is made with the first pod.
+        let warm = vec!["warm".to_string()];
+        created_to_annotated(&api, &mut seen, &warm).await;
+        delete_all(&api, &warm).await;
+        let mut one = Vec::new();
+        for i in 0..n {
+            let names = vec![format!("one-{i}")];
+            one.extend(created_to_annotated(&api, &mut seen, &names).await);
+            delete_all(&api, &names).await;
+        }
+        let mut twenty = Vec::new();
+        for b in 0..n.div_ceil(20) {
+            let names: Vec<String> = (0..20.min(n - b * 20))
+                .map(|i| format!("batch-{b}-{i}"))
+                .collect();
+            twenty.extend(created_to_annotated(&api, &mut seen, &names).await);
+            delete_all(&api, &names).await;
+        }
+        // The floor: the API server's own round trip for a create and a merge patch of
+        // one annotation, seen on the same watch.
+        let mut bare = watch_annotations(api.clone(), "cvt/bare");
+        let mut floor = Vec::new();
+        for i in 0..n.min(50) {
+            let name = format!("bare-{i}");
+            let t = Instant::now();
+            let mut p = pod_object(&name, "");
+            p.spec.as_mut().unwrap().node_name = None;
+            api.create(&PostParams::default(), &p).await.unwrap();
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"cvt/bare": "x"}}})),
+            )
+            .await
+            .unwrap();
+            let (_, at) = bare.recv().await.unwrap();
+            floor.push(at - t);
+            delete_all(&api, &[name]).await;
+        }
+        let mut k8s = corvid.client().await;
+        let mut refc = reference.client().await;
+        let (mut run_corvid, mut run_reference, mut ready) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            // Reference: RunPodSandbox alone.
+            let uid = format!("ref-{i}");
+            let t = Instant::now();
+            let id = refc
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(reference.sandbox_config(NS, &uid, &uid)),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id;
+            run_reference.push(t.elapsed());
+            refc.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+            refc.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await
+                .unwrap();
+            // corvid: an annotated pod, then RunPodSandbox alone.
+            let name = format!("run-{i}");
+            created_to_annotated(&api, &mut seen, std::slice::from_ref(&name)).await;
+            let uid = api.get(&name).await.unwrap().metadata.uid.unwrap();
+            let t = Instant::now();
+            let id = k8s
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(corvid.sandbox_config(NS, &name, &uid)),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id;
+            run_corvid.push(t.elapsed());
+            k8s.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+            k8s.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await
+                .unwrap();
+            delete_all(&api, &[name]).await;
+            // corvid: the kubelet's view, from the pod's creation to its sandbox.
+            let name = format!("ready-{i}");
+            let t = Instant::now();
+            let uid = api
+                .create(&PostParams::default(), &pod_object(&name, "h1"))
+                .await
+                .unwrap()
+                .metadata
+                .uid
+                .unwrap();
+            let id = k8s
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(corvid.sandbox_config(NS, &name, &uid)),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id;
+            ready.push(t.elapsed());
+            k8s.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+            k8s.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await
+                .unwrap();
+            delete_all(&api, &[name]).await;
+        }
+        (one, twenty, floor, run_corvid, run_reference, ready)
+    });
+    let a1 = row("pod created -> annotated, one at a time", one);
+    row("pod created -> annotated, twenty at a time", twenty);
+    let f = row("floor: create + merge patch of an annotation", floor);
+    let rc = row("CRI RunPodSandbox, corvid-k8s", run_corvid);
+    let rr = row(
+        "CRI RunPodSandbox, reference bridge + host-local",
+        run_reference,
+    );
+    row("pod created -> sandbox ready (corvid-k8s)", ready);
+    println!();
+    println!(
+        "annotation p50 / floor p50: {:.2} (target: annotation p50 <= 20 ms)",
+        a1 / f
+    );
+    println!(
+        "RunPodSandbox p50 corvid-k8s / reference: {:.3} (target <= 1.2)",
+        rc / rr
+    );
+}
