@@ -126,7 +126,15 @@ struct Watcher {
     listed: (bool, bool),
     retry_tx: tokio::sync::mpsc::UnboundedSender<Retry>,
     retry_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Retry>>,
+    /// Each pod's port work in flight, by pod UID.
+    inflight: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// How many pods' ports are made at once.
+    permits: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many pods' ports are made at once: enough for the controller to commit them in
+/// groups, few enough not to queue up behind its writer.
+const PARALLEL_PODS: usize = 16;
 
 /// How long failed work waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -150,6 +158,8 @@ impl Watcher {
             listed: (false, false),
             retry_tx,
             retry_rx: Some(retry_rx),
+            inflight: HashMap::new(),
+            permits: Arc::new(tokio::sync::Semaphore::new(PARALLEL_PODS)),
         }
     }
 
@@ -158,10 +168,7 @@ impl Watcher {
         &self,
         f: impl FnOnce(&Client) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let ctl = self.ctl.clone();
-        tokio::task::spawn_blocking(move || f(&ctl))
-            .await
-            .unwrap_or_else(|e| Err(ApiError::Transport(e.to_string())))
+        call(&self.ctl, f).await
     }
 
     async fn run(&mut self) -> Result<(), Error> {
@@ -393,6 +400,7 @@ impl Watcher {
             Event::Delete(p) => {
                 if let Some(uid) = p.uid() {
                     self.pods.remove(&uid);
+                    self.settle(&uid).await;
                     self.remove_port(&uid).await;
                 }
             }
@@ -412,6 +420,7 @@ impl Watcher {
         let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
             // A finished pod keeps no address.
+            self.settle(&uid).await;
             self.remove_port(&uid).await;
             return;
         }
@@ -421,67 +430,34 @@ impl Watcher {
             self.retry(Retry::Pod(Box::new(p.clone())));
             return;
         };
-        let port_id = ids::port(&uid);
-        let attrs = json!({
-            "id": port_id, "network_id": net.network.id, "name": format!("{ns}/{name}"),
-            "device_id": uid, "device_owner": ids::POD_OWNER, "binding:host_id": node,
-            "tags": [ids::namespace_tag(&ns), ids::pod_tag(&name)],
-        });
-        let id = port_id.clone();
-        let api = Api::<Pod>::namespaced(self.kube.clone(), &ns);
-        let port = match self
-            .call(move |c| c.create_or_get::<Port>(&id, attrs))
-            .await
-        {
-            Ok(port) => port,
-            Err(e) => {
-                tracing::warn!(namespace = %ns, pod = %name, "making the pod's port: {e}");
-                // The controller's refusal goes onto the pod, where the node's plugin
-                // (and `kubectl describe`) shows it instead of waiting out its timeout.
-                if let ApiError::Neutron { kind, message, .. } = &e {
-                    let error = PortError {
-                        reason: kind.clone(),
-                        message: message.clone(),
-                    };
-                    if p.annotations().get(ERROR_KEY) != Some(&error.to_text()) {
-                        let patch =
-                            json!({"metadata": {"annotations": {ERROR_KEY: error.to_text()}}});
-                        let _ = api
-                            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                            .await;
-                    }
-                }
-                self.retry(Retry::Pod(Box::new(p.clone())));
-                return;
-            }
-        };
-        let want = PortAnnotation::of(&port, &uid, &net.network, &net.subnets);
-        let have = p
+        // An annotation already naming this pod's port: nothing to do (this is the pod's
+        // own MODIFIED event after the patch, mostly).
+        let annotated = p
             .annotations()
             .get(KEY)
-            .and_then(|t| PortAnnotation::parse(t).ok());
-        if have.as_ref() == Some(&want) && !p.annotations().contains_key(ERROR_KEY) {
+            .and_then(|t| PortAnnotation::parse(t).ok())
+            .is_some_and(|a| a.pod_uid == uid && a.port_id == ids::port(&uid));
+        if annotated && !p.annotations().contains_key(ERROR_KEY) {
             return;
         }
-        // The resourceVersion makes the patch apply to the pod as read: a pod deleted and
-        // recreated meanwhile is not annotated with another pod's port.
-        let patch = json!({"metadata": {
-            "resourceVersion": p.resource_version(),
-            "uid": uid,
-            "annotations": {KEY: want.to_text(), ERROR_KEY: null},
-        }});
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => tracing::info!(namespace = %ns, pod = %name, port = %port_id, "annotated"),
-            // A newer version of the pod is on its way through the watch.
-            Err(e) if is_conflict(&e) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => {
-                tracing::warn!(namespace = %ns, pod = %name, "annotating: {e}");
-                self.retry(Retry::Pod(Box::new(p.clone())));
-            }
+        // Pods are plugged concurrently, each pod's work after its previous work.
+        self.settle(&uid).await;
+        let work = PodWork {
+            kube: self.kube.clone(),
+            ctl: self.ctl.clone(),
+            retry: self.retry_tx.clone(),
+            permits: self.permits.clone(),
+        };
+        let pod = p.clone();
+        self.inflight.retain(|_, t| !t.is_finished());
+        self.inflight
+            .insert(uid.clone(), tokio::spawn(work.port(pod, uid, node, net)));
+    }
+
+    /// Waits for the pod's port work in flight, if any.
+    async fn settle(&mut self, uid: &str) {
+        if let Some(earlier) = self.inflight.remove(uid) {
+            let _ = earlier.await;
         }
     }
 
@@ -582,6 +558,96 @@ impl Watcher {
             self.remove_network(&uid).await;
         }
     }
+}
+
+/// What making one pod's port needs, apart from the watcher's state.
+struct PodWork {
+    kube: kube::Client,
+    ctl: Arc<Client>,
+    retry: tokio::sync::mpsc::UnboundedSender<Retry>,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl PodWork {
+    fn retry(&self, p: Pod) {
+        let tx = self.retry.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_AFTER).await;
+            let _ = tx.send(Retry::Pod(Box::new(p)));
+        });
+    }
+
+    /// Makes the pod's port (or finds the one an earlier attempt made) and annotates the
+    /// pod with it.
+    async fn port(self, p: Pod, uid: String, node: String, net: NamespaceNetwork) {
+        let Ok(_permit) = self.permits.clone().acquire_owned().await else {
+            return;
+        };
+        let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
+        let port_id = ids::port(&uid);
+        let attrs = json!({
+            "id": port_id, "network_id": net.network.id, "name": format!("{ns}/{name}"),
+            "device_id": uid, "device_owner": ids::POD_OWNER, "binding:host_id": node,
+            "tags": [ids::namespace_tag(&ns), ids::pod_tag(&name)],
+        });
+        let id = port_id.clone();
+        let api = Api::<Pod>::namespaced(self.kube.clone(), &ns);
+        let port = match call(&self.ctl, move |c| c.create_or_get::<Port>(&id, attrs)).await {
+            Ok(port) => port,
+            Err(e) => {
+                tracing::warn!(namespace = %ns, pod = %name, "making the pod's port: {e}");
+                // The controller's refusal goes onto the pod, where the node's plugin
+                // (and `kubectl describe`) shows it instead of waiting out its timeout.
+                if let ApiError::Neutron { kind, message, .. } = &e {
+                    let error = PortError {
+                        reason: kind.clone(),
+                        message: message.clone(),
+                    };
+                    if p.annotations().get(ERROR_KEY) != Some(&error.to_text()) {
+                        let patch =
+                            json!({"metadata": {"annotations": {ERROR_KEY: error.to_text()}}});
+                        let _ = api
+                            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await;
+                    }
+                }
+                self.retry(p);
+                return;
+            }
+        };
+        let want = PortAnnotation::of(&port, &uid, &net.network, &net.subnets);
+        // The resourceVersion makes the patch apply to the pod as read: a pod deleted and
+        // recreated meanwhile is not annotated with another pod's port.
+        let patch = json!({"metadata": {
+            "resourceVersion": p.resource_version(),
+            "uid": uid,
+            "annotations": {KEY: want.to_text(), ERROR_KEY: null},
+        }});
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => tracing::info!(namespace = %ns, pod = %name, port = %port_id, "annotated"),
+            // A newer version of the pod is on its way through the watch.
+            Err(e) if is_conflict(&e) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(namespace = %ns, pod = %name, "annotating: {e}");
+                self.retry(p);
+            }
+        }
+    }
+}
+
+/// Runs a blocking controller call off the async workers.
+async fn call<T: Send + 'static>(
+    ctl: &Arc<Client>,
+    f: impl FnOnce(&Client) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let ctl = ctl.clone();
+    tokio::task::spawn_blocking(move || f(&ctl))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::Transport(e.to_string())))
 }
 
 fn tokio_stream_of<T: Send + 'static>(

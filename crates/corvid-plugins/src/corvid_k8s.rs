@@ -287,8 +287,9 @@ fn netns_of(args: &CmdArgs) -> Result<PathBuf, Error> {
         .ok_or_else(|| Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))
 }
 
-/// Plugs the pod's interface as the annotation says.
-fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<(), Error> {
+/// Plugs the pod's interface as the annotation says; true when the host's agent had
+/// already linked the network into the overlay here (its VXLAN device on the bridge).
+fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error> {
     let mut host = Netlink::open().map_err(errors::net)?;
     let mut pod = Netlink::open_in(netns).map_err(errors::net)?;
     let bridge = ensure_bridge(
@@ -320,7 +321,10 @@ fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<(), Error> 
         &routes,
     )
     .map_err(errors::net)?;
-    Ok(())
+    let vxlan = host
+        .link_by_name(&names::vxlan(&a.network_id))
+        .map_err(errors::net)?;
+    Ok(vxlan.is_some_and(|v| v.master == Some(bridge.index) && v.up))
 }
 
 /// Removes the pod's veth pair (one end takes the other with it).
@@ -372,7 +376,7 @@ impl Plugin for CorvidK8s {
         let netns_path = netns_of(args)?;
         let netns = Netns::open(&netns_path).map_err(errors::net)?;
         let a = runtime()?.block_on(wait_annotation(&conf, &pod))?;
-        let done = plug(&a, args, &netns).and_then(|()| {
+        let done = plug(&a, args, &netns).and_then(|overlay_here| {
             let client = conf.client();
             let host_id = conf.host_id();
             let netns = netns_path.display().to_string();
@@ -382,6 +386,13 @@ impl Plugin for CorvidK8s {
                     json!({"binding:host_id": host_id, "network_ns": netns, "veth_name": args.ifname}),
                 )
                 .map_err(|e| controller_error(e, &conf, "binding the port"))?;
+            if overlay_here {
+                // The agent reports the port ACTIVE when it sees it; the pod's traffic
+                // already flows, so the pod need not wait for that.
+                return Ok(result_of(&a, args, &netns));
+            }
+            // The first pod of the network on this host: wait until the agent has linked
+            // the network into the overlay, or the pod would start cut off from the others.
             wait::active(&client, &host_id, &a.port_id, Duration::from_secs(conf.timeout))
                 .map_err(|e| match e {
                     NotActive::Failed => Error::new(

@@ -289,8 +289,11 @@ fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
         let result = cni_result(&out);
         assert_eq!(result["ips"][0]["address"], a.addresses[0].to_string());
         assert_eq!(result["interfaces"][0]["mac"], a.mac);
-        let p = port(&cluster, &a.port_id).unwrap();
-        assert_eq!(p.status, Status::Active, "the agent took the port");
+        wait_until(
+            "the agent to report the port ACTIVE",
+            Duration::from_secs(10),
+            || port(&cluster, &a.port_id).is_some_and(|p| p.status == Status::Active),
+        );
         sandboxes.push((ns, name.clone(), *host, uid.clone(), netns, a, result));
     }
     // The two namespaces' networks differ.
@@ -645,7 +648,11 @@ fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
             a.addresses[0].addr().to_string(),
             "the sandbox has the port's address"
         );
-        assert_eq!(port(&cluster, &a.port_id).unwrap().status, Status::Active);
+        wait_until(
+            "the agent to report the port ACTIVE",
+            Duration::from_secs(10),
+            || port(&cluster, &a.port_id).is_some_and(|p| p.status == Status::Active),
+        );
         sandboxes.push((id, sandbox_netns(&status), a));
     }
     // The two sandboxes, on two nodes, reach each other.
