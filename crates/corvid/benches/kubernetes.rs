@@ -72,11 +72,13 @@ fn watch_annotations(
             while let Some(Ok(e)) = stream.next().await {
                 if let WatchEvent::Added(p) | WatchEvent::Modified(p) = e {
                     version = p.metadata.resource_version.clone().unwrap_or(version);
-                    if p.metadata
+                    let going = p.metadata.deletion_timestamp.is_some();
+                    let annotated = p
+                        .metadata
                         .annotations
                         .as_ref()
-                        .is_some_and(|a| a.contains_key(key))
-                    {
+                        .is_some_and(|a| a.contains_key(key));
+                    if annotated && !going {
                         let _ = tx.send((p.metadata.name.unwrap_or_default(), Instant::now()));
                     }
                 }
@@ -200,8 +202,13 @@ fn main() {
             )
             .await
             .unwrap();
-            let (_, at) = bare.recv().await.unwrap();
-            floor.push(at - t);
+            loop {
+                let (seen, at) = bare.recv().await.unwrap();
+                if seen == name {
+                    floor.push(at - t);
+                    break;
+                }
+            }
             delete_all(&api, &[name]).await;
         }
         let mut k8s = corvid.client().await;
