@@ -333,19 +333,7 @@ fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
         json!({"prevResult": result}),
     );
     assert!(check.status.success(), "CHECK: {check:?}");
-    let del = run_plugin(
-        &cluster,
-        &kube,
-        &K8sCall {
-            host: *host,
-            command: "DEL",
-            ns,
-            name,
-            uid,
-            netns: Some(&netns.path),
-        },
-    );
-    assert!(del.status.success(), "DEL: {del:?}");
+    unplugged(&cluster, &kube, *host, [ns, name, uid], &netns.path, "DEL");
     assert!(
         netns.links("eth0").is_empty(),
         "the pod's interface is gone"
@@ -363,7 +351,50 @@ fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
         },
     );
     assert!(again.status.success(), "second DEL: {again:?}");
-    // Deleting the pods deletes their ports.
+    // STATUS (CNI 1.1.0) asks the controller and the API server.
+    let status = run_plugin_with(
+        &cluster,
+        &kube,
+        &K8sCall {
+            host: 0,
+            command: "STATUS",
+            ns: "a",
+            name: "p0",
+            uid: "",
+            netns: None,
+        },
+        json!({"cniVersion": "1.1.0"}),
+    );
+    assert!(status.status.success(), "STATUS: {status:?}");
+    // GC: a pod namespace gone without a DEL (the runtime crashed) is unplugged.
+    let (gone_ns, gone_name, host, _, _, a, _) = sandboxes.remove(2);
+    let gc = run_plugin_with(
+        &cluster,
+        &kube,
+        &K8sCall {
+            host,
+            command: "GC",
+            ns: "",
+            name: "",
+            uid: "",
+            netns: None,
+        },
+        json!({"cniVersion": "1.1.0"}),
+    );
+    assert!(gc.status.success(), "GC: {gc:?}");
+    assert_eq!(
+        port(&cluster, &a.port_id).unwrap().network_ns,
+        None,
+        "GC unbound the port"
+    );
+    assert!(
+        !cluster.hosts[host]
+            .links("cvp")
+            .contains(&corvid_net::names::host_veth(&a.port_id)),
+        "GC removed the pair"
+    );
+    // Deleting the pods deletes their ports; a DEL after that still succeeds.
+    delete_pod(&kube, gone_ns, &gone_name);
     for (ns, name, ..) in &sandboxes {
         delete_pod(&kube, ns, name);
     }
@@ -372,6 +403,50 @@ fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
             .iter()
             .any(|p| p.device_owner == corvid_k8s::ids::POD_OWNER)
     });
+    let (ns, name, host, uid, netns, ..) = &sandboxes[1];
+    unplugged(
+        &cluster,
+        &kube,
+        *host,
+        [ns, name, uid],
+        &netns.path,
+        "DEL after the pod is gone",
+    );
+    assert!(netns.links("eth0").is_empty());
+}
+
+/// A DEL of pod `[namespace, name, uid]` that succeeds and leaves the pod without its
+/// interface.
+fn unplugged(
+    cluster: &Cluster,
+    kube: &KubeApi,
+    host: usize,
+    pod: [&str; 3],
+    netns: &Path,
+    what: &str,
+) {
+    let [ns, name, uid] = pod;
+    let call = K8sCall {
+        host,
+        command: "DEL",
+        ns,
+        name,
+        uid,
+        netns: Some(netns),
+    };
+    let out = run_plugin(cluster, kube, &call);
+    assert!(out.status.success(), "{what}: {out:?}");
+    let left = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &netns.file_name().unwrap().to_string_lossy(),
+            "link",
+            "show",
+            "eth0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!left.status.success(), "{what}: eth0 is still in the pod");
 }
 
 fn lease_holder(kube: &KubeApi) -> Option<String> {
@@ -545,6 +620,36 @@ fn an_add_waits_for_the_annotation_and_fails_clearly_without_leaving_anything() 
     assert_eq!(e["code"], 100, "exhausted namespace network: {e}");
     assert!(e["msg"].as_str().unwrap().contains("p1"), "{e}");
     assert!(full_ns.links("eth").is_empty());
+    // The controller unreachable after the pod was plugged: 106, and the plug undone.
+    namespace(&kube, "e2");
+    let lone_uid = pod(&kube, "e2", "p0", "h2");
+    let a = wait_annotation(&kube, "e2", "p0");
+    let lone_ns = cluster.pod("e20");
+    let lone = K8sCall {
+        host: 1,
+        ns: "e2",
+        name: "p0",
+        uid: &lone_uid,
+        netns: Some(&lone_ns.path),
+        ..call
+    };
+    let e = cni_error(&run_plugin_with(
+        &cluster,
+        &kube,
+        &lone,
+        json!({"controller": "http://10.99.0.254:1"}),
+    ));
+    assert_eq!(e["code"], 106, "controller unreachable: {e}");
+    assert!(
+        lone_ns.links("eth").is_empty(),
+        "the pod's interface was removed"
+    );
+    assert!(
+        !cluster.hosts[1]
+            .links("cvp")
+            .contains(&corvid_net::names::host_veth(&a.port_id)),
+        "the pair was removed"
+    );
 }
 
 #[test]
