@@ -793,3 +793,61 @@ fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
         assert_eq!(port(&cluster, &a.port_id).unwrap().network_ns, None);
     }
 }
+
+#[test]
+fn the_watchers_role_lists_services_and_patches_their_status_on_this_api_server() {
+    use k8s_openapi::api::core::v1::Service;
+    let (_cluster, kube) = setup("kv");
+    kube.admin(|c| async move {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                     "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+        }))
+        .unwrap();
+        Api::<Service>::namespaced(c, "default")
+            .create(&PostParams::default(), &svc)
+            .await
+            .unwrap();
+    });
+    // What the service part of the watcher will do, as the watcher's user, with the
+    // kube/k8s-openapi pair against this 1.20 server: list, watch, and a status patch.
+    let status = kube.run(
+        &kube.kubeconfig(support::kube::WATCHER_TOKEN),
+        |c| async move {
+            let api = Api::<Service>::namespaced(c, "default");
+            let listed = api.list(&Default::default()).await.unwrap();
+            assert_eq!(listed.items.len(), 2, "the kubernetes service and web");
+            let patch = json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}});
+            let patched = api
+                .patch_status(
+                    "web",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+                .unwrap();
+            let denied = api
+                .patch(
+                    "web",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&json!({"metadata": {"labels": {"x": "y"}}})),
+                )
+                .await;
+            assert!(
+                matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403),
+                "the role may not change services: {denied:?}"
+            );
+            patched
+                .status
+                .unwrap()
+                .load_balancer
+                .unwrap()
+                .ingress
+                .unwrap()[0]
+                .ip
+                .clone()
+        },
+    );
+    assert_eq!(status.as_deref(), Some("203.0.113.7"));
+}
