@@ -17,6 +17,7 @@ use futures::{Stream, StreamExt};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Event};
 use kube::ResourceExt;
 use serde_json::json;
@@ -116,8 +117,8 @@ struct Watcher {
     ctl: Arc<Client>,
     cfg: Config,
     /// Namespace name to UID, as listed and watched.
-    namespaces: HashMap<String, String>,
-    namespaces_listing: Option<HashMap<String, String>>,
+    namespaces: reflector::Store<Namespace>,
+    namespaces_writer: Option<reflector::store::Writer<Namespace>>,
     /// Networks made, by namespace UID.
     networks: HashMap<String, NamespaceNetwork>,
     /// UIDs of the pods that exist.
@@ -146,12 +147,13 @@ fn is_conflict(e: &kube::Error) -> bool {
 impl Watcher {
     fn new(kube: kube::Client, ctl: Client, cfg: Config) -> Self {
         let (retry_tx, retry_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (namespaces, writer) = reflector::store();
         Watcher {
             kube,
             ctl: Arc::new(ctl),
             cfg,
-            namespaces: HashMap::new(),
-            namespaces_listing: None,
+            namespaces,
+            namespaces_writer: Some(writer),
             networks: HashMap::new(),
             pods: HashSet::new(),
             pods_listing: None,
@@ -173,15 +175,18 @@ impl Watcher {
 
     async fn run(&mut self) -> Result<(), Error> {
         self.setup().await?;
-        let namespaces =
-            watcher::watcher(Api::<Namespace>::all(self.kube.clone()), Default::default()).map(
-                |e| {
-                    e.map_or_else(
-                        |e| Input::WatchFailed("namespaces", e.to_string()),
-                        |e| Input::Namespace(Box::new(e)),
-                    )
-                },
-            );
+        // The namespaces' reflector keeps the store network_of and the sweep read.
+        let writer = self.namespaces_writer.take().expect("run is called once");
+        let namespaces = reflector::reflector(
+            writer,
+            watcher::watcher(Api::<Namespace>::all(self.kube.clone()), Default::default()),
+        )
+        .map(|e| {
+            e.map_or_else(
+                |e| Input::WatchFailed("namespaces", e.to_string()),
+                |e| Input::Namespace(Box::new(e)),
+            )
+        });
         let pods =
             watcher::watcher(Api::<Pod>::all(self.kube.clone()), Default::default()).map(|e| {
                 e.map_or_else(
@@ -286,25 +291,13 @@ impl Watcher {
 
     async fn namespace_event(&mut self, e: Event<Namespace>) {
         match e {
-            Event::Init => self.namespaces_listing = Some(HashMap::new()),
-            Event::InitApply(n) => {
-                if let Some(l) = &mut self.namespaces_listing {
-                    l.insert(n.name_any(), n.uid().unwrap_or_default());
-                }
-                self.namespace(&n).await;
-            }
+            Event::Init => {}
+            Event::InitApply(n) | Event::Apply(n) => self.namespace(&n).await,
             Event::InitDone => {
-                self.namespaces = self.namespaces_listing.take().unwrap_or_default();
                 self.listed.0 = true;
                 self.sweep().await;
             }
-            Event::Apply(n) => {
-                self.namespaces
-                    .insert(n.name_any(), n.uid().unwrap_or_default());
-                self.namespace(&n).await;
-            }
             Event::Delete(n) => {
-                self.namespaces.remove(&n.name_any());
                 if let Some(uid) = n.uid() {
                     self.remove_network(&uid).await;
                 }
@@ -359,8 +352,12 @@ impl Watcher {
     /// The network of the namespace named `name`, made now if the namespace watch has
     /// not brought it yet.
     async fn network_of(&mut self, name: &str) -> Option<NamespaceNetwork> {
-        let uid = match self.namespaces.get(name) {
-            Some(uid) => uid.clone(),
+        let known = self
+            .namespaces
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+            .and_then(|n| n.uid());
+        let uid = match known {
+            Some(uid) => uid,
             None => {
                 let n = Api::<Namespace>::all(self.kube.clone())
                     .get_opt(name)
@@ -531,7 +528,12 @@ impl Watcher {
             Ok(n) => tracing::info!("swept {n} ports of pods that are gone"),
             Err(e) => tracing::warn!("sweeping ports: {e}"),
         }
-        let live: HashSet<String> = self.namespaces.values().cloned().collect();
+        let live: HashSet<String> = self
+            .namespaces
+            .state()
+            .iter()
+            .filter_map(|n| n.uid())
+            .collect();
         let networks = self
             .call(|c| {
                 c.list::<Network>(&[("tags", ids::NETWORK_TAG)])
