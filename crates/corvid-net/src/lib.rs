@@ -19,6 +19,16 @@ mod addr;
 pub use netlink::Netlink;
 pub use netns::{Netns, NetnsGuard};
 
+/// This host's name (`localhost` when it has none): the default host ID of the agent's
+/// and the plugins' ports.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 use std::io;
 use std::path::PathBuf;
 

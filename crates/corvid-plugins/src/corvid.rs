@@ -41,10 +41,6 @@ impl From<Code> for u32 {
     }
 }
 
-fn default_timeout() -> u64 {
-    60
-}
-
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Conf {
@@ -53,7 +49,7 @@ struct Conf {
     project: String,
     subnet: String,
     host_id: String,
-    #[serde(default = "default_timeout")]
+    #[serde(default = "wait::default_timeout")]
     timeout: u64,
     #[serde(default)]
     token: Option<String>,
@@ -166,12 +162,6 @@ fn api(e: ApiError, conf: &Conf, doing: &str) -> Error {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// Creates the port, or finds the one a repeated ADD made before.
 fn create_port(
     client: &Client,
@@ -185,7 +175,7 @@ fn create_port(
         "id": id,
         "name": format!("k8s_{id}"),
         "admin_state_up": true,
-        "description": format!("cni {}, ns:{netns}, host:{}", args.container_id, hostname()),
+        "description": format!("cni {}, ns:{netns}, host:{}", args.container_id, corvid_net::hostname()),
         "network_id": conf.subnet,
         "veth_name": args.ifname,
         "network_ns": netns,

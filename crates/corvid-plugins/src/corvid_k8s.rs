@@ -49,10 +49,6 @@ impl From<Code> for u32 {
     }
 }
 
-fn default_timeout() -> u64 {
-    60
-}
-
 fn default_kubeconfig() -> PathBuf {
     PathBuf::from("/etc/cni/net.d/corvid-k8s.kubeconfig")
 }
@@ -72,17 +68,13 @@ struct Conf {
     token: Option<String>,
     #[serde(default)]
     host_id: Option<String>,
-    #[serde(default = "default_timeout")]
+    #[serde(default = "wait::default_timeout")]
     timeout: u64,
 }
 
 impl Conf {
     fn host_id(&self) -> String {
-        self.host_id.clone().unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default()
-        })
+        self.host_id.clone().unwrap_or_else(corvid_net::hostname)
     }
 
     fn client(&self) -> Client {

@@ -5,6 +5,11 @@ use std::time::{Duration, Instant};
 
 use corvid_api::{ApiError, Client, EventKind, Port, Resource, Status, WatchFilter};
 
+/// How long a plugin waits, in seconds, unless its configuration says `timeout`.
+pub fn default_timeout() -> u64 {
+    60
+}
+
 /// Why a port did not become ACTIVE.
 #[derive(Debug)]
 pub enum NotActive {

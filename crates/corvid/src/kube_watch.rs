@@ -13,16 +13,8 @@ pub struct KubeWatchArgs {
     /// not given.
     #[arg(long)]
     kubeconfig: Option<std::path::PathBuf>,
-    /// The controller's URL.
-    #[arg(
-        long,
-        env = "CORVID_CONTROLLER",
-        default_value = "http://127.0.0.1:9696"
-    )]
-    controller: String,
-    /// The controller's token.
-    #[arg(long, env = "CORVID_TOKEN")]
-    token: Option<String>,
+    #[command(flatten)]
+    client: crate::ControllerClientArgs,
     /// The API server's --service-cluster-ip-range: the service network's subnet.
     #[arg(long, default_value = "10.0.0.0/24")]
     service_cidr: ipnet::IpNet,
@@ -55,14 +47,13 @@ pub struct KubeWatchArgs {
 
 /// Runs the watcher until it fails or a stop signal comes.
 pub fn run(a: KubeWatchArgs) -> ExitCode {
-    let identity = a.identity.unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
+    let identity = a
+        .identity
+        .unwrap_or_else(|| format!("{}-{}", corvid_net::hostname(), std::process::id()));
     let config = Config {
         kubeconfig: a.kubeconfig,
-        controller: a.controller,
-        token: a.token,
+        controller: a.client.controller,
+        token: a.client.token,
         service_cidr: a.service_cidr,
         public_network: a.public_network,
         pod_pool: a.pod_pool,

@@ -74,12 +74,9 @@ enum Command {
     KubeWatch(kube_watch::KubeWatchArgs),
 }
 
-/// How a host-side process reaches the controller and names its host.
+/// How a process reaches the controller.
 #[derive(clap::Args)]
-struct HostArgs {
-    /// This host's ID, as ports name it in binding:host_id.
-    #[arg(long, env = "CORVID_HOST_ID")]
-    host_id: String,
+struct ControllerClientArgs {
     /// The controller's URL.
     #[arg(
         long,
@@ -90,6 +87,16 @@ struct HostArgs {
     /// The controller's token.
     #[arg(long, env = "CORVID_TOKEN")]
     token: Option<String>,
+}
+
+/// How a host-side process reaches the controller and names its host.
+#[derive(clap::Args)]
+struct HostArgs {
+    /// This host's ID, as ports name it in binding:host_id.
+    #[arg(long, env = "CORVID_HOST_ID")]
+    host_id: String,
+    #[command(flatten)]
+    client: ControllerClientArgs,
 }
 
 /// Arguments of `corvid docker-plugin`.
@@ -179,8 +186,8 @@ fn main() -> ExitCode {
         Command::KubeWatch(a) => kube_watch::run(a),
         Command::DockerPlugin(a) => {
             let driver = corvid_docker::Driver::new(corvid_docker::Config {
-                controller: a.host.controller,
-                token: a.host.token,
+                controller: a.host.client.controller,
+                token: a.host.client.token,
                 host_id: a.host.host_id,
                 scope: a.scope,
                 default_range: a.default_range,
@@ -202,8 +209,8 @@ fn main() -> ExitCode {
         Command::Agent(a) => {
             let config = corvid_agent::Config {
                 host_id: a.host.host_id,
-                controller: a.host.controller,
-                token: a.host.token,
+                controller: a.host.client.controller,
+                token: a.host.client.token,
                 underlay_ip: a.underlay_ip,
                 resync: std::time::Duration::from_secs(a.resync.max(1)),
             };

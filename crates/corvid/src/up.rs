@@ -34,14 +34,6 @@ pub struct UpArgs {
     conf_dir: PathBuf,
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 /// The default network and its subnet, created on the first run and found afterwards.
 fn default_network(client: &Client, name: &str, cidr: ipnet::IpNet) -> Result<Subnet, String> {
     let err = |e: corvid_api::ApiError| e.to_string();
@@ -97,7 +89,7 @@ fn up(a: UpArgs) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let subnet = default_network(&client, &a.network, a.subnet)?;
-    let host_id = a.host_id.unwrap_or_else(hostname);
+    let host_id = a.host_id.unwrap_or_else(corvid_net::hostname);
     let mut agent = corvid_agent::Agent::new(corvid_agent::Config {
         host_id: host_id.clone(),
         controller: url.clone(),

@@ -17,7 +17,7 @@ use corvid_k8s::annotation::{PortAnnotation, KEY};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
-use support::cluster::ns::wait_until;
+use support::cluster::ns::{spawn_with_input, wait_until};
 use support::cluster::{cni_result, Cluster};
 use support::kube::{plugin_conf, start_watcher, KubeApi, NOBODY_TOKEN, NODE_TOKEN};
 
@@ -169,15 +169,7 @@ fn spawn_plugin(cluster: &Cluster, call: &K8sCall, conf: &Value) -> Child {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    child
+    spawn_with_input(&mut cmd, &conf.to_string())
 }
 
 fn run_plugin(cluster: &Cluster, kube: &KubeApi, call: &K8sCall) -> Output {

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use corvid_api::{Client, Network, Port, Subnet};
-use ns::{wait_until, Ns, Proc};
+use ns::{spawn_with_input, wait_until, Ns, Proc};
 use serde_json::{json, Value};
 
 const CONTROLLER_PORT: u16 = 9696;
@@ -278,25 +278,15 @@ impl Cluster {
 
     /// Any installed plugin run directly, with `conf` on stdin.
     pub fn run_plugin(&self, c: &PluginCall, pod: &Ns, conf: &Value) -> Child {
-        let mut child = self.hosts[c.host]
-            .command(self.bin.path().join(c.plugin))
-            .env("CNI_COMMAND", c.command)
+        let mut cmd = self.hosts[c.host].command(self.bin.path().join(c.plugin));
+        cmd.env("CNI_COMMAND", c.command)
             .env("CNI_CONTAINERID", c.container)
             .env("CNI_NETNS", &pod.path)
             .env("CNI_IFNAME", c.ifname)
             .env("CNI_PATH", self.bin.path())
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        child
+            .stdout(Stdio::piped());
+        spawn_with_input(&mut cmd, &conf.to_string())
     }
 
     pub fn pod(&self, name: &str) -> Ns {

@@ -99,6 +99,19 @@ impl Drop for Proc {
     }
 }
 
+/// Spawns `cmd` with `input` written to its stdin (which must be piped).
+pub fn spawn_with_input(cmd: &mut Command, input: &str) -> Child {
+    use std::io::Write;
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child
+}
+
 pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
