@@ -8,7 +8,7 @@ use corvid_net::binding::{
     ensure_bridge, ensure_gateway, ensure_plugged, BridgeSpec, Plugged, VethSpec,
 };
 use corvid_net::link::{Link, LinkKind};
-use corvid_net::nft::{self, MasqueradeTag};
+use corvid_net::nftables::masquerade;
 use corvid_net::overlay::VxlanSpec;
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
@@ -153,14 +153,11 @@ impl Datapath {
         if self.masquerade.as_ref() == Some(&want) {
             return Ok(());
         }
-        let tags: Vec<MasqueradeTag> = want
+        let networks: Vec<(&str, &[IpNet])> = want
             .iter()
-            .map(|(id, _)| MasqueradeTag::network(id))
+            .map(|(id, subnets)| (id.as_str(), subnets.as_slice()))
             .collect();
-        nft::gc_network_masquerade(&tags)?;
-        for ((_, subnets), tag) in want.iter().zip(&tags) {
-            nft::set_subnet_masquerade(tag, subnets)?;
-        }
+        masquerade::set_network_masquerade(&networks)?;
         self.masquerade = Some(want);
         Ok(())
     }

@@ -9,7 +9,7 @@ pub mod link;
 pub mod names;
 pub mod netlink;
 pub mod netns;
-pub mod nft;
+pub mod nftables;
 pub mod overlay;
 pub mod route;
 pub mod sysctl;
@@ -51,9 +51,14 @@ pub enum Error {
         /// Why.
         source: io::Error,
     },
-    /// nftables refused or could not be run.
-    #[error("nftables: {0}")]
-    Nftables(String),
+    /// The kernel refused a change to corvid's nftables table.
+    #[error("nftables: {op}: {source}")]
+    Nftables {
+        /// The step refused, e.g. "add an element to masq4".
+        op: String,
+        /// The errno the kernel answered.
+        source: io::Error,
+    },
     /// A file (sysctl, namespace mount point) could not be read or written.
     #[error("{what}: {source}")]
     Io {
@@ -70,8 +75,8 @@ impl Error {
         match self {
             Error::Netlink { source, .. }
             | Error::Netns { source, .. }
+            | Error::Nftables { source, .. }
             | Error::Io { source, .. } => source.raw_os_error(),
-            Error::Nftables(_) => None,
         }
     }
 }

@@ -10,7 +10,7 @@ use corvid_net::binding::{
     configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, VethPair, VethSpec,
 };
 use corvid_net::link::{Link, LinkKind};
-use corvid_net::nft::{self, MasqueradeTag};
+use corvid_net::nftables::masquerade::{self, MasqueradeTag};
 use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Netlink, Netns};
 use ipnet::IpNet;
@@ -165,13 +165,13 @@ fn joined(
 struct Undo<'a> {
     args: &'a CmdArgs,
     ipam: bool,
-    masq: Option<MasqueradeTag>,
+    masq: Option<(MasqueradeTag, Vec<std::net::IpAddr>)>,
 }
 
 impl Undo<'_> {
     fn run(self, host: &mut Netlink, port: &VethPair) {
-        if let Some(tag) = &self.masq {
-            let _ = nft::delete_masquerade(tag);
+        if let Some((tag, addrs)) = &self.masq {
+            let _ = masquerade::delete_masquerade(tag, Some(addrs));
         }
         let _ = host.delete_link(&port.host);
         if self.ipam {
@@ -366,8 +366,8 @@ fn finish(
     }
     if conf.ip_masq && !addrs.is_empty() {
         let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
-        undo.masq = Some(tag.clone());
-        nft::add_masquerade(&tag, &addrs).map_err(errors::net)?;
+        undo.masq = Some((tag.clone(), addrs.iter().map(|a| a.addr()).collect()));
+        masquerade::add_masquerade(&tag, &addrs).map_err(errors::net)?;
     }
     prev.interfaces.extend([
         Interface {
@@ -399,19 +399,61 @@ fn finish(
     Ok(())
 }
 
+/// What DEL finds of the container's end of the pair.
+enum ContainerEnd {
+    /// The namespace is gone.
+    Gone,
+    /// The namespace is there, the interface is not.
+    Removed,
+    /// The interface, and a socket in its namespace.
+    Plugged(Netlink, Link),
+}
+
+fn container_end(args: &CmdArgs) -> Result<ContainerEnd, Error> {
+    let Some(ns) = args.netns.as_ref().and_then(|p| Netns::open(p).ok()) else {
+        return Ok(ContainerEnd::Gone);
+    };
+    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    Ok(
+        match container.link_by_name(&args.ifname).map_err(errors::net)? {
+            Some(link) => ContainerEnd::Plugged(container, link),
+            None => ContainerEnd::Removed,
+        },
+    )
+}
+
+/// The addresses whose masquerade DEL removes: those on the container's interface, as
+/// the reference reads them, and prevResult's; none known means look for the tag.
+fn masqueraded(args: &CmdArgs, end: &mut ContainerEnd) -> Option<Vec<std::net::IpAddr>> {
+    let mut addrs: Vec<std::net::IpAddr> = Vec::new();
+    if let ContainerEnd::Plugged(container, link) = end {
+        addrs.extend(
+            container
+                .addresses(Some(link.index))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(_, a)| a.addr())
+                .filter(|a| !matches!(a, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local())),
+        );
+    }
+    if let Some(prev) = &args.prev_result {
+        addrs.extend(prev.ips.iter().map(|ip| ip.address.addr()));
+    }
+    addrs.sort();
+    addrs.dedup();
+    (!addrs.is_empty()).then_some(addrs)
+}
+
 /// Removes the container's veth pair, from inside the namespace when it still exists.
-fn unplug(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
-    match args.netns.as_ref().and_then(|p| Netns::open(p).ok()) {
-        Some(ns) => {
-            let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-            if let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? {
-                container.delete_link(&link).map_err(errors::net)?;
-            }
-            Ok(())
+fn unplug(args: &CmdArgs, conf: &BridgeConf, end: ContainerEnd) -> Result<(), Error> {
+    match end {
+        ContainerEnd::Plugged(mut container, link) => {
+            container.delete_link(&link).map_err(errors::net)
         }
+        ContainerEnd::Removed => Ok(()),
         // The namespace is gone; the kernel destroys the pair with it, but not at once:
         // remove the host end now when prevResult names it.
-        None => delete_host_end(args, conf),
+        ContainerEnd::Gone => delete_host_end(args, conf),
     }
 }
 
@@ -523,6 +565,18 @@ impl Plugin for Bridge {
         // Every step runs whatever the others did: a lease must not outlive its veth
         // because the veth could not be deleted, nor the other way round.
         let mut failures = Vec::new();
+        let mut end = container_end(args).unwrap_or_else(|e| {
+            failures.push(e.during(&format!("find {} in its namespace", args.ifname)));
+            ContainerEnd::Removed
+        });
+        // Before the lease goes: until then no other container can hold the address.
+        if conf.ip_masq {
+            let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
+            let addrs = masqueraded(args, &mut end);
+            if let Err(e) = masquerade::delete_masquerade(&tag, addrs.as_deref()) {
+                failures.push(errors::net(e).during("remove the masquerade"));
+            }
+        }
         let own_ipam = ipam_type(args).and_then(|t| delegate::in_process(t, args));
         if let (None, Some(t)) = (own_ipam, ipam_type(args)) {
             if let Err(e) = delegate::run(t, Command::Del, args) {
@@ -533,7 +587,7 @@ impl Plugin for Bridge {
         // binary's own host-local releases the lease meanwhile.
         let (released, unplugged) = std::thread::scope(|s| {
             let released = own_ipam.map(|p| s.spawn(move || delegate::call(p, Command::Del, args)));
-            let unplugged = unplug(args, &conf);
+            let unplugged = unplug(args, &conf, end);
             (released.map(joined).transpose(), unplugged)
         });
         if let Err(e) = released {
@@ -546,12 +600,6 @@ impl Plugin for Bridge {
                 args.ifname,
                 netns.as_deref().unwrap_or("a namespace already gone")
             )));
-        }
-        if conf.ip_masq {
-            let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
-            if let Err(e) = nft::delete_masquerade(&tag) {
-                failures.push(errors::net(e).during("remove the masquerade rule"));
-            }
         }
         Error::all(failures)
     }
@@ -573,7 +621,7 @@ impl Plugin for Bridge {
                 .flatten()
                 .map(|a| MasqueradeTag::new(&args.conf.name, &a.container_id, &a.ifname))
                 .collect();
-            nft::gc_masquerade(&args.conf.name, &keep).map_err(errors::net)?;
+            masquerade::gc_masquerade(&args.conf.name, &keep).map_err(errors::net)?;
         }
         Ok(())
     }

@@ -59,9 +59,10 @@ impl TestNs {
             .collect()
     }
 
-    /// corvid masquerade rule comments in this namespace.
+    /// The attachment tags of corvid's masqueraded addresses in this namespace.
     pub fn masquerade_rules(&self) -> Vec<String> {
-        self.run(corvid_net::nft::masquerade_tags).unwrap()
+        self.run(corvid_net::nftables::masquerade::masquerade_tags)
+            .unwrap()
     }
 
     /// Runs a command with this namespace as its network namespace.

@@ -1,0 +1,293 @@
+//! The expressions corvid's rules are made of, each a small builder over
+//! netlink-packet-netfilter's types; the kinds that crate has no type for (masq, nat, ct,
+//! counter, reject, fib, numgen) are written here from `nf_tables.h`, every number
+//! big-endian as the kernel reads attributes.
+
+use super::nla;
+use ipnet::IpNet;
+use netlink_packet_netfilter::nftables::{
+    Bitwise, Cmp, DataAttribute, Expressions, Immediate, Lookup, Meta, MetaKey, Operator, Payload,
+    Register, Verdict as NfVerdict, VerdictAttribute,
+};
+
+pub use netlink_packet_netfilter::nftables::Register as Reg;
+
+/// What a rule does with a packet that matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict<'a> {
+    /// Let it through this hook.
+    Accept,
+    /// Throw it away.
+    Drop,
+    /// Back to the calling chain.
+    Return,
+    /// Into a chain, coming back after it.
+    Jump(&'a str),
+    /// Into a chain, not coming back.
+    Goto(&'a str),
+}
+
+impl Verdict<'_> {
+    /// The netlink form of the verdict.
+    pub(crate) fn attributes(self) -> Vec<VerdictAttribute> {
+        let (code, chain) = match self {
+            Verdict::Accept => (NfVerdict::Other(1), None),
+            Verdict::Drop => (NfVerdict::Other(0), None),
+            Verdict::Return => (NfVerdict::Return, None),
+            Verdict::Jump(c) => (NfVerdict::Jump, Some(c)),
+            Verdict::Goto(c) => (NfVerdict::Goto, Some(c)),
+        };
+        let mut attrs = vec![VerdictAttribute::Code(code)];
+        attrs.extend(chain.map(|c| VerdictAttribute::Chain(c.into())));
+        attrs
+    }
+}
+
+/// A header field a rule matches on or loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// The IP source address.
+    SrcAddr,
+    /// The IP destination address.
+    DstAddr,
+    /// The TCP, UDP or SCTP source port.
+    SrcPort,
+    /// The TCP, UDP or SCTP destination port.
+    DstPort,
+}
+
+const PAYLOAD_NETWORK: u32 = 1;
+const PAYLOAD_TRANSPORT: u32 = 2;
+
+/// Loads a field of an IPv4 (`v6` false) or IPv6 packet into `reg`.
+pub fn load(field: Field, v6: bool, reg: Register) -> Expressions {
+    let (base, offset, len) = match (field, v6) {
+        (Field::SrcAddr, false) => (PAYLOAD_NETWORK, 12, 4),
+        (Field::DstAddr, false) => (PAYLOAD_NETWORK, 16, 4),
+        (Field::SrcAddr, true) => (PAYLOAD_NETWORK, 8, 16),
+        (Field::DstAddr, true) => (PAYLOAD_NETWORK, 24, 16),
+        (Field::SrcPort, _) => (PAYLOAD_TRANSPORT, 0, 2),
+        (Field::DstPort, _) => (PAYLOAD_TRANSPORT, 2, 2),
+    };
+    Expressions::Payload(vec![
+        Payload::DestinationRegister(reg),
+        Payload::Base(base),
+        Payload::Offset(offset),
+        Payload::Len(len),
+    ])
+}
+
+fn meta(key: MetaKey, reg: Register) -> Expressions {
+    Expressions::Meta(vec![Meta::DestinationRegister(reg), Meta::Key(key)])
+}
+
+/// Compares `reg` with `bytes`.
+pub fn cmp(reg: Register, equal: bool, bytes: &[u8]) -> Expressions {
+    Expressions::Cmp(vec![
+        Cmp::SourceRegister(reg),
+        Cmp::Op(if equal {
+            Operator::Equal
+        } else {
+            Operator::NotEqual
+        }),
+        Cmp::Data(DataAttribute::Value(bytes.to_vec())),
+    ])
+}
+
+/// The packet is IPv4 (`v6` false) or IPv6: needed before loading an address in an inet
+/// table.
+pub fn nfproto(v6: bool) -> Vec<Expressions> {
+    vec![
+        meta(MetaKey::Nfproto, Register::Reg1),
+        cmp(Register::Reg1, true, &[if v6 { 10 } else { 2 }]),
+    ]
+}
+
+/// The transport protocol is `proto` (6 TCP, 17 UDP, 132 SCTP).
+pub fn l4proto(proto: u8) -> Vec<Expressions> {
+    vec![
+        meta(MetaKey::Other(16), Register::Reg1),
+        cmp(Register::Reg1, true, &[proto]),
+    ]
+}
+
+/// The input (`input` true) or output interface's name is `name`.
+pub fn ifname(input: bool, name: &str, equal: bool) -> Vec<Expressions> {
+    let mut bytes = [0u8; 16];
+    let n = name.len().min(15);
+    bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    let key = if input {
+        MetaKey::Iifname
+    } else {
+        MetaKey::Oifname
+    };
+    vec![
+        meta(key, Register::Reg1),
+        cmp(Register::Reg1, equal, &bytes),
+    ]
+}
+
+fn addr_bytes(addr: std::net::IpAddr) -> Vec<u8> {
+    match addr {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The address `field` is (or with `equal` false, is not) inside `net`.
+pub fn in_prefix(field: Field, net: IpNet, equal: bool) -> Vec<Expressions> {
+    let v6 = matches!(net, IpNet::V6(_));
+    let mut out = vec![load(field, v6, Register::Reg1)];
+    let full = if v6 { 128 } else { 32 };
+    if net.prefix_len() < full {
+        let len = if v6 { 16 } else { 4 };
+        out.push(Expressions::Bitwise(vec![
+            Bitwise::SourceRegister(Register::Reg1),
+            Bitwise::DestinationRegister(Register::Reg1),
+            Bitwise::Length(len),
+            Bitwise::Mask(DataAttribute::Value(addr_bytes(net.netmask()))),
+            Bitwise::Xor(DataAttribute::Value(vec![0; len as usize])),
+        ]));
+    }
+    out.push(cmp(Register::Reg1, equal, &addr_bytes(net.network())));
+    out
+}
+
+/// The contents of `reg` are (or, `found` false, are not) a key of `set`.
+pub fn lookup(set: &str, reg: Register, found: bool) -> Expressions {
+    let mut attrs = vec![Lookup::Set(set.into()), Lookup::SourceRegister(reg)];
+    if !found {
+        attrs.push(Lookup::Flags(1));
+    }
+    Expressions::Lookup(attrs)
+}
+
+/// Looks `sreg` up in the map `set` and puts the value in `dreg` (the verdict register
+/// for a verdict map); no match ends the rule.
+pub fn map(set: &str, sreg: Register, dreg: Register) -> Expressions {
+    Expressions::Lookup(vec![
+        Lookup::Set(set.into()),
+        Lookup::SourceRegister(sreg),
+        Lookup::DestinationRegister(dreg),
+    ])
+}
+
+/// The rule's verdict.
+pub fn verdict(v: Verdict) -> Expressions {
+    Expressions::Immediate(vec![
+        Immediate::DestinationRegister(Register::Verdict),
+        Immediate::Data(DataAttribute::Verdict(v.attributes())),
+    ])
+}
+
+/// Puts constant bytes in a register.
+pub fn immediate(reg: Register, bytes: &[u8]) -> Expressions {
+    Expressions::Immediate(vec![
+        Immediate::DestinationRegister(reg),
+        Immediate::Data(DataAttribute::Value(bytes.to_vec())),
+    ])
+}
+
+fn be32(v: u32) -> Vec<u8> {
+    v.to_be_bytes().to_vec()
+}
+
+fn reg32(r: Register) -> Vec<u8> {
+    be32(u32::from(r))
+}
+
+fn other(name: &str, attributes: Vec<netlink_packet_core::DefaultNla>) -> Expressions {
+    Expressions::Other {
+        expression_type: name.into(),
+        attributes,
+    }
+}
+
+/// Source NAT to the outgoing interface's address.
+pub fn masquerade() -> Expressions {
+    other("masq", Vec::new())
+}
+
+/// Rewrites the destination to the address in `addr` (and the port in `port`).
+pub fn dnat(v6: bool, addr: Register, port: Option<Register>) -> Expressions {
+    nat(1, v6, addr, port)
+}
+
+/// Rewrites the source to the address in `addr`.
+pub fn snat(v6: bool, addr: Register) -> Expressions {
+    nat(0, v6, addr, None)
+}
+
+fn nat(kind: u32, v6: bool, addr: Register, port: Option<Register>) -> Expressions {
+    let mut attrs = vec![
+        nla(1, be32(kind)),
+        nla(2, be32(if v6 { 10 } else { 2 })),
+        nla(3, reg32(addr)),
+    ];
+    if let Some(p) = port {
+        attrs.push(nla(5, reg32(p)));
+    }
+    other("nat", attrs)
+}
+
+/// Counts packets and bytes (seen in `nft list`).
+pub fn counter() -> Expressions {
+    other("counter", Vec::new())
+}
+
+/// Connection tracking states (`ct state`), as the kernel's bits.
+pub mod ct {
+    /// `invalid`
+    pub const INVALID: u32 = 1;
+    /// `established`
+    pub const ESTABLISHED: u32 = 2;
+    /// `related`
+    pub const RELATED: u32 = 4;
+    /// `new`
+    pub const NEW: u32 = 8;
+}
+
+/// The connection's state is one of `states` (bits of [`ct`]).
+pub fn ct_state(states: u32) -> Vec<Expressions> {
+    vec![
+        other("ct", vec![nla(1, reg32(Register::Reg1)), nla(2, be32(0))]),
+        Expressions::Bitwise(vec![
+            Bitwise::SourceRegister(Register::Reg1),
+            Bitwise::DestinationRegister(Register::Reg1),
+            Bitwise::Length(4),
+            Bitwise::Mask(DataAttribute::Value(states.to_ne_bytes().to_vec())),
+            Bitwise::Xor(DataAttribute::Value(vec![0; 4])),
+        ]),
+        cmp(Register::Reg1, false, &[0; 4]),
+    ]
+}
+
+/// The destination address is one of this host's (`fib daddr type local`).
+pub fn daddr_local() -> Vec<Expressions> {
+    vec![
+        // result addrtype (3), flag daddr (2)
+        other(
+            "fib",
+            vec![
+                nla(1, reg32(Register::Reg1)),
+                nla(2, be32(3)),
+                nla(3, be32(2)),
+            ],
+        ),
+        cmp(Register::Reg1, true, &2u32.to_ne_bytes()),
+    ]
+}
+
+/// Refuses at once: a TCP reset for TCP, port unreachable for the rest.
+pub fn reject() -> Expressions {
+    // type icmpx unreach (2), code port unreachable (1)
+    other("reject", vec![nla(1, be32(2)), nla(2, vec![1])])
+}
+
+/// A random number in 0..modulus into `reg`.
+pub fn random(modulus: u32, reg: Register) -> Expressions {
+    other(
+        "numgen",
+        vec![nla(1, reg32(reg)), nla(2, be32(modulus)), nla(3, be32(1))],
+    )
+}

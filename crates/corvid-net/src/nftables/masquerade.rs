@@ -1,0 +1,313 @@
+//! Masquerade in corvid's table at a constant cost per container, whatever the number of
+//! containers on the network:
+//!
+//! ```text
+//! map masq4 { type ipv4_addr : verdict }        map masq6 { type ipv6_addr : verdict }
+//! chain masquerade { type nat hook postrouting priority srcnat
+//!     meta nfproto ipv4 ip saddr vmap @masq4
+//!     meta nfproto ipv6 ip6 saddr vmap @masq6 }
+//! chain masq-<network, subnet> { ip daddr <subnet> return; ip daddr 224.0.0.0/4 return; masquerade }
+//! ```
+//!
+//! ADD adds one element (the container's address, jumping to its subnet's chain, with the
+//! attachment's tag as comment); DEL removes the elements carrying its tag; GC removes the
+//! elements of attachments not listed valid. The agent's network-wide masquerade is its
+//! own base chain, `agent-masquerade`, rewritten whole when its networks change.
+
+use super::expr::{self, Field, Reg, Verdict};
+use super::{BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec, Value};
+use crate::Result;
+use ipnet::IpNet;
+use std::fs::File;
+use std::net::IpAddr;
+
+const CHAIN: &str = "masquerade";
+const AGENT_CHAIN: &str = "agent-masquerade";
+const SUBNET_CHAIN_PREFIX: &str = "masq-";
+const SRCNAT: BaseChain = BaseChain {
+    kind: ChainType::Nat,
+    hook: HookPoint::Postrouting,
+    priority: 100,
+};
+
+/// FNV-1a over the parts, each ended by a zero byte so ("ab", "c") and ("a", "bc") differ.
+fn fnv1a(parts: &[&str]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = fnv::FnvHasher::default();
+    for part in parts {
+        h.write(part.as_bytes());
+        h.write(&[0]);
+    }
+    h.finish()
+}
+
+/// Names the elements of one attachment: `corvid:<network hash>:<attachment hash>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MasqueradeTag(String);
+
+impl MasqueradeTag {
+    /// The tag of (network, container ID, interface).
+    pub fn new(network: &str, container_id: &str, ifname: &str) -> MasqueradeTag {
+        MasqueradeTag(format!(
+            "{}{:016x}",
+            network_prefix(network),
+            fnv1a(&[container_id, ifname])
+        ))
+    }
+
+    /// The tag of a whole network's masquerade, programmed by the agent of a host.
+    pub fn network(network: &str) -> MasqueradeTag {
+        MasqueradeTag(format!("corvid-net:{:016x}", fnv1a(&[network])))
+    }
+
+    /// The comment text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn network_prefix(network: &str) -> String {
+    format!("corvid:{:016x}:", fnv1a(&[network]))
+}
+
+fn map_name(v6: bool) -> &'static str {
+    if v6 {
+        "masq6"
+    } else {
+        "masq4"
+    }
+}
+
+fn key(addr: IpAddr) -> (&'static str, Vec<u8>) {
+    match addr {
+        IpAddr::V4(a) => (map_name(false), a.octets().to_vec()),
+        IpAddr::V6(a) => (map_name(true), a.octets().to_vec()),
+    }
+}
+
+fn multicast(v6: bool) -> IpNet {
+    if v6 {
+        "ff00::/8".parse().expect("valid prefix")
+    } else {
+        "224.0.0.0/4".parse().expect("valid prefix")
+    }
+}
+
+/// Serializes corvid's read-then-change steps on its table (an element looked up, then
+/// replaced or removed) between processes; each change itself is one transaction.
+const LOCK_PATH: &str = "/run/corvid/nftables.lock";
+
+fn lock() -> Result<File> {
+    let dir = std::path::Path::new(LOCK_PATH)
+        .parent()
+        .expect("lock path has a parent");
+    std::fs::create_dir_all(dir).map_err(crate::io_err(format!("create {}", dir.display())))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_PATH)
+        .map_err(crate::io_err(format!("open {LOCK_PATH}")))?;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(crate::io_err(format!("lock {LOCK_PATH}"))(e.into())),
+        }
+    }
+}
+
+/// The table, the two maps and the base chain that reads them, written so that running
+/// it again changes nothing.
+fn skeleton(batch: &mut Batch) {
+    batch.add_table();
+    batch.add_chain(CHAIN, Some(SRCNAT));
+    for v6 in [false, true] {
+        batch.add_set(&SetSpec {
+            name: map_name(v6),
+            key: DataType::addr(v6),
+            data: Some(DataType::VERDICT),
+            interval: false,
+        });
+    }
+    batch.flush_chain(CHAIN);
+    for v6 in [false, true] {
+        let mut rule = expr::nfproto(v6);
+        rule.push(expr::load(Field::SrcAddr, v6, Reg::Reg1));
+        rule.push(expr::map(map_name(v6), Reg::Reg1, Reg::Verdict));
+        batch.add_rule(CHAIN, rule, None);
+    }
+}
+
+/// The chain of a network's subnet: traffic to the subnet itself and multicast keep
+/// their source; the rest is masqueraded.
+fn subnet_chain(batch: &mut Batch, tag: &MasqueradeTag, subnet: IpNet) -> String {
+    let network = tag.0.rsplit_once(':').map_or("", |(n, _)| n);
+    let subnet = subnet.trunc();
+    let name = format!(
+        "{SUBNET_CHAIN_PREFIX}{:016x}",
+        fnv1a(&[network, &subnet.to_string()])
+    );
+    let v6 = matches!(subnet, IpNet::V6(_));
+    batch.add_chain(&name, None);
+    batch.flush_chain(&name);
+    for dst in [subnet, multicast(v6)] {
+        let mut rule = expr::nfproto(v6);
+        rule.extend(expr::in_prefix(Field::DstAddr, dst, true));
+        rule.push(expr::verdict(Verdict::Return));
+        batch.add_rule(&name, rule, None);
+    }
+    batch.add_rule(&name, vec![expr::masquerade()], None);
+    name
+}
+
+/// Masquerades traffic from the addresses `sources` leaving their own subnet (and not
+/// multicast); an address another attachment held is taken over.
+pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
+    let _lock = lock()?;
+    let mut nft = Nftables::open()?;
+    let mut batch = Batch::new();
+    skeleton(&mut batch);
+    for src in sources {
+        let chain = subnet_chain(&mut batch, tag, *src);
+        let (map, key) = key(src.addr());
+        if nft.element(map, &key)?.is_some() {
+            batch.delete_element(map, &key);
+        }
+        batch.add_element(
+            map,
+            &key,
+            Some(Value::Verdict(Verdict::Jump(&chain))),
+            tag.as_str(),
+        );
+    }
+    nft.commit(batch)
+}
+
+/// Removes the elements of one attachment; none left is fine. With the attachment's
+/// addresses known this looks at those only; without, it reads both maps.
+pub fn delete_masquerade(tag: &MasqueradeTag, addrs: Option<&[IpAddr]>) -> Result<()> {
+    let _lock = lock()?;
+    let mut nft = Nftables::open()?;
+    let mut batch = Batch::new();
+    match addrs {
+        Some(addrs) => {
+            for addr in addrs {
+                let (map, key) = key(*addr);
+                let owned = nft.element(map, &key)?;
+                if owned.is_some_and(|e| e.comment.as_deref() == Some(tag.as_str())) {
+                    batch.delete_element(map, &key);
+                }
+            }
+        }
+        None => {
+            for v6 in [false, true] {
+                for e in nft.elements(map_name(v6))? {
+                    if e.comment.as_deref() == Some(tag.as_str()) {
+                        batch.delete_element(map_name(v6), &e.key);
+                    }
+                }
+            }
+        }
+    }
+    nft.commit(batch)
+}
+
+/// Removes the elements of `network` whose attachment is not in `keep`, and the subnet
+/// chains no element jumps to any more.
+pub fn gc_masquerade(network: &str, keep: &[MasqueradeTag]) -> Result<()> {
+    let _lock = lock()?;
+    let mut nft = Nftables::open()?;
+    let prefix = network_prefix(network);
+    let mut batch = Batch::new();
+    let mut used = std::collections::HashSet::new();
+    for v6 in [false, true] {
+        for e in nft.elements(map_name(v6))? {
+            let stale = e
+                .comment
+                .as_deref()
+                .is_some_and(|c| c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c));
+            if stale {
+                batch.delete_element(map_name(v6), &e.key);
+            } else {
+                used.extend(e.target);
+            }
+        }
+    }
+    for chain in nft.chains()? {
+        if chain.starts_with(SUBNET_CHAIN_PREFIX) && !used.contains(&chain) {
+            batch.flush_chain(&chain);
+            batch.delete_chain(&chain);
+        }
+    }
+    nft.commit(batch)
+}
+
+/// The tags of every masqueraded address (for tests and diagnostics).
+pub fn masquerade_tags() -> Result<Vec<String>> {
+    let mut nft = Nftables::open()?;
+    let mut tags = Vec::new();
+    for v6 in [false, true] {
+        tags.extend(
+            nft.elements(map_name(v6))?
+                .into_iter()
+                .filter_map(|e| e.comment),
+        );
+    }
+    Ok(tags)
+}
+
+/// Sets the agent's masquerade: for each network, traffic from its subnets leaving them
+/// (and not multicast). Replaces what was there in one transaction.
+pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
+    let mut batch = Batch::new();
+    batch.add_table();
+    batch.add_chain(AGENT_CHAIN, Some(SRCNAT));
+    batch.flush_chain(AGENT_CHAIN);
+    for (id, subnets) in networks {
+        let tag = MasqueradeTag::network(id);
+        for subnet in subnets.iter() {
+            let s = subnet.trunc();
+            let v6 = matches!(s, IpNet::V6(_));
+            let mut rule = expr::nfproto(v6);
+            rule.extend(expr::in_prefix(Field::SrcAddr, s, true));
+            rule.extend(expr::in_prefix(Field::DstAddr, s, false));
+            rule.extend(expr::in_prefix(Field::DstAddr, multicast(v6), false));
+            rule.push(expr::masquerade());
+            batch.add_rule(AGENT_CHAIN, rule, Some(tag.as_str()));
+        }
+    }
+    Nftables::open()?.commit(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_separate_networks_and_attachments() {
+        let a = MasqueradeTag::new("net1", "c1", "eth0");
+        assert_eq!(a, MasqueradeTag::new("net1", "c1", "eth0"));
+        assert_ne!(a, MasqueradeTag::new("net1", "c1", "eth1"));
+        assert_ne!(a, MasqueradeTag::new("net2", "c1", "eth0"));
+        assert_ne!(
+            MasqueradeTag::new("n", "ab", "c"),
+            MasqueradeTag::new("n", "a", "bc")
+        );
+        assert!(a.as_str().starts_with(&network_prefix("net1")));
+        assert!(a.as_str().len() < 128);
+    }
+
+    #[test]
+    fn tags_are_those_earlier_versions_wrote() {
+        // Elements written before an upgrade are found and removed by these tags.
+        assert_eq!(
+            MasqueradeTag::new("net", "ctr", "eth0").as_str(),
+            "corvid:e53f18baa0319ec8:4f23bddf6d4f4663"
+        );
+        assert_eq!(
+            MasqueradeTag::network("n1").as_str(),
+            "corvid-net:21cece1925f18240"
+        );
+    }
+}

@@ -1,0 +1,668 @@
+//! corvid's own nftables table, `inet corvid`, written through netfilter's netlink socket
+//! in process (no `nft` child, no listing of the ruleset). Every change is one batch,
+//! which the kernel commits as one transaction: a process killed mid-way leaves the table
+//! as it was before or as it was meant to be after, never in between.
+//!
+//! Messages come from netlink-packet-netfilter (the rust-netlink family corvid already
+//! uses for rtnetlink); the expressions it has no type for (nat, masq, ct, reject,
+//! counter, numgen) are encoded in [`expr`].
+
+pub mod expr;
+pub mod masquerade;
+
+use crate::netlink::Channel;
+use crate::{Error, Result};
+use netlink_packet_core::{
+    DefaultNla, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_APPEND,
+    NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST,
+};
+use netlink_packet_netfilter::nftables::{
+    ChainAttribute, ChainMessage, DataAttribute, Expressions, Hook, HookNumber, InetHookNumber,
+    ListAttribute, NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementAttribute,
+    SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute, TableFlags,
+    TableMessage, VerdictAttribute,
+};
+use netlink_packet_netfilter::{
+    none::ControlMessage, NetfilterHeader, NetfilterMessage, NetfilterMessageInner,
+    NetfilterProtoFamily,
+};
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use std::io;
+
+use crate::netns::Netns;
+
+pub use expr::Verdict;
+
+/// nfnetlink's subsystem number of nf_tables, the batch messages' resource ID.
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+
+/// The nftables table corvid owns (family inet); nothing outside it is touched.
+pub const TABLE: &str = "corvid";
+
+/// What a base chain hooks into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookPoint {
+    /// Before routing (DNAT).
+    Prerouting,
+    /// Addressed to this host.
+    Input,
+    /// Routed through this host.
+    Forward,
+    /// Sent by this host.
+    Output,
+    /// After routing (SNAT, masquerade).
+    Postrouting,
+}
+
+/// The kind of a base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainType {
+    /// Filtering (accept, drop, reject).
+    Filter,
+    /// Address translation, seen once per connection.
+    Nat,
+}
+
+/// A chain the kernel calls from a hook, with nftables' priority (lower runs first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseChain {
+    /// Filter or nat.
+    pub kind: ChainType,
+    /// Where.
+    pub hook: HookPoint,
+    /// When, among chains of the same hook (`dstnat` is -100, `srcnat` 100, `filter` 0).
+    pub priority: i32,
+}
+
+/// An nftables data type: the kernel only checks lengths; the type ID lets `nft list`
+/// print elements as addresses and ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataType {
+    id: u32,
+    len: u32,
+}
+
+impl DataType {
+    /// An IPv4 address.
+    pub const IPV4: DataType = DataType { id: 7, len: 4 };
+    /// An IPv6 address.
+    pub const IPV6: DataType = DataType { id: 8, len: 16 };
+    /// An IP protocol number (one byte).
+    pub const INET_PROTO: DataType = DataType { id: 12, len: 1 };
+    /// A transport port (two bytes, network order).
+    pub const INET_SERVICE: DataType = DataType { id: 13, len: 2 };
+    /// A verdict (a verdict map's values).
+    pub const VERDICT: DataType = DataType {
+        id: 0xffff_ff00,
+        len: 0,
+    };
+
+    /// The address type of one family.
+    pub fn addr(v6: bool) -> DataType {
+        if v6 {
+            DataType::IPV6
+        } else {
+            DataType::IPV4
+        }
+    }
+
+    /// Several types one after the other (`a . b`), each part padded to 4 bytes.
+    pub fn concat(parts: &[DataType]) -> DataType {
+        DataType {
+            id: parts.iter().fold(0, |id, p| (id << 6) | p.id),
+            len: parts.iter().map(|p| p.len.div_ceil(4) * 4).sum(),
+        }
+    }
+}
+
+/// A named set or map in corvid's table.
+#[derive(Debug, Clone, Copy)]
+pub struct SetSpec<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// The key.
+    pub key: DataType,
+    /// The value, for a map.
+    pub data: Option<DataType>,
+    /// Keys are ranges (prefixes).
+    pub interval: bool,
+}
+
+/// One element of a set, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    /// The key's bytes.
+    pub key: Vec<u8>,
+    /// The comment corvid stored with it.
+    pub comment: Option<String>,
+    /// The chain a verdict map's element jumps or goes to.
+    pub target: Option<String>,
+}
+
+/// A map element's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value<'a> {
+    /// Bytes (an address, a port, a concatenation of both).
+    Data(Vec<u8>),
+    /// A verdict (a verdict map's values).
+    Verdict(Verdict<'a>),
+}
+
+/// nftables' comment TLV in user data (the type `nft` reads back as `comment`).
+fn comment_udata(comment: &str) -> Vec<u8> {
+    let text = &comment.as_bytes()[..comment.len().min(254)];
+    let mut out = vec![0, text.len() as u8 + 1];
+    out.extend_from_slice(text);
+    out.push(0);
+    out
+}
+
+fn udata_comment(udata: &[u8]) -> Option<String> {
+    let mut rest = udata;
+    while rest.len() >= 2 {
+        let (kind, len) = (rest[0], rest[1] as usize);
+        let value = rest.get(2..2 + len)?;
+        if kind == 0 {
+            let text = value.strip_suffix(&[0]).unwrap_or(value);
+            return Some(String::from_utf8_lossy(text).into_owned());
+        }
+        rest = &rest[2 + len..];
+    }
+    None
+}
+
+/// Changes to corvid's table, committed together by [`Nftables::commit`].
+#[derive(Debug, Default)]
+pub struct Batch {
+    messages: Vec<(NfTablesMessage, u16, String)>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// True when nothing was asked.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    fn push(&mut self, message: NfTablesMessage, flags: u16, what: String) {
+        self.messages.push((message, flags, what));
+    }
+
+    /// Creates corvid's table unless it exists.
+    pub fn add_table(&mut self) {
+        self.push(
+            NfTablesMessage::NewTable(TableMessage {
+                attributes: vec![
+                    TableAttribute::Name(TABLE.into()),
+                    TableAttribute::Flags(TableFlags::empty()),
+                ],
+            }),
+            NLM_F_CREATE,
+            format!("create table inet {TABLE}"),
+        );
+    }
+
+    /// Creates a chain unless it exists; a base chain's policy is accept.
+    pub fn add_chain(&mut self, name: &str, base: Option<BaseChain>) {
+        let mut attributes = vec![
+            ChainAttribute::Table(TABLE.into()),
+            ChainAttribute::Name(name.into()),
+        ];
+        if let Some(base) = base {
+            let hook = match base.hook {
+                HookPoint::Prerouting => InetHookNumber::PreRouting,
+                HookPoint::Input => InetHookNumber::LocalIn,
+                HookPoint::Forward => InetHookNumber::Forward,
+                HookPoint::Output => InetHookNumber::LocalOut,
+                HookPoint::Postrouting => InetHookNumber::PostRouting,
+            };
+            attributes.extend([
+                ChainAttribute::Hook(vec![
+                    Hook::Number(HookNumber::Inet(hook)),
+                    Hook::Priority(base.priority as u32),
+                ]),
+                ChainAttribute::Policy(1),
+                ChainAttribute::Type(
+                    match base.kind {
+                        ChainType::Filter => "filter",
+                        ChainType::Nat => "nat",
+                    }
+                    .into(),
+                ),
+            ]);
+        }
+        self.push(
+            NfTablesMessage::NewChain(ChainMessage { attributes }),
+            NLM_F_CREATE,
+            format!("create chain {name}"),
+        );
+    }
+
+    /// Removes every rule of a chain (which must exist).
+    pub fn flush_chain(&mut self, name: &str) {
+        self.push(
+            NfTablesMessage::DeleteRule(RuleMessage {
+                attributes: vec![
+                    RuleAttribute::Table(TABLE.into()),
+                    RuleAttribute::Chain(name.into()),
+                ],
+            }),
+            0,
+            format!("flush chain {name}"),
+        );
+    }
+
+    /// Removes a chain (which must exist and be empty and unreferenced).
+    pub fn delete_chain(&mut self, name: &str) {
+        self.push(
+            NfTablesMessage::DeleteChain(ChainMessage {
+                attributes: vec![
+                    ChainAttribute::Table(TABLE.into()),
+                    ChainAttribute::Name(name.into()),
+                ],
+            }),
+            0,
+            format!("delete chain {name}"),
+        );
+    }
+
+    /// Appends a rule to a chain.
+    pub fn add_rule(&mut self, chain: &str, expressions: Vec<Expressions>, comment: Option<&str>) {
+        let mut attributes = vec![
+            RuleAttribute::Table(TABLE.into()),
+            RuleAttribute::Chain(chain.into()),
+            RuleAttribute::Expressions(expressions.into_iter().map(Into::into).collect()),
+        ];
+        if let Some(c) = comment {
+            attributes.push(RuleAttribute::UserData(comment_udata(c)));
+        }
+        self.push(
+            NfTablesMessage::NewRule(RuleMessage { attributes }),
+            NLM_F_CREATE | NLM_F_APPEND,
+            format!("add a rule to chain {chain}"),
+        );
+    }
+
+    /// Creates a set or map unless it exists.
+    pub fn add_set(&mut self, set: &SetSpec) {
+        let mut flags = SetFlags::empty();
+        if set.interval {
+            flags |= SetFlags::Interval;
+        }
+        let mut attributes = vec![
+            SetAttribute::Table(TABLE.into()),
+            SetAttribute::Name(set.name.into()),
+            SetAttribute::KeyType(set.key.id),
+            SetAttribute::KeyLen(set.key.len),
+            SetAttribute::Id(1),
+        ];
+        if let Some(data) = set.data {
+            flags |= SetFlags::Map;
+            attributes.push(SetAttribute::DataType(data.id));
+            if data != DataType::VERDICT {
+                attributes.push(SetAttribute::DataLen(data.len));
+            }
+        }
+        attributes.push(SetAttribute::Flags(flags));
+        self.push(
+            NfTablesMessage::NewSet(SetMessage { attributes }),
+            NLM_F_CREATE,
+            format!("create set {}", set.name),
+        );
+    }
+
+    /// Removes a set (which must exist and be unreferenced).
+    pub fn delete_set(&mut self, name: &str) {
+        self.push(
+            NfTablesMessage::DeleteSet(SetMessage {
+                attributes: vec![
+                    SetAttribute::Table(TABLE.into()),
+                    SetAttribute::Name(name.into()),
+                ],
+            }),
+            0,
+            format!("delete set {name}"),
+        );
+    }
+
+    /// Adds an element (a key, and a value for a map) with a comment; an identical
+    /// element already there is no error.
+    pub fn add_element(&mut self, set: &str, key: &[u8], value: Option<Value>, comment: &str) {
+        let mut element = vec![
+            SetElementAttribute::Key(DataAttribute::Value(key.to_vec())),
+            SetElementAttribute::UserData(comment_udata(comment)),
+        ];
+        if let Some(value) = value {
+            element.push(SetElementAttribute::Data(match value {
+                Value::Data(bytes) => DataAttribute::Value(bytes),
+                Value::Verdict(v) => DataAttribute::Verdict(v.attributes()),
+            }));
+        }
+        self.push(
+            NfTablesMessage::NewSetElement(element_message(set, element)),
+            NLM_F_CREATE,
+            format!("add an element to {set}"),
+        );
+    }
+
+    /// Removes an element (which must exist).
+    pub fn delete_element(&mut self, set: &str, key: &[u8]) {
+        self.push(
+            NfTablesMessage::DeleteSetElement(element_message(
+                set,
+                vec![SetElementAttribute::Key(DataAttribute::Value(key.to_vec()))],
+            )),
+            0,
+            format!("remove an element from {set}"),
+        );
+    }
+}
+
+fn element_message(set: &str, element: Vec<SetElementAttribute>) -> SetElementMessage {
+    SetElementMessage {
+        attributes: vec![
+            SetElementList::Table(TABLE.into()),
+            SetElementList::Set(set.into()),
+            SetElementList::Elements(vec![ListAttribute::Element(element)]),
+        ],
+    }
+}
+
+/// A netfilter netlink socket bound to the namespace it was opened in.
+pub struct Nftables {
+    channel: Channel,
+}
+
+fn nft_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+    let op = op.into();
+    move |source| Error::Nftables { op, source }
+}
+
+impl Nftables {
+    /// Opens a socket in the calling thread's namespace.
+    pub fn open() -> Result<Nftables> {
+        Channel::open(NETLINK_NETFILTER)
+            .map(|channel| Nftables { channel })
+            .map_err(nft_err("open a netfilter netlink socket"))
+    }
+
+    /// Opens a socket inside `ns`; it keeps working there from any thread.
+    pub fn open_in(ns: &Netns) -> Result<Nftables> {
+        ns.run(Nftables::open)?
+    }
+
+    fn serialize(&mut self, inner: NetfilterMessageInner, flags: u16, out: &mut Vec<u8>) -> u32 {
+        let seq = self.channel.next_seq();
+        let res_id = match inner {
+            NetfilterMessageInner::None(_) => NFNL_SUBSYS_NFTABLES,
+            _ => 0,
+        };
+        let family = match inner {
+            NetfilterMessageInner::None(_) => NetfilterProtoFamily::Unspec,
+            _ => NetfilterProtoFamily::Inet,
+        };
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | flags;
+        header.sequence_number = seq;
+        let mut packet = NetlinkMessage::new(
+            header,
+            NetlinkPayload::InnerMessage(NetfilterMessage::new(
+                NetfilterHeader::new(family, 0, res_id),
+                inner,
+            )),
+        );
+        packet.finalize();
+        let start = out.len();
+        out.resize(start + packet.buffer_len(), 0);
+        packet.serialize(&mut out[start..]);
+        seq
+    }
+
+    /// Commits a batch as one transaction; on failure nothing of it is applied and the
+    /// error names the step the kernel refused.
+    pub fn commit(&mut self, batch: Batch) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut out = Vec::with_capacity(1024);
+        let begin = self.serialize(ControlMessage::BatchBegin.into(), 0, &mut out);
+        let mut steps = Vec::with_capacity(batch.messages.len());
+        for (message, flags, what) in batch.messages {
+            let seq = self.serialize(message.into(), flags | NLM_F_ACK, &mut out);
+            steps.push((seq, what));
+        }
+        let end = self.serialize(ControlMessage::BatchEnd.into(), 0, &mut out);
+        self.channel
+            .socket
+            .send(&out, 0)
+            .map_err(nft_err("send an nftables batch"))?;
+        // The kernel runs the batch inside sendmsg: every answer is queued by now.
+        let mut acked = 0;
+        let mut failure: Option<Error> = None;
+        loop {
+            self.channel.buf.clear();
+            match self
+                .channel
+                .socket
+                .recv(&mut self.channel.buf, libc::MSG_DONTWAIT)
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(nft_err("read the nftables answer")(e)),
+            }
+            for (seq, code) in parse_acks(&self.channel.buf) {
+                if seq < begin || seq > end {
+                    continue;
+                }
+                acked += 1;
+                if let (Some(code), None) = (code, &failure) {
+                    let what = steps
+                        .iter()
+                        .find(|(s, _)| *s == seq)
+                        .map(|(_, w)| w.as_str())
+                        .unwrap_or("begin the nftables transaction");
+                    failure = Some(nft_err(what)(io::Error::from_raw_os_error(code)));
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None if acked < steps.len() => {
+                Err(nft_err("commit an nftables batch")(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the kernel answered only in part",
+                )))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn request(
+        &mut self,
+        message: NfTablesMessage,
+        flags: u16,
+    ) -> io::Result<Vec<NfTablesMessage>> {
+        let message = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::Inet, 0, 0),
+            message,
+        );
+        Ok(self
+            .channel
+            .request(message, flags)?
+            .into_iter()
+            .filter_map(|m| match m.inner {
+                NetfilterMessageInner::NfTables(m) => Some(m),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// One element of a set by its key; none when the element, the set or the table is
+    /// missing.
+    pub fn element(&mut self, set: &str, key: &[u8]) -> Result<Option<Element>> {
+        let message = NfTablesMessage::GetSetElement(element_message(
+            set,
+            vec![SetElementAttribute::Key(DataAttribute::Value(key.to_vec()))],
+        ));
+        match self.request(message, 0) {
+            Ok(replies) => Ok(replies.iter().flat_map(elements_of).next()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(nft_err(format!("read an element of {set}"))(e)),
+        }
+    }
+
+    /// Every element of a set; none when the set or the table is missing.
+    pub fn elements(&mut self, set: &str) -> Result<Vec<Element>> {
+        let message = NfTablesMessage::GetSetElement(SetElementMessage {
+            attributes: vec![
+                SetElementList::Table(TABLE.into()),
+                SetElementList::Set(set.into()),
+            ],
+        });
+        match self.request(message, NLM_F_DUMP) {
+            Ok(replies) => Ok(replies.iter().flat_map(elements_of).collect()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Vec::new()),
+            Err(e) => Err(nft_err(format!("list the elements of {set}"))(e)),
+        }
+    }
+
+    /// The names of the chains of corvid's table; none when the table is missing.
+    pub fn chains(&mut self) -> Result<Vec<String>> {
+        let message = NfTablesMessage::GetChain(ChainMessage {
+            attributes: vec![ChainAttribute::Table(TABLE.into())],
+        });
+        let replies = match self.request(message, NLM_F_DUMP) {
+            Ok(r) => r,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(nft_err("list chains")(e)),
+        };
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                NfTablesMessage::NewChain(c) => {
+                    let table = c
+                        .attributes
+                        .iter()
+                        .any(|a| matches!(a, ChainAttribute::Table(t) if t == TABLE));
+                    c.attributes.into_iter().find_map(|a| match a {
+                        ChainAttribute::Name(n) if table => Some(n),
+                        _ => None,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Removes corvid's whole table; a missing table is no error.
+    pub fn delete_table(&mut self) -> Result<()> {
+        let mut batch = Batch::new();
+        batch.push(
+            NfTablesMessage::DeleteTable(TableMessage {
+                attributes: vec![TableAttribute::Name(TABLE.into())],
+            }),
+            0,
+            format!("delete table inet {TABLE}"),
+        );
+        match self.commit(batch) {
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// (sequence, errno) of each acknowledgement or error in a buffer of answers.
+fn parse_acks(buf: &[u8]) -> Vec<(u32, Option<i32>)> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset + 16 <= buf.len() {
+        let header = &buf[offset..];
+        let len = u32::from_ne_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let kind = u16::from_ne_bytes(header[4..6].try_into().expect("2 bytes"));
+        let seq = u32::from_ne_bytes(header[8..12].try_into().expect("4 bytes"));
+        if len < 16 || offset + len > buf.len() {
+            break;
+        }
+        // NLMSG_ERROR carries the errno (0 for an acknowledgement) after the header.
+        if kind == 2 && len >= 20 {
+            let code = i32::from_ne_bytes(header[16..20].try_into().expect("4 bytes"));
+            out.push((seq, (code != 0).then_some(-code)));
+        }
+        offset += (len + 3) & !3;
+    }
+    out
+}
+
+fn elements_of(message: &NfTablesMessage) -> Vec<Element> {
+    let NfTablesMessage::NewSetElement(m) = message else {
+        return Vec::new();
+    };
+    m.attributes
+        .iter()
+        .filter_map(|a| match a {
+            SetElementList::Elements(list) => Some(list),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|e| match e {
+            ListAttribute::Element(attrs) => {
+                let key = attrs.iter().find_map(|a| match a {
+                    SetElementAttribute::Key(DataAttribute::Value(k)) => Some(k.clone()),
+                    _ => None,
+                })?;
+                let comment = attrs.iter().find_map(|a| match a {
+                    SetElementAttribute::UserData(u) => udata_comment(u),
+                    _ => None,
+                });
+                let target = attrs.iter().find_map(|a| match a {
+                    SetElementAttribute::Data(DataAttribute::Verdict(v)) => {
+                        v.iter().find_map(|v| match v {
+                            VerdictAttribute::Chain(c) => Some(c.clone()),
+                            _ => None,
+                        })
+                    }
+                    _ => None,
+                });
+                Some(Element {
+                    key,
+                    comment,
+                    target,
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// One attribute of an expression the netfilter crate has no type for.
+pub(crate) fn nla(kind: u16, value: impl Into<Vec<u8>>) -> DefaultNla {
+    DefaultNla::new(kind, value.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comments_round_trip_as_nft_writes_them() {
+        let u = comment_udata("corvid:ab:cd");
+        assert_eq!(&u[..2], &[0, 13]);
+        assert_eq!(udata_comment(&u).as_deref(), Some("corvid:ab:cd"));
+        assert_eq!(
+            udata_comment(&[1, 1, 9, 0, 3, b'x', b'y', 0]).as_deref(),
+            Some("xy")
+        );
+        assert_eq!(udata_comment(&[0, 9, 1]), None);
+    }
+
+    #[test]
+    fn concatenations_pad_each_part() {
+        let t = DataType::concat(&[DataType::IPV4, DataType::INET_SERVICE]);
+        assert_eq!(t.len, 8);
+        assert_eq!(t.id, (7 << 6) | 13);
+    }
+}

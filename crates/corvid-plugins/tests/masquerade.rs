@@ -1,0 +1,361 @@
+//! The bridge plugin's masquerade, through corvid's own nftables table: egress leaves with
+//! the host's address, the subnet and the others' rules are left alone, and the table
+//! holds exactly one element per live address whatever runs in parallel.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use support::*;
+
+/// A host namespace with an uplink to an "outside" namespace that has no route back to
+/// the containers: only masqueraded traffic gets answers.
+struct Site {
+    host: TestNs,
+    outside: TestNs,
+    plugins: PluginDir,
+    data: tempfile::TempDir,
+}
+
+fn ip(ns: &TestNs, args: &str) {
+    let status = ns
+        .command("ip")
+        .args(args.split_whitespace())
+        .status()
+        .unwrap();
+    assert!(status.success(), "ip {args}");
+}
+
+impl Site {
+    fn new() -> Site {
+        let (host, outside) = (TestNs::new(), TestNs::new());
+        ip(
+            &host,
+            &format!(
+                "link add cvtup type veth peer name cvtout netns {}",
+                outside.name
+            ),
+        );
+        ip(&host, "addr add 10.251.0.1/24 dev cvtup");
+        ip(&host, "addr add fd51::1/64 dev cvtup nodad");
+        ip(&host, "link set cvtup up");
+        ip(&outside, "addr add 10.251.0.2/24 dev cvtout");
+        ip(&outside, "addr add fd51::2/64 dev cvtout nodad");
+        ip(&outside, "link set cvtout up");
+        Site {
+            host,
+            outside,
+            plugins: PluginDir::new(),
+            data: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn conf(&self, masq: bool) -> String {
+        json!({"cniVersion": "1.1.0", "name": "cvtmasq", "type": "bridge", "bridge": "cvtbrm",
+            "isGateway": true, "ipMasq": masq,
+            "ipam": {"type": "host-local", "dataDir": self.data.path(),
+                "ranges": [[{"subnet": "10.78.0.0/24"}], [{"subnet": "fd78::/64"}]],
+                "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}})
+        .to_string()
+    }
+
+    fn call(&self, command: &str, id: &str, ns: &TestNs, conf: &str) -> Value {
+        self.call_in(command, id, &ns.path_str(), conf).ok()
+    }
+
+    fn call_in<'a>(&'a self, command: &str, id: &str, netns: &str, conf: &str) -> Call<'a> {
+        Call::new(
+            &self.host,
+            self.plugins.plugin("bridge"),
+            command,
+            id,
+            netns,
+            &self.plugins.path().display().to_string(),
+            conf,
+        )
+    }
+
+    /// GC with no attachment valid.
+    fn gc_none_valid(&self, conf: &str) {
+        let mut gc: Value = serde_json::from_str(conf).unwrap();
+        gc["cni.dev/valid-attachments"] = json!([]);
+        self.call_in("GC", "", "", &gc.to_string())
+            .unset("CNI_CONTAINERID")
+            .unset("CNI_IFNAME")
+            .ok();
+    }
+
+    /// (address, tag) of every element of corvid's masquerade maps.
+    fn elements(&self) -> BTreeSet<(String, String)> {
+        self.host.run(|| {
+            let mut nft = corvid_net::nftables::Nftables::open().unwrap();
+            let mut out = BTreeSet::new();
+            for (map, len) in [("masq4", 4), ("masq6", 16)] {
+                for e in nft.elements(map).unwrap() {
+                    let addr: std::net::IpAddr = if len == 4 {
+                        <[u8; 4]>::try_from(e.key.as_slice()).unwrap().into()
+                    } else {
+                        <[u8; 16]>::try_from(e.key.as_slice()).unwrap().into()
+                    };
+                    out.insert((addr.to_string(), e.comment.unwrap()));
+                }
+            }
+            out
+        })
+    }
+
+    /// What others wrote: the whole ruleset but corvid's table.
+    fn foreign_rules(&self) -> String {
+        let out = self
+            .host
+            .command("nft")
+            .args(["-s", "list", "ruleset"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut keep = String::new();
+        let mut ours = false;
+        for line in text.lines() {
+            if line.starts_with("table ") {
+                ours = line == "table inet corvid {";
+            }
+            if !ours {
+                keep.push_str(line);
+                keep.push('\n');
+            }
+        }
+        keep
+    }
+}
+
+/// The source address a TCP server in `server` sees for a connection from `client`.
+fn seen_source(server: &TestNs, client: &TestNs, addr: &str) -> String {
+    let (bind, port) = if addr.contains(':') {
+        ("::", 5999)
+    } else {
+        ("0.0.0.0", 5998)
+    };
+    let family = if addr.contains(':') {
+        "AF_INET6"
+    } else {
+        "AF_INET"
+    };
+    let mut listener = server
+        .command("python3")
+        .args([
+            "-c",
+            &format!(
+                "import socket; s=socket.socket(socket.{family}); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); \
+                 s.bind(('{bind}', {port})); s.listen(1); print('ready', flush=True); c, a = s.accept(); print(a[0], flush=True)"
+            ),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(listener.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let connect = client
+        .command("python3")
+        .args([
+            "-c",
+            &format!(
+                "import socket; s=socket.socket(socket.{family}); s.settimeout(3); s.connect(('{addr}', {port}))"
+            ),
+        ])
+        .status()
+        .unwrap();
+    assert!(connect.success(), "connect to {addr}");
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    listener.wait().unwrap();
+    line.trim().trim_start_matches("::ffff:").to_string()
+}
+
+#[test]
+fn egress_leaves_with_the_host_address_and_the_subnet_keeps_its_own() {
+    let site = Site::new();
+    let (c1, c2) = (TestNs::new(), TestNs::new());
+    // Without masquerade the outside cannot answer: the test can tell the two apart.
+    let plain = site.conf(false);
+    site.call("ADD", "plain", &c1, &plain);
+    assert!(
+        !c1.ping("10.251.0.2"),
+        "the outside answered unmasqueraded traffic"
+    );
+    site.call("DEL", "plain", &c1, &plain);
+
+    let conf = site.conf(true);
+    let r1 = site.call("ADD", "c1", &c1, &conf);
+    let r2 = site.call("ADD", "c2", &c2, &conf);
+    for (v4, outside, host) in [
+        (true, "10.251.0.2", "10.251.0.1"),
+        (false, "fd51::2", "fd51::1"),
+    ] {
+        assert!(c1.ping(outside), "{outside} unreachable from c1");
+        assert_eq!(
+            seen_source(&site.outside, &c1, outside),
+            host,
+            "egress is masqueraded"
+        );
+        let a1 = result_ip(&r1, v4);
+        let a2 = result_ip(&r2, v4);
+        assert_eq!(
+            seen_source(&c2, &c1, &a2),
+            a1,
+            "traffic inside the subnet keeps its source"
+        );
+    }
+    let tags: BTreeSet<String> = site.elements().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(tags.len(), 2, "one tag per attachment: {tags:?}");
+    assert_eq!(site.elements().len(), 4, "two addresses each");
+
+    site.call("DEL", "c1", &c1, &conf);
+    assert!(c2.ping("10.251.0.2"), "c2 still goes out after c1 left");
+    let left: Vec<String> = site.elements().into_iter().map(|(a, _)| a).collect();
+    assert_eq!(left, [result_ip(&r2, true), result_ip(&r2, false)]);
+    site.call("DEL", "c2", &c2, &conf);
+    site.call("DEL", "c2", &c2, &conf);
+    assert!(site.elements().is_empty());
+}
+
+#[test]
+fn sixty_four_parallel_adds_and_dels_keep_one_element_per_address() {
+    let site = Site::new();
+    let conf = site.conf(true);
+    let containers: Vec<TestNs> = (0..64).map(|_| TestNs::new()).collect();
+    let run_all = |command: &str, which: &[usize]| -> Vec<Value> {
+        let children: Vec<_> = which
+            .iter()
+            .map(|&i| {
+                site.call_in(command, &format!("p{i}"), &containers[i].path_str(), &conf)
+                    .spawn()
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|child| {
+                let out = child.wait_with_output().unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                assert!(out.status.success(), "{command}: {text}");
+                serde_json::from_str(&text).unwrap_or(Value::Null)
+            })
+            .collect()
+    };
+    let all: Vec<usize> = (0..64).collect();
+    let results = run_all("ADD", &all);
+    let want: BTreeSet<String> = results
+        .iter()
+        .flat_map(|r| [result_ip(r, true), result_ip(r, false)])
+        .collect();
+    assert_eq!(want.len(), 128, "distinct addresses");
+    let have: BTreeSet<String> = site.elements().into_iter().map(|(a, _)| a).collect();
+    assert_eq!(have, want, "exactly the live addresses");
+    assert_eq!(site.elements().len(), 128, "no address twice");
+
+    // Half leave while they come back: the map follows exactly.
+    let (evens, odds): (Vec<usize>, Vec<usize>) = all.iter().partition(|i| *i % 2 == 0);
+    run_all("DEL", &evens);
+    let back = std::thread::scope(|s| {
+        let back = s.spawn(|| run_all("ADD", &evens));
+        run_all("DEL", &odds);
+        back.join().unwrap()
+    });
+    let want: BTreeSet<String> = back
+        .iter()
+        .flat_map(|r| [result_ip(r, true), result_ip(r, false)])
+        .collect();
+    let have: BTreeSet<String> = site.elements().into_iter().map(|(a, _)| a).collect();
+    assert_eq!(have, want);
+    run_all("DEL", &evens);
+    assert!(site.elements().is_empty(), "{:?}", site.elements());
+    // GC with nothing valid takes the subnets' chains too.
+    site.gc_none_valid(&conf);
+    let chains = site.host.run(|| {
+        corvid_net::nftables::Nftables::open()
+            .unwrap()
+            .chains()
+            .unwrap()
+    });
+    assert_eq!(chains, ["masquerade"], "only the skeleton is left");
+}
+
+#[test]
+fn iptables_rules_of_docker_and_the_reference_plugins_are_left_alone() {
+    let site = Site::new();
+    // Docker's rules as iptables-nft writes them.
+    for rule in [
+        "-t nat -N DOCKER",
+        "-t nat -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE",
+        "-t nat -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER",
+        "-N DOCKER-USER",
+        "-A FORWARD -j DOCKER-USER",
+    ] {
+        let status = site
+            .host
+            .command("iptables-nft")
+            .args(rule.split_whitespace())
+            .status()
+            .unwrap();
+        assert!(status.success(), "iptables {rule}");
+    }
+    // The reference's bridge masquerades another network with iptables beside corvid.
+    let reference = std::path::Path::new(REFERENCE_DIR);
+    let theirs_data = tempfile::tempdir().unwrap();
+    let theirs = json!({"cniVersion": "1.0.0", "name": "cvtref", "type": "bridge",
+        "bridge": "cvtbrr", "isGateway": true, "ipMasq": true,
+        "ipam": {"type": "host-local", "subnet": "10.79.0.0/24", "dataDir": theirs_data.path(),
+            "routes": [{"dst": "0.0.0.0/0"}]}})
+    .to_string();
+    let call_theirs = |command: &str, ns: &TestNs| {
+        Call::new(
+            &site.host,
+            reference.join("bridge"),
+            command,
+            "ref",
+            &ns.path_str(),
+            REFERENCE_DIR,
+            &theirs,
+        )
+        .set("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .ok()
+    };
+    let (ours_ns, theirs_ns) = (TestNs::new(), TestNs::new());
+    call_theirs("ADD", &theirs_ns);
+    let before = site.foreign_rules();
+    assert!(
+        before.contains("MASQUERADE") || before.contains("masquerade"),
+        "{before}"
+    );
+    let conf = site.conf(true);
+    site.call("ADD", "ours", &ours_ns, &conf);
+    assert_eq!(
+        site.foreign_rules(),
+        before,
+        "corvid's ADD touched others' rules"
+    );
+    assert!(ours_ns.ping("10.251.0.2"), "corvid's container goes out");
+    assert!(
+        theirs_ns.ping("10.251.0.2"),
+        "the reference's container goes out"
+    );
+    site.gc_none_valid(&conf);
+    assert_eq!(
+        site.foreign_rules(),
+        before,
+        "corvid's GC touched others' rules"
+    );
+    site.call("DEL", "ours", &ours_ns, &conf);
+    assert_eq!(
+        site.foreign_rules(),
+        before,
+        "corvid's DEL touched others' rules"
+    );
+    assert!(
+        theirs_ns.ping("10.251.0.2"),
+        "the reference's container still goes out"
+    );
+    call_theirs("DEL", &theirs_ns);
+}
