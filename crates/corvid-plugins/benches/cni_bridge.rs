@@ -4,8 +4,14 @@
 //! Prints p50, p99, containers per second, corvid/reference ratios and the peak RSS of a
 //! plugin process. Needs root and Debian's containernetworking-plugins.
 //!
+//! Runs without and with `ipMasq` (corvid's nftables map, the reference's iptables
+//! chains), and reports how masquerade moves corvid's ADD and DEL against its own ADD
+//! without it and against the kernel's floor, and whether a long network stays flat
+//! (the first 50 operations against the last 50).
+//!
 //! `cargo bench -p corvid-plugins --bench cni_bridge` (CORVID_BENCH_N sets N, default 64;
-//! CORVID_BENCH_MASQ=1 adds ipMasq, which the reference does with iptables).
+//! CORVID_BENCH_MASQ=0 or 1 runs only one of the two; CORVID_BENCH_PAR=1 skips the 8-way
+//! phase).
 
 use corvid_net::Netns;
 use std::io::{Read, Write};
@@ -102,6 +108,12 @@ impl Phase {
         s.sort();
         let i = ((s.len() as f64 - 1.0) * p).round() as usize;
         s[i].as_secs_f64() * 1e3
+    }
+    /// The median of `len` samples starting at `from`, in order taken.
+    fn window_p50(&self, from: usize, len: usize) -> f64 {
+        let mut s: Vec<Duration> = self.samples.iter().skip(from).take(len).copied().collect();
+        s.sort();
+        s[s.len() / 2].as_secs_f64() * 1e3
     }
     fn rate(&self) -> f64 {
         self.samples.len() as f64 / self.wall.as_secs_f64()
@@ -207,6 +219,10 @@ impl Floor {
     }
 }
 
+/// The p50s of one configuration, keyed by (implementation, operation, parallelism);
+/// ("ip link", "DEL", 1) is the floor. Also the first and last 50 of each.
+type Figures = std::collections::HashMap<(&'static str, &'static str, usize), (f64, f64, f64)>;
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -215,7 +231,15 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(64);
-    let masq = std::env::var("CORVID_BENCH_MASQ").is_ok_and(|v| v == "1");
+    let masqs: Vec<bool> = match std::env::var("CORVID_BENCH_MASQ").as_deref() {
+        Ok("0") => vec![false],
+        Ok("1") => vec![true],
+        _ => vec![false, true],
+    };
+    let parallels: Vec<usize> = match std::env::var("CORVID_BENCH_PAR").as_deref() {
+        Ok("1") => vec![1],
+        _ => vec![1, 8],
+    };
     let reference = Path::new("/usr/lib/cni");
     assert!(
         reference.join("bridge").exists(),
@@ -238,14 +262,65 @@ fn main() {
             cni_path: reference.to_path_buf(),
         },
     ];
-    println!("bridge + host-local, {n} containers, ipMasq {masq}; times in ms\n");
+    let window = 50.min(n);
+    let mut all = Vec::new();
+    for &masq in &masqs {
+        println!("\nbridge + host-local, {n} containers, ipMasq {masq}; times in ms");
+        println!("(first/last: p50 of the first and last {window} operations, one at a time)\n");
+        let figures = run(&impls, n, masq, &parallels, window);
+        println!("\nratio corvid/reference (p50; lower is better)");
+        for &parallel in &parallels {
+            for op in ["ADD", "DEL"] {
+                let r =
+                    figures[&("corvid", op, parallel)].0 / figures[&("reference", op, parallel)].0;
+                println!("  {op} x{parallel}: {r:.3}");
+            }
+        }
+        let floor = figures[&("ip link", "DEL", 1)].0;
+        println!(
+            "DEL x1 above `ip link del` of the same pair: corvid {:.2} ms, reference {:.2} ms",
+            figures[&("corvid", "DEL", 1)].0 - floor,
+            figures[&("reference", "DEL", 1)].0 - floor,
+        );
+        all.push((masq, figures));
+    }
+    if let [(false, plain), (true, masq)] = all.as_slice() {
+        let (add, add_plain) = (masq[&("corvid", "ADD", 1)], plain[&("corvid", "ADD", 1)]);
+        let (del, floor) = (masq[&("corvid", "DEL", 1)], masq[&("ip link", "DEL", 1)]);
+        println!("\ncorvid's masquerade, one at a time (targets in brackets)");
+        println!(
+            "  ADD with ipMasq / ADD without: {:.3} [<= 1.15]",
+            add.0 / add_plain.0
+        );
+        println!(
+            "  DEL with ipMasq / `ip link del`: {:.3} [<= 1.05]",
+            del.0 / floor.0
+        );
+        println!(
+            "  ADD last {window} / first {window} (the network fills up): {:.3} [<= 1.1]",
+            add.2 / add.1
+        );
+        println!(
+            "  DEL first {window} / last {window} (the network is full, then empties): {:.3} [<= 1.1]",
+            del.1 / del.2
+        );
+        println!(
+            "  the floor itself, first {window} / last {window}: {:.3}",
+            floor.1 / floor.2
+        );
+    }
+}
+
+/// One configuration: every implementation, one at a time and `parallel` at a time.
+fn run(impls: &[Impl], n: usize, masq: bool, parallels: &[usize], window: usize) -> Figures {
     println!(
-        "{:<10} {:<4} {:>3} {:>8} {:>8} {:>10} {:>9}",
-        "impl", "op", "par", "p50", "p99", "ctr/s", "maxRSS"
+        "{:<10} {:<4} {:>3} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}",
+        "impl", "op", "par", "p50", "first", "last", "p99", "ctr/s", "maxRSS"
     );
-    let mut p50 = std::collections::HashMap::new();
-    let tag = format!("cvb{}", std::process::id());
-    for parallel in [1, 8] {
+    let mut p50 = Figures::new();
+    let tag = format!("cvb{}{}", std::process::id(), u8::from(masq));
+    let last = n - window;
+    for &parallel in parallels {
         // Per implementation: a private host namespace, a lease directory, N containers.
         let setups: Vec<_> = impls
             .iter()
@@ -290,44 +365,45 @@ fn main() {
                 }
             }
             for (imp, ph) in impls.iter().zip(phases) {
+                let figures = (
+                    ph.pct(0.5),
+                    ph.window_p50(0, window),
+                    ph.window_p50(last, window),
+                );
                 println!(
-                    "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>10.1} {:>6} KiB",
+                    "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>6} KiB",
                     imp.label,
                     op,
                     parallel,
-                    ph.pct(0.5),
+                    figures.0,
+                    figures.1,
+                    figures.2,
                     ph.pct(0.99),
                     ph.rate(),
                     ph.max_rss_kib
                 );
-                p50.insert((imp.label, op, parallel), ph.pct(0.5));
+                p50.insert((imp.label, op, parallel), figures);
             }
         }
         if let Some(f) = floor {
-            let p = f.phase.pct(0.5);
+            let figures = (
+                f.phase.pct(0.5),
+                f.phase.window_p50(0, window),
+                f.phase.window_p50(last, window),
+            );
             println!(
-                "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>10.1}",
+                "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}",
                 "ip link",
                 "del",
                 1,
-                p,
+                figures.0,
+                figures.1,
+                figures.2,
                 f.phase.pct(0.99),
                 f.phase.rate()
             );
-            p50.insert(("ip link", "DEL", 1), p);
+            p50.insert(("ip link", "DEL", 1), figures);
         }
     }
-    println!("\nratio corvid/reference (p50; lower is better)");
-    for parallel in [1, 8] {
-        for op in ["ADD", "DEL"] {
-            let r = p50[&("corvid", op, parallel)] / p50[&("reference", op, parallel)];
-            println!("  {op} x{parallel}: {r:.3}");
-        }
-    }
-    let floor = p50[&("ip link", "DEL", 1)];
-    println!(
-        "\nDEL x1 above `ip link del` of the same pair: corvid {:.2} ms, reference {:.2} ms",
-        p50[&("corvid", "DEL", 1)] - floor,
-        p50[&("reference", "DEL", 1)] - floor,
-    );
+    p50
 }

@@ -11,6 +11,7 @@ use corvid_net::binding::{
 };
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade::{self, MasqueradeTag};
+use corvid_net::nftables::Nftables;
 use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Netlink, Netns};
 use ipnet::IpNet;
@@ -171,7 +172,9 @@ struct Undo<'a> {
 impl Undo<'_> {
     fn run(self, host: &mut Netlink, port: &VethPair) {
         if let Some((tag, addrs)) = &self.masq {
-            let _ = masquerade::delete_masquerade(tag, Some(addrs));
+            if let Ok(mut nft) = Nftables::open() {
+                let _ = masquerade::delete_masquerade(&mut nft, tag, Some(addrs));
+            }
         }
         let _ = host.delete_link(&port.host);
         if self.ipam {
@@ -367,7 +370,8 @@ fn finish(
     if conf.ip_masq && !addrs.is_empty() {
         let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
         undo.masq = Some((tag.clone(), addrs.iter().map(|a| a.addr()).collect()));
-        masquerade::add_masquerade(&tag, &addrs).map_err(errors::net)?;
+        let mut nft = Nftables::open().map_err(errors::net)?;
+        masquerade::add_masquerade(&mut nft, &tag, &addrs).map_err(errors::net)?;
     }
     prev.interfaces.extend([
         Interface {
@@ -569,11 +573,18 @@ impl Plugin for Bridge {
             failures.push(e.during(&format!("find {} in its namespace", args.ifname)));
             ContainerEnd::Removed
         });
-        // Before the lease goes: until then no other container can hold the address.
+        // Masquerade goes before the lease: until then no other container can hold the
+        // address. Its socket stays open until the veth is gone (see delete_masquerade).
+        let mut nft = None;
         if conf.ip_masq {
             let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
             let addrs = masqueraded(args, &mut end);
-            if let Err(e) = masquerade::delete_masquerade(&tag, addrs.as_deref()) {
+            let removed = Nftables::open().and_then(|mut n| {
+                let r = masquerade::delete_masquerade(&mut n, &tag, addrs.as_deref());
+                nft = Some(n);
+                r
+            });
+            if let Err(e) = removed {
                 failures.push(errors::net(e).during("remove the masquerade"));
             }
         }
@@ -590,6 +601,7 @@ impl Plugin for Bridge {
             let unplugged = unplug(args, &conf, end);
             (released.map(joined).transpose(), unplugged)
         });
+        drop(nft);
         if let Err(e) = released {
             failures.push(e.during("release the address"));
         }

@@ -117,8 +117,7 @@ fn lock() -> Result<File> {
     }
 }
 
-/// The table, the two maps and the base chain that reads them, written so that running
-/// it again changes nothing.
+/// The table, the two maps and the base chain that reads them, made together.
 fn skeleton(batch: &mut Batch) {
     batch.add_table();
     batch.add_chain(CHAIN, Some(SRCNAT));
@@ -130,7 +129,6 @@ fn skeleton(batch: &mut Batch) {
             interval: false,
         });
     }
-    batch.flush_chain(CHAIN);
     for v6 in [false, true] {
         let mut rule = expr::nfproto(v6);
         rule.push(expr::load(Field::SrcAddr, v6, Reg::Reg1));
@@ -139,37 +137,50 @@ fn skeleton(batch: &mut Batch) {
     }
 }
 
-/// The chain of a network's subnet: traffic to the subnet itself and multicast keep
-/// their source; the rest is masqueraded.
-fn subnet_chain(batch: &mut Batch, tag: &MasqueradeTag, subnet: IpNet) -> String {
+/// The name of the chain of a network's subnet.
+fn subnet_chain_name(tag: &MasqueradeTag, subnet: IpNet) -> String {
     let network = tag.0.rsplit_once(':').map_or("", |(n, _)| n);
-    let subnet = subnet.trunc();
-    let name = format!(
+    format!(
         "{SUBNET_CHAIN_PREFIX}{:016x}",
-        fnv1a(&[network, &subnet.to_string()])
-    );
+        fnv1a(&[network, &subnet.trunc().to_string()])
+    )
+}
+
+/// The chain of a network's subnet, with its rules: traffic to the subnet itself and
+/// multicast keep their source; the rest is masqueraded.
+fn subnet_chain(batch: &mut Batch, name: &str, subnet: IpNet) {
+    let subnet = subnet.trunc();
     let v6 = matches!(subnet, IpNet::V6(_));
-    batch.add_chain(&name, None);
-    batch.flush_chain(&name);
+    batch.add_chain(name, None);
     for dst in [subnet, multicast(v6)] {
         let mut rule = expr::nfproto(v6);
         rule.extend(expr::in_prefix(Field::DstAddr, dst, true));
         rule.push(expr::verdict(Verdict::Return));
-        batch.add_rule(&name, rule, None);
+        batch.add_rule(name, rule, None);
     }
-    batch.add_rule(&name, vec![expr::masquerade()], None);
-    name
+    batch.add_rule(name, vec![expr::masquerade()], None);
 }
 
 /// Masquerades traffic from the addresses `sources` leaving their own subnet (and not
 /// multicast); an address another attachment held is taken over.
-pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
+///
+/// Once a network's chains exist, the transaction only adds elements: a transaction that
+/// replaces or deletes anything leaves the kernel work to free after an RCU grace period,
+/// and closing a netfilter socket waits for that work (milliseconds, not microseconds).
+/// A chain is made with its rules in one transaction, so a chain that exists is whole.
+pub fn add_masquerade(nft: &mut Nftables, tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
     let _lock = lock()?;
-    let mut nft = Nftables::open()?;
     let mut batch = Batch::new();
-    skeleton(&mut batch);
+    if !nft.has_chain(CHAIN)? {
+        skeleton(&mut batch);
+    }
+    let mut made = Vec::new();
     for src in sources {
-        let chain = subnet_chain(&mut batch, tag, *src);
+        let chain = subnet_chain_name(tag, *src);
+        if !made.contains(&chain) && !nft.has_chain(&chain)? {
+            subnet_chain(&mut batch, &chain, *src);
+            made.push(chain.clone());
+        }
         let (map, key) = key(src.addr());
         if nft.element(map, &key)?.is_some() {
             batch.delete_element(map, &key);
@@ -186,9 +197,17 @@ pub fn add_masquerade(tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
 
 /// Removes the elements of one attachment; none left is fine. With the attachment's
 /// addresses known this looks at those only; without, it reads both maps.
-pub fn delete_masquerade(tag: &MasqueradeTag, addrs: Option<&[IpAddr]>) -> Result<()> {
+///
+/// Keep `nft` open through the slow part of the caller's work and close it after: the
+/// kernel frees removed elements after an RCU grace period, and a netfilter socket
+/// closed before that waits for it holding the table's commit lock, which the deletion
+/// of a veth in the same namespace needs too.
+pub fn delete_masquerade(
+    nft: &mut Nftables,
+    tag: &MasqueradeTag,
+    addrs: Option<&[IpAddr]>,
+) -> Result<()> {
     let _lock = lock()?;
-    let mut nft = Nftables::open()?;
     let mut batch = Batch::new();
     match addrs {
         Some(addrs) => {

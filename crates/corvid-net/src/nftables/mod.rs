@@ -530,6 +530,21 @@ impl Nftables {
         }
     }
 
+    /// True when corvid's table has the chain `name`.
+    pub fn has_chain(&mut self, name: &str) -> Result<bool> {
+        let message = NfTablesMessage::GetChain(ChainMessage {
+            attributes: vec![
+                ChainAttribute::Table(TABLE.into()),
+                ChainAttribute::Name(name.into()),
+            ],
+        });
+        match self.request(message, 0) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(nft_err(format!("look for chain {name}"))(e)),
+        }
+    }
+
     /// The names of the chains of corvid's table; none when the table is missing.
     pub fn chains(&mut self) -> Result<Vec<String>> {
         let message = NfTablesMessage::GetChain(ChainMessage {
