@@ -1,7 +1,7 @@
 //! bridge: a veth pair from the container to a Linux bridge on the host, addresses from
 //! the IPAM plugin, optional gateway, default route and masquerade.
 
-use crate::{delegate, errors};
+use crate::{attachments, delegate, errors};
 use corvid_cni::result::{Interface, Route};
 use corvid_cni::skel::{validate_ifname, CmdArgs, Plugin};
 use corvid_cni::Command;
@@ -10,7 +10,7 @@ use corvid_net::binding::{
     configure, ensure_bridge, ensure_gateway, plug, BridgeSpec, VethPair, VethSpec,
 };
 use corvid_net::link::{Link, LinkKind};
-use corvid_net::nftables::masquerade::{self, MasqueradeTag};
+use corvid_net::nftables::masquerade;
 use corvid_net::nftables::Nftables;
 use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Netlink, Netns};
@@ -166,7 +166,7 @@ fn joined(
 struct Undo<'a> {
     args: &'a CmdArgs,
     ipam: bool,
-    masq: Option<(MasqueradeTag, Vec<std::net::IpAddr>)>,
+    masq: Option<(corvid_net::nftables::AttachmentTag, Vec<std::net::IpAddr>)>,
 }
 
 impl Undo<'_> {
@@ -368,7 +368,7 @@ fn finish(
         }
     }
     if conf.ip_masq && !addrs.is_empty() {
-        let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
+        let tag = attachments::tag(args);
         undo.masq = Some((tag.clone(), addrs.iter().map(|a| a.addr()).collect()));
         let mut nft = Nftables::open().map_err(errors::net)?;
         masquerade::add_masquerade(&mut nft, &tag, &addrs).map_err(errors::net)?;
@@ -577,7 +577,7 @@ impl Plugin for Bridge {
         // address. Its socket stays open until the veth is gone (see delete_masquerade).
         let mut nft = None;
         if conf.ip_masq {
-            let tag = MasqueradeTag::new(&args.conf.name, &args.container_id, &args.ifname);
+            let tag = attachments::tag(args);
             let addrs = masqueraded(args, &mut end);
             let removed = Nftables::open().and_then(|mut n| {
                 let r = masquerade::delete_masquerade(&mut n, &tag, addrs.as_deref());
@@ -626,14 +626,8 @@ impl Plugin for Bridge {
             delegate::run(t, Command::Gc, args)?;
         }
         if conf.ip_masq {
-            let keep: Vec<MasqueradeTag> = args
-                .conf
-                .valid_attachments
-                .iter()
-                .flatten()
-                .map(|a| MasqueradeTag::new(&args.conf.name, &a.container_id, &a.ifname))
-                .collect();
-            masquerade::gc_masquerade(&args.conf.name, &keep).map_err(errors::net)?;
+            masquerade::gc_masquerade(&args.conf.name, &attachments::valid(args))
+                .map_err(errors::net)?;
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 
 #![deny(missing_docs)]
 
+pub mod attachments;
 pub mod bridge;
 pub mod corvid;
 pub mod corvid_k8s;
@@ -11,12 +12,20 @@ pub mod errors;
 pub mod host_local;
 pub mod install;
 pub mod loopback;
+pub mod portmap;
 pub mod wait;
 
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 5] = ["bridge", "corvid", "corvid-k8s", "host-local", "loopback"];
+pub const PLUGIN_NAMES: [&str; 6] = [
+    "bridge",
+    "corvid",
+    "corvid-k8s",
+    "host-local",
+    "loopback",
+    "portmap",
+];
 
 /// The plugin behind a name, if this binary has one.
 pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
@@ -26,6 +35,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
+        "portmap" => Some(&portmap::Portmap),
         _ => None,
     }
 }

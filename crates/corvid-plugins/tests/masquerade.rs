@@ -8,48 +8,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use support::*;
 
-/// A host namespace with an uplink to an "outside" namespace that has no route back to
-/// the containers: only masqueraded traffic gets answers.
-struct Site {
-    host: TestNs,
-    outside: TestNs,
-    plugins: PluginDir,
-    data: tempfile::TempDir,
-}
-
-fn ip(ns: &TestNs, args: &str) {
-    let status = ns
-        .command("ip")
-        .args(args.split_whitespace())
-        .status()
-        .unwrap();
-    assert!(status.success(), "ip {args}");
-}
-
 impl Site {
-    fn new() -> Site {
-        let (host, outside) = (TestNs::new(), TestNs::new());
-        ip(
-            &host,
-            &format!(
-                "link add cvtup type veth peer name cvtout netns {}",
-                outside.name
-            ),
-        );
-        ip(&host, "addr add 10.251.0.1/24 dev cvtup");
-        ip(&host, "addr add fd51::1/64 dev cvtup nodad");
-        ip(&host, "link set cvtup up");
-        ip(&outside, "addr add 10.251.0.2/24 dev cvtout");
-        ip(&outside, "addr add fd51::2/64 dev cvtout nodad");
-        ip(&outside, "link set cvtout up");
-        Site {
-            host,
-            outside,
-            plugins: PluginDir::new(),
-            data: tempfile::tempdir().unwrap(),
-        }
-    }
-
     fn conf(&self, masq: bool) -> String {
         json!({"cniVersion": "1.1.0", "name": "cvtmasq", "type": "bridge", "bridge": "cvtbrm",
             "isGateway": true, "ipMasq": masq,
@@ -64,15 +23,7 @@ impl Site {
     }
 
     fn call_in<'a>(&'a self, command: &str, id: &str, netns: &str, conf: &str) -> Call<'a> {
-        Call::new(
-            &self.host,
-            self.plugins.plugin("bridge"),
-            command,
-            id,
-            netns,
-            &self.plugins.path().display().to_string(),
-            conf,
-        )
+        self.ours("bridge", command, id, netns, conf)
     }
 
     /// GC with no attachment valid.
@@ -131,47 +82,8 @@ impl Site {
 
 /// The source address a TCP server in `server` sees for a connection from `client`.
 fn seen_source(server: &TestNs, client: &TestNs, addr: &str) -> String {
-    let (bind, port) = if addr.contains(':') {
-        ("::", 5999)
-    } else {
-        ("0.0.0.0", 5998)
-    };
-    let family = if addr.contains(':') {
-        "AF_INET6"
-    } else {
-        "AF_INET"
-    };
-    let mut listener = server
-        .command("python3")
-        .args([
-            "-c",
-            &format!(
-                "import socket; s=socket.socket(socket.{family}); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); \
-                 s.bind(('{bind}', {port})); s.listen(1); print('ready', flush=True); c, a = s.accept(); print(a[0], flush=True)"
-            ),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(listener.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    let connect = client
-        .command("python3")
-        .args([
-            "-c",
-            &format!(
-                "import socket; s=socket.socket(socket.{family}); s.settimeout(3); s.connect(('{addr}', {port}))"
-            ),
-        ])
-        .status()
-        .unwrap();
-    assert!(connect.success(), "connect to {addr}");
-    line.clear();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    listener.wait().unwrap();
-    line.trim().trim_start_matches("::ffff:").to_string()
+    let _server = EchoServer::start(server, 5998, false);
+    echo(client, addr, 5998, false).expect("the server answers")
 }
 
 #[test]

@@ -106,9 +106,23 @@ pub fn nfproto(v6: bool) -> Vec<Expressions> {
 /// The transport protocol is `proto` (6 TCP, 17 UDP, 132 SCTP).
 pub fn l4proto(proto: u8) -> Vec<Expressions> {
     vec![
-        meta(MetaKey::Other(16), Register::Reg1),
+        load_l4proto(Register::Reg1),
         cmp(Register::Reg1, true, &[proto]),
     ]
+}
+
+/// Loads the transport protocol number into `reg`.
+pub fn load_l4proto(reg: Register) -> Expressions {
+    meta(MetaKey::Other(16), reg)
+}
+
+/// The 32-bit register `n` (0 to 15), for keys made of several fields.
+pub fn reg32(n: u32) -> Register {
+    use Register::*;
+    [
+        Reg32_00, Reg32_01, Reg32_02, Reg32_03, Reg32_04, Reg32_05, Reg32_06, Reg32_07, Reg32_08,
+        Reg32_09, Reg32_10, Reg32_11, Reg32_12, Reg32_13, Reg32_14, Reg32_15,
+    ][n as usize]
 }
 
 /// The input (`input` true) or output interface's name is `name`.
@@ -192,7 +206,7 @@ fn be32(v: u32) -> Vec<u8> {
     v.to_be_bytes().to_vec()
 }
 
-fn reg32(r: Register) -> Vec<u8> {
+fn reg_bytes(r: Register) -> Vec<u8> {
     be32(u32::from(r))
 }
 
@@ -222,10 +236,10 @@ fn nat(kind: u32, v6: bool, addr: Register, port: Option<Register>) -> Expressio
     let mut attrs = vec![
         nla(1, be32(kind)),
         nla(2, be32(if v6 { 10 } else { 2 })),
-        nla(3, reg32(addr)),
+        nla(3, reg_bytes(addr)),
     ];
     if let Some(p) = port {
-        attrs.push(nla(5, reg32(p)));
+        attrs.push(nla(5, reg_bytes(p)));
     }
     other("nat", attrs)
 }
@@ -247,10 +261,28 @@ pub mod ct {
     pub const NEW: u32 = 8;
 }
 
+/// Connection tracking status bits (`ct status`).
+pub mod ct_status {
+    /// The connection's destination was translated (`dnat`).
+    pub const DNAT: u32 = 0x20;
+}
+
 /// The connection's state is one of `states` (bits of [`ct`]).
 pub fn ct_state(states: u32) -> Vec<Expressions> {
+    ct_bits(0, states)
+}
+
+/// The connection's status has one of `bits` (of [`ct_status`]).
+pub fn ct_status(bits: u32) -> Vec<Expressions> {
+    ct_bits(2, bits)
+}
+
+fn ct_bits(key: u32, states: u32) -> Vec<Expressions> {
     vec![
-        other("ct", vec![nla(1, reg32(Register::Reg1)), nla(2, be32(0))]),
+        other(
+            "ct",
+            vec![nla(1, reg_bytes(Register::Reg1)), nla(2, be32(key))],
+        ),
         Expressions::Bitwise(vec![
             Bitwise::SourceRegister(Register::Reg1),
             Bitwise::DestinationRegister(Register::Reg1),
@@ -269,7 +301,7 @@ pub fn daddr_local() -> Vec<Expressions> {
         other(
             "fib",
             vec![
-                nla(1, reg32(Register::Reg1)),
+                nla(1, reg_bytes(Register::Reg1)),
                 nla(2, be32(3)),
                 nla(3, be32(2)),
             ],
@@ -288,6 +320,10 @@ pub fn reject() -> Expressions {
 pub fn random(modulus: u32, reg: Register) -> Expressions {
     other(
         "numgen",
-        vec![nla(1, reg32(reg)), nla(2, be32(modulus)), nla(3, be32(1))],
+        vec![
+            nla(1, reg_bytes(reg)),
+            nla(2, be32(modulus)),
+            nla(3, be32(1)),
+        ],
     )
 }

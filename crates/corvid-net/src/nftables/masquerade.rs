@@ -15,10 +15,12 @@
 //! own base chain, `agent-masquerade`, rewritten whole when its networks change.
 
 use super::expr::{self, Field, Reg, Verdict};
-use super::{BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec, Value};
+use super::{
+    fnv1a, lock, network_prefix, AttachmentTag, BaseChain, Batch, ChainType, DataType, HookPoint,
+    Nftables, SetSpec, Value,
+};
 use crate::Result;
 use ipnet::IpNet;
-use std::fs::File;
 use std::net::IpAddr;
 
 const CHAIN: &str = "masquerade";
@@ -29,46 +31,6 @@ const SRCNAT: BaseChain = BaseChain {
     hook: HookPoint::Postrouting,
     priority: 100,
 };
-
-/// FNV-1a over the parts, each ended by a zero byte so ("ab", "c") and ("a", "bc") differ.
-fn fnv1a(parts: &[&str]) -> u64 {
-    use std::hash::Hasher;
-    let mut h = fnv::FnvHasher::default();
-    for part in parts {
-        h.write(part.as_bytes());
-        h.write(&[0]);
-    }
-    h.finish()
-}
-
-/// Names the elements of one attachment: `corvid:<network hash>:<attachment hash>`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MasqueradeTag(String);
-
-impl MasqueradeTag {
-    /// The tag of (network, container ID, interface).
-    pub fn new(network: &str, container_id: &str, ifname: &str) -> MasqueradeTag {
-        MasqueradeTag(format!(
-            "{}{:016x}",
-            network_prefix(network),
-            fnv1a(&[container_id, ifname])
-        ))
-    }
-
-    /// The tag of a whole network's masquerade, programmed by the agent of a host.
-    pub fn network(network: &str) -> MasqueradeTag {
-        MasqueradeTag(format!("corvid-net:{:016x}", fnv1a(&[network])))
-    }
-
-    /// The comment text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-fn network_prefix(network: &str) -> String {
-    format!("corvid:{:016x}:", fnv1a(&[network]))
-}
 
 fn map_name(v6: bool) -> &'static str {
     if v6 {
@@ -93,30 +55,6 @@ fn multicast(v6: bool) -> IpNet {
     }
 }
 
-/// Serializes corvid's read-then-change steps on its table (an element looked up, then
-/// replaced or removed) between processes; each change itself is one transaction.
-const LOCK_PATH: &str = "/run/corvid/nftables.lock";
-
-fn lock() -> Result<File> {
-    let dir = std::path::Path::new(LOCK_PATH)
-        .parent()
-        .expect("lock path has a parent");
-    std::fs::create_dir_all(dir).map_err(crate::io_err(format!("create {}", dir.display())))?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(LOCK_PATH)
-        .map_err(crate::io_err(format!("open {LOCK_PATH}")))?;
-    loop {
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
-            Ok(()) => return Ok(file),
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(crate::io_err(format!("lock {LOCK_PATH}"))(e.into())),
-        }
-    }
-}
-
 /// The table, the two maps and the base chain that reads them, made together.
 fn skeleton(batch: &mut Batch) {
     batch.add_table();
@@ -138,8 +76,8 @@ fn skeleton(batch: &mut Batch) {
 }
 
 /// The name of the chain of a network's subnet.
-fn subnet_chain_name(tag: &MasqueradeTag, subnet: IpNet) -> String {
-    let network = tag.0.rsplit_once(':').map_or("", |(n, _)| n);
+fn subnet_chain_name(tag: &AttachmentTag, subnet: IpNet) -> String {
+    let network = tag.network_part();
     format!(
         "{SUBNET_CHAIN_PREFIX}{:016x}",
         fnv1a(&[network, &subnet.trunc().to_string()])
@@ -168,7 +106,7 @@ fn subnet_chain(batch: &mut Batch, name: &str, subnet: IpNet) {
 /// replaces or deletes anything leaves the kernel work to free after an RCU grace period,
 /// and closing a netfilter socket waits for that work (milliseconds, not microseconds).
 /// A chain is made with its rules in one transaction, so a chain that exists is whole.
-pub fn add_masquerade(nft: &mut Nftables, tag: &MasqueradeTag, sources: &[IpNet]) -> Result<()> {
+pub fn add_masquerade(nft: &mut Nftables, tag: &AttachmentTag, sources: &[IpNet]) -> Result<()> {
     let _lock = lock()?;
     let mut batch = Batch::new();
     if !nft.has_chain(CHAIN)? {
@@ -204,7 +142,7 @@ pub fn add_masquerade(nft: &mut Nftables, tag: &MasqueradeTag, sources: &[IpNet]
 /// of a veth in the same namespace needs too.
 pub fn delete_masquerade(
     nft: &mut Nftables,
-    tag: &MasqueradeTag,
+    tag: &AttachmentTag,
     addrs: Option<&[IpAddr]>,
 ) -> Result<()> {
     let _lock = lock()?;
@@ -234,7 +172,7 @@ pub fn delete_masquerade(
 
 /// Removes the elements of `network` whose attachment is not in `keep`, and the subnet
 /// chains no element jumps to any more.
-pub fn gc_masquerade(network: &str, keep: &[MasqueradeTag]) -> Result<()> {
+pub fn gc_masquerade(network: &str, keep: &[AttachmentTag]) -> Result<()> {
     let _lock = lock()?;
     let mut nft = Nftables::open()?;
     let prefix = network_prefix(network);
@@ -284,7 +222,7 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
     batch.add_chain(AGENT_CHAIN, Some(SRCNAT));
     batch.flush_chain(AGENT_CHAIN);
     for (id, subnets) in networks {
-        let tag = MasqueradeTag::network(id);
+        let tag = AttachmentTag::network(id);
         for subnet in subnets.iter() {
             let s = subnet.trunc();
             let v6 = matches!(s, IpNet::V6(_));
@@ -297,36 +235,4 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
         }
     }
     Nftables::open()?.commit(batch)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tags_separate_networks_and_attachments() {
-        let a = MasqueradeTag::new("net1", "c1", "eth0");
-        assert_eq!(a, MasqueradeTag::new("net1", "c1", "eth0"));
-        assert_ne!(a, MasqueradeTag::new("net1", "c1", "eth1"));
-        assert_ne!(a, MasqueradeTag::new("net2", "c1", "eth0"));
-        assert_ne!(
-            MasqueradeTag::new("n", "ab", "c"),
-            MasqueradeTag::new("n", "a", "bc")
-        );
-        assert!(a.as_str().starts_with(&network_prefix("net1")));
-        assert!(a.as_str().len() < 128);
-    }
-
-    #[test]
-    fn tags_are_those_earlier_versions_wrote() {
-        // Elements written before an upgrade are found and removed by these tags.
-        assert_eq!(
-            MasqueradeTag::new("net", "ctr", "eth0").as_str(),
-            "corvid:e53f18baa0319ec8:4f23bddf6d4f4663"
-        );
-        assert_eq!(
-            MasqueradeTag::network("n1").as_str(),
-            "corvid-net:21cece1925f18240"
-        );
-    }
 }

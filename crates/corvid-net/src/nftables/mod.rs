@@ -9,6 +9,7 @@
 
 pub mod expr;
 pub mod masquerade;
+pub mod portmap;
 
 use crate::netlink::Channel;
 use crate::{Error, Result};
@@ -146,6 +147,76 @@ pub enum Value<'a> {
     Data(Vec<u8>),
     /// A verdict (a verdict map's values).
     Verdict(Verdict<'a>),
+}
+
+/// FNV-1a over the parts, each ended by a zero byte so ("ab", "c") and ("a", "bc") differ.
+pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = fnv::FnvHasher::default();
+    for part in parts {
+        h.write(part.as_bytes());
+        h.write(&[0]);
+    }
+    h.finish()
+}
+
+/// Names what one attachment (network, container, interface) put in corvid's table, as
+/// the comment of its elements: `corvid:<network hash>:<attachment hash>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AttachmentTag(String);
+
+impl AttachmentTag {
+    /// The tag of (network, container ID, interface).
+    pub fn new(network: &str, container_id: &str, ifname: &str) -> AttachmentTag {
+        AttachmentTag(format!(
+            "{}{:016x}",
+            network_prefix(network),
+            fnv1a(&[container_id, ifname])
+        ))
+    }
+
+    /// The tag of a whole network's masquerade, programmed by the agent of a host.
+    pub fn network(network: &str) -> AttachmentTag {
+        AttachmentTag(format!("corvid-net:{:016x}", fnv1a(&[network])))
+    }
+
+    /// The comment text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The `corvid:<network hash>` part, shared by the network's attachments.
+    pub(crate) fn network_part(&self) -> &str {
+        self.0.rsplit_once(':').map_or("", |(n, _)| n)
+    }
+}
+
+pub(crate) fn network_prefix(network: &str) -> String {
+    format!("corvid:{:016x}:", fnv1a(&[network]))
+}
+
+/// Serializes corvid's read-then-change steps on its table (an element looked up, then
+/// replaced or removed) between processes; each change itself is one transaction.
+const LOCK_PATH: &str = "/run/corvid/nftables.lock";
+
+pub(crate) fn lock() -> Result<std::fs::File> {
+    let dir = std::path::Path::new(LOCK_PATH)
+        .parent()
+        .expect("lock path has a parent");
+    std::fs::create_dir_all(dir).map_err(crate::io_err(format!("create {}", dir.display())))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_PATH)
+        .map_err(crate::io_err(format!("open {LOCK_PATH}")))?;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(crate::io_err(format!("lock {LOCK_PATH}"))(e.into())),
+        }
+    }
 }
 
 /// nftables' comment TLV in user data (the type `nft` reads back as `comment`).
@@ -672,6 +743,33 @@ mod tests {
             Some("xy")
         );
         assert_eq!(udata_comment(&[0, 9, 1]), None);
+    }
+
+    #[test]
+    fn tags_separate_networks_and_attachments() {
+        let a = AttachmentTag::new("net1", "c1", "eth0");
+        assert_eq!(a, AttachmentTag::new("net1", "c1", "eth0"));
+        assert_ne!(a, AttachmentTag::new("net1", "c1", "eth1"));
+        assert_ne!(a, AttachmentTag::new("net2", "c1", "eth0"));
+        assert_ne!(
+            AttachmentTag::new("n", "ab", "c"),
+            AttachmentTag::new("n", "a", "bc")
+        );
+        assert!(a.as_str().starts_with(&network_prefix("net1")));
+        assert!(a.as_str().len() < 128);
+    }
+
+    #[test]
+    fn tags_are_those_earlier_versions_wrote() {
+        // Elements written before an upgrade are found and removed by these tags.
+        assert_eq!(
+            AttachmentTag::new("net", "ctr", "eth0").as_str(),
+            "corvid:e53f18baa0319ec8:4f23bddf6d4f4663"
+        );
+        assert_eq!(
+            AttachmentTag::network("n1").as_str(),
+            "corvid-net:21cece1925f18240"
+        );
     }
 
     #[test]

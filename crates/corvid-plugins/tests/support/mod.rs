@@ -273,3 +273,160 @@ pub fn bridge_conf(
         data_dir.display()
     )
 }
+
+/// A host namespace with an uplink to an "outside" namespace: host 10.251.0.1/24 and
+/// fd51::1/64, outside .2 and ::2, and no route back from the outside to containers.
+pub fn uplink() -> (TestNs, TestNs) {
+    let (host, outside) = (TestNs::new(), TestNs::new());
+    let ip = |ns: &TestNs, args: &str| {
+        let status = ns
+            .command("ip")
+            .args(args.split_whitespace())
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip {args}");
+    };
+    ip(
+        &host,
+        &format!(
+            "link add cvtup type veth peer name cvtout netns {}",
+            outside.name
+        ),
+    );
+    for (ns, dev, v4, v6) in [
+        (&host, "cvtup", "10.251.0.1/24", "fd51::1/64"),
+        (&outside, "cvtout", "10.251.0.2/24", "fd51::2/64"),
+    ] {
+        ip(ns, &format!("addr add {v4} dev {dev}"));
+        ip(ns, &format!("addr add {v6} dev {dev} nodad"));
+        ip(ns, &format!("link set {dev} up"));
+    }
+    // The host reaches its own published ports on 127.0.0.1.
+    ip(&host, "link set lo up");
+    (host, outside)
+}
+
+/// A TCP or UDP server in a namespace that answers every client with the address it
+/// saw the client come from; stopped on drop.
+pub struct EchoServer(Child);
+
+impl EchoServer {
+    /// Listens on `port` of every address of `ns`, IPv4 and IPv6.
+    pub fn start(ns: &TestNs, port: u16, udp: bool) -> EchoServer {
+        let kind = if udp { "SOCK_DGRAM" } else { "SOCK_STREAM" };
+        let script = format!(
+            "import socket\n\
+             s = socket.socket(socket.AF_INET6, socket.{kind})\n\
+             s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n\
+             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             s.bind(('::', {port}))\n\
+             udp = {udp}\n\
+             if not udp: s.listen(16)\n\
+             print('ready', flush=True)\n\
+             while True:\n\
+             \x20   if udp:\n\
+             \x20       d, a = s.recvfrom(100); s.sendto(a[0].replace('::ffff:', '').encode(), a)\n\
+             \x20   else:\n\
+             \x20       c, a = s.accept(); c.sendall(a[0].replace('::ffff:', '').encode()); c.close()\n",
+            udp = if udp { "True" } else { "False" }
+        );
+        let mut child = ns
+            .command("python3")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready");
+        EchoServer(child)
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Asks an [`EchoServer`] at addr:port from `ns`: the address the server saw, or None
+/// when nothing answered within two seconds.
+pub fn echo(ns: &TestNs, addr: &str, port: u16, udp: bool) -> Option<String> {
+    let family = if addr.contains(':') {
+        "AF_INET6"
+    } else {
+        "AF_INET"
+    };
+    let script = if udp {
+        format!(
+            "import socket\ns = socket.socket(socket.{family}, socket.SOCK_DGRAM); s.settimeout(2)\n\
+             s.sendto(b'x', ('{addr}', {port})); print(s.recvfrom(100)[0].decode())"
+        )
+    } else {
+        format!(
+            "import socket\ns = socket.socket(socket.{family}); s.settimeout(2)\n\
+             s.connect(('{addr}', {port})); print(s.recv(100).decode())"
+        )
+    };
+    let out = ns
+        .command("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A host namespace behind an [`uplink`], corvid's plugins and a lease directory: what
+/// the masquerade and portmap tests run in.
+pub struct Site {
+    pub host: TestNs,
+    pub outside: TestNs,
+    pub plugins: PluginDir,
+    pub data: tempfile::TempDir,
+}
+
+impl Site {
+    pub fn new() -> Site {
+        let (host, outside) = uplink();
+        Site {
+            host,
+            outside,
+            plugins: PluginDir::new(),
+            data: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Runs `plugin` (a path) in the host namespace with `cni_path` as CNI_PATH.
+    pub fn call_with<'a>(
+        &'a self,
+        plugin: PathBuf,
+        cni_path: &str,
+        command: &str,
+        id: &str,
+        netns: &str,
+        conf: &str,
+    ) -> Call<'a> {
+        Call::new(&self.host, plugin, command, id, netns, cni_path, conf)
+            .set("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    }
+
+    /// Runs corvid's plugin `name`.
+    pub fn ours<'a>(
+        &'a self,
+        name: &str,
+        command: &str,
+        id: &str,
+        netns: &str,
+        conf: &str,
+    ) -> Call<'a> {
+        let dir = self.plugins.path().display().to_string();
+        self.call_with(self.plugins.plugin(name), &dir, command, id, netns, conf)
+    }
+}
