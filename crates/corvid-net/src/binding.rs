@@ -217,6 +217,8 @@ pub fn plug(
                 kind: LinkKind::Veth,
                 up: false,
                 promisc: false,
+                allmulti: false,
+                txqlen: host_link.txqlen,
             },
             host: host_link,
         },

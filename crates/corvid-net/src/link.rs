@@ -47,6 +47,10 @@ pub struct Link {
     pub up: bool,
     /// True when in promiscuous mode.
     pub promisc: bool,
+    /// True when receiving all multicast.
+    pub allmulti: bool,
+    /// The transmit queue length.
+    pub txqlen: u32,
 }
 
 /// Formats a hardware address the way `ip link` and CNI results do.
@@ -86,12 +90,15 @@ impl Link {
             kind: LinkKind::Other(String::new()),
             up: m.header.flags.contains(LinkFlags::Up),
             promisc: m.header.flags.contains(LinkFlags::Promisc),
+            allmulti: m.header.flags.contains(LinkFlags::Allmulti),
+            txqlen: 0,
         };
         for attr in m.attributes {
             match attr {
                 LinkAttribute::IfName(n) => link.name = n,
                 LinkAttribute::Address(a) => link.mac = format_mac(&a),
                 LinkAttribute::Mtu(v) => link.mtu = v,
+                LinkAttribute::TxQueueLen(v) => link.txqlen = v,
                 LinkAttribute::Controller(v) => link.master = Some(v),
                 LinkAttribute::Link(v) => link.peer_index = Some(v),
                 LinkAttribute::LinkInfo(infos) => {
@@ -314,12 +321,39 @@ impl Netlink {
 
     /// Turns promiscuous mode on or off.
     pub fn set_promisc(&mut self, link: &Link, on: bool) -> Result<()> {
+        self.set_flag(link, LinkFlags::Promisc, on, "promiscuous mode")
+    }
+
+    /// Turns all-multicast reception on or off.
+    pub fn set_allmulti(&mut self, link: &Link, on: bool) -> Result<()> {
+        self.set_flag(link, LinkFlags::Allmulti, on, "all-multicast mode")
+    }
+
+    fn set_flag(&mut self, link: &Link, flag: LinkFlags, on: bool, what: &str) -> Result<()> {
         let mut m = change(link.index);
         if on {
-            m.header.flags = LinkFlags::Promisc;
+            m.header.flags = flag;
         }
-        m.header.change_mask = LinkFlags::Promisc;
-        self.change_link(m, format!("set promiscuous mode on {}", link.name))
+        m.header.change_mask = flag;
+        let state = if on { "on" } else { "off" };
+        self.change_link(m, format!("turn {what} {state} on {}", link.name))
+    }
+
+    /// Sets a link's MTU.
+    pub fn set_mtu(&mut self, link: &Link, mtu: u32) -> Result<()> {
+        let mut m = change(link.index);
+        m.attributes.push(LinkAttribute::Mtu(mtu));
+        self.change_link(m, format!("set the MTU of {} to {mtu}", link.name))
+    }
+
+    /// Sets a link's transmit queue length.
+    pub fn set_txqlen(&mut self, link: &Link, len: u32) -> Result<()> {
+        let mut m = change(link.index);
+        m.attributes.push(LinkAttribute::TxQueueLen(len));
+        self.change_link(
+            m,
+            format!("set the transmit queue length of {} to {len}", link.name),
+        )
     }
 
     /// Lets frames leave a bridge port on the port they came in (hairpin).

@@ -297,12 +297,20 @@ fn main() {
             del.0 / floor.0
         );
         println!(
-            "  ADD last {window} / first {window} (the network fills up): {:.3} [<= 1.1]",
-            add.2 / add.1
+            "  ADD last {window} / first {window} (the network fills up): {:.3} [<= 1.1]; without ipMasq {:.3}",
+            add.2 / add.1,
+            add_plain.2 / add_plain.1
         );
         println!(
-            "  DEL first {window} / last {window} (the network is full, then empties): {:.3} [<= 1.1]",
-            del.1 / del.2
+            "  what ipMasq adds to ADD, first {window} and last {window}: {:.2} ms, {:.2} ms",
+            add.1 - add_plain.1,
+            add.2 - add_plain.2
+        );
+        let del_plain = plain[&("corvid", "DEL", 1)];
+        println!(
+            "  DEL first {window} / last {window} (the network is full, then empties): {:.3} [<= 1.1]; without ipMasq {:.3}",
+            del.1 / del.2,
+            del_plain.1 / del_plain.2
         );
         println!(
             "  the floor itself, first {window} / last {window}: {:.3}",

@@ -13,18 +13,20 @@ pub mod host_local;
 pub mod install;
 pub mod loopback;
 pub mod portmap;
+pub mod tuning;
 pub mod wait;
 
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 6] = [
+pub const PLUGIN_NAMES: [&str; 7] = [
     "bridge",
     "corvid",
     "corvid-k8s",
     "host-local",
     "loopback",
     "portmap",
+    "tuning",
 ];
 
 /// The plugin behind a name, if this binary has one.
@@ -36,6 +38,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         "portmap" => Some(&portmap::Portmap),
+        "tuning" => Some(&tuning::Tuning),
         _ => None,
     }
 }
