@@ -1,8 +1,21 @@
-//! The tags naming what an attachment put in corvid's nftables table, from a call's
-//! arguments: the one being added or deleted, and the ones GC must keep.
+//! What the chained plugins (portmap, firewall) know of an attachment: the tags naming
+//! what it put in corvid's nftables table, from a call's arguments (the one being added
+//! or deleted, and the ones GC must keep), and its addresses from prevResult.
 
 use corvid_cni::skel::CmdArgs;
-use corvid_net::nftables::AttachmentTag;
+use corvid_cni::{CniResult, Error};
+use corvid_net::nftables::{AttachmentTag, Nftables};
+use std::net::IpAddr;
+
+/// The container's addresses, from the result the previous plugin gave.
+pub fn addresses(prev: &CniResult) -> Vec<IpAddr> {
+    prev.ips.iter().map(|ip| ip.address.addr()).collect()
+}
+
+/// A socket on corvid's nftables table, failures as CNI errors.
+pub fn nftables() -> Result<Nftables, Error> {
+    Nftables::open().map_err(crate::errors::net)
+}
 
 /// The tag of the attachment this call is about.
 pub fn tag(args: &CmdArgs) -> AttachmentTag {

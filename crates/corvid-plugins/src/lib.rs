@@ -9,6 +9,7 @@ pub mod corvid;
 pub mod corvid_k8s;
 pub mod delegate;
 pub mod errors;
+pub mod firewall;
 pub mod host_local;
 pub mod install;
 pub mod loopback;
@@ -19,10 +20,11 @@ pub mod wait;
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 7] = [
+pub const PLUGIN_NAMES: [&str; 8] = [
     "bridge",
     "corvid",
     "corvid-k8s",
+    "firewall",
     "host-local",
     "loopback",
     "portmap",
@@ -35,6 +37,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "bridge" => Some(&bridge::Bridge),
         "corvid" => Some(&corvid::Corvid),
         "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),
+        "firewall" => Some(&firewall::Firewall),
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         "portmap" => Some(&portmap::Portmap),

@@ -6,7 +6,6 @@ use crate::{attachments, errors};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::nftables::portmap::{self, PortMapping, Protocol};
-use corvid_net::nftables::Nftables;
 use corvid_net::sysctl;
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -69,14 +68,18 @@ fn load(args: &CmdArgs) -> Result<(PortmapConf, Vec<PortMapping>), Error> {
             "conditionsV6",
         ),
         (
-            conf.backend.as_deref().is_some_and(|b| b != "nftables"),
+            // Configurations written for the reference name its backends; either way the
+            // rules are nftables rules in corvid's table.
+            conf.backend
+                .as_deref()
+                .is_some_and(|b| !matches!(b, "" | "iptables" | "nftables")),
             "backend",
         ),
     ];
     if let Some((_, field)) = refused.iter().find(|(asked, _)| *asked) {
         return Err(Error::new(
             ErrorCode::UnsupportedField,
-            format!("unsupported field \"{field}\": corvid's portmap writes nftables rules only, in its own table"),
+            format!("unsupported field \"{field}\": corvid's portmap writes its rules with nftables, in its own table"),
         ));
     }
     if conf.mark_masq_bit.is_some_and(|b| b > 31) {
@@ -127,15 +130,6 @@ fn mapping(e: &Entry) -> Result<PortMapping, Error> {
     })
 }
 
-/// The container's addresses, from the result the previous plugin gave.
-fn addresses(prev: &CniResult) -> Vec<IpAddr> {
-    prev.ips.iter().map(|ip| ip.address.addr()).collect()
-}
-
-fn open() -> Result<Nftables, Error> {
-    Nftables::open().map_err(errors::net)
-}
-
 impl Plugin for Portmap {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, Error> {
         let (conf, mappings) = load(args)?;
@@ -143,7 +137,7 @@ impl Plugin for Portmap {
             .prev_result
             .clone()
             .ok_or_else(|| invalid("portmap must be called as a chained plugin".into()))?;
-        let addrs = addresses(&prev);
+        let addrs = attachments::addresses(&prev);
         if mappings.is_empty() || addrs.is_empty() {
             return Ok(prev);
         }
@@ -158,7 +152,7 @@ impl Plugin for Portmap {
             }
         }
         portmap::add_port_mappings(
-            &mut open()?,
+            &mut attachments::nftables()?,
             &attachments::tag(args),
             &addrs,
             &mappings,
@@ -170,13 +164,17 @@ impl Plugin for Portmap {
 
     fn del(&self, args: &CmdArgs) -> Result<(), Error> {
         let (_, mappings) = load(args)?;
-        let addrs = args.prev_result.as_ref().map(addresses);
+        let addrs = args.prev_result.as_ref().map(attachments::addresses);
         let known = addrs
             .as_deref()
             .filter(|a| !a.is_empty() && !mappings.is_empty())
             .map(|a| (a, mappings.as_slice()));
-        portmap::delete_port_mappings(&mut open()?, &attachments::tag(args), known)
-            .map_err(errors::net)
+        portmap::delete_port_mappings(
+            &mut attachments::nftables()?,
+            &attachments::tag(args),
+            known,
+        )
+        .map_err(errors::net)
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), Error> {
@@ -186,9 +184,9 @@ impl Plugin for Portmap {
             .as_ref()
             .expect("skel requires prevResult for CHECK");
         let missing = portmap::missing_port_mappings(
-            &mut open()?,
+            &mut attachments::nftables()?,
             &attachments::tag(args),
-            &addresses(prev),
+            &attachments::addresses(prev),
             &mappings,
         )
         .map_err(errors::net)?;
@@ -204,8 +202,12 @@ impl Plugin for Portmap {
 
     fn gc(&self, args: &CmdArgs) -> Result<(), Error> {
         load(args)?;
-        portmap::gc_port_mappings(&mut open()?, &args.conf.name, &attachments::valid(args))
-            .map_err(errors::net)
+        portmap::gc_port_mappings(
+            &mut attachments::nftables()?,
+            &args.conf.name,
+            &attachments::valid(args),
+        )
+        .map_err(errors::net)
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {

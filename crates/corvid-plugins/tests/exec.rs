@@ -173,23 +173,23 @@ fn version_gates_and_negotiation() {
     let s = Setup::new();
     let c = TestNs::new();
     let rt = s.runtime();
-    let (_, old) = s.list("0.3.1", json!({"type": "tuning"}));
+    let (_, old) = s.list("0.3.1", json!({"type": "sbr"}));
     assert_eq!(rt.check(&old, &attachment(&c)).unwrap_err().code, 1);
-    let (_, new) = s.list("1.1.0", json!({"type": "tuning"}));
+    let (_, new) = s.list("1.1.0", json!({"type": "sbr"}));
     let e = rt.validate(&new).unwrap_err();
     assert_eq!(e.code, 1);
-    assert!(e.msg.contains("tuning") && e.msg.contains("1.1.0"), "{e}");
-    let (_, ok) = s.list("1.0.0", json!({"type": "tuning"}));
+    assert!(e.msg.contains("sbr") && e.msg.contains("1.1.0"), "{e}");
+    let (_, ok) = s.list("1.0.0", json!({"type": "sbr"}));
     rt.validate(&ok).unwrap();
-    // ADD of a 1.1.0 list whose second plugin (the reference tuning) stops at 1.0.0: the
+    // ADD of a 1.1.0 list whose second plugin (the reference's sbr, a plugin corvid has not replaced yet) stops at 1.0.0: the
     // error names both, and the list is undone.
-    let (bytes, new) = s.list("1.1.0", json!({"type": "tuning"}));
+    let (bytes, new) = s.list("1.1.0", json!({"type": "sbr"}));
     let e = s
         .host
         .run(|| rt.add(&bytes, &new, &attachment(&c)))
         .unwrap_err();
     assert_eq!(e.code, 1, "{e}");
-    assert!(e.msg.contains("tuning does not support CNI 1.1.0"), "{e}");
+    assert!(e.msg.contains("sbr does not support CNI 1.1.0"), "{e}");
     s.assert_clean();
 }
 

@@ -339,7 +339,7 @@ fn bad_mappings_are_refused_and_change_nothing() {
     }
     let mut iptables: Value =
         serde_json::from_str(&site.portmap_conf("1.1.0", &r, MAPPINGS)).unwrap();
-    iptables["backend"] = json!("iptables");
+    iptables["backend"] = json!("ebpf");
     let out = site
         .ours("portmap", "ADD", "b", &c.path_str(), &iptables.to_string())
         .run();

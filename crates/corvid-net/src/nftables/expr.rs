@@ -125,20 +125,22 @@ pub fn reg32(n: u32) -> Register {
     ][n as usize]
 }
 
-/// The input (`input` true) or output interface's name is `name`.
-pub fn ifname(input: bool, name: &str, equal: bool) -> Vec<Expressions> {
+/// An interface name as nftables compares it: 16 bytes, zero-padded.
+pub fn ifname_bytes(name: &str) -> [u8; 16] {
     let mut bytes = [0u8; 16];
     let n = name.len().min(15);
     bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    bytes
+}
+
+/// Loads the input (`input` true) or output interface's name into `reg`.
+pub fn load_ifname(input: bool, reg: Register) -> Expressions {
     let key = if input {
         MetaKey::Iifname
     } else {
         MetaKey::Oifname
     };
-    vec![
-        meta(key, Register::Reg1),
-        cmp(Register::Reg1, equal, &bytes),
-    ]
+    meta(key, reg)
 }
 
 fn addr_bytes(addr: std::net::IpAddr) -> Vec<u8> {

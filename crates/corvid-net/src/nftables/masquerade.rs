@@ -16,8 +16,8 @@
 
 use super::expr::{self, Field, Reg, Verdict};
 use super::{
-    fnv1a, lock, network_prefix, AttachmentTag, BaseChain, Batch, ChainType, DataType, HookPoint,
-    Nftables, SetSpec, Value,
+    address_key, claim, collect_garbage, comments, fnv1a, lock, release_addresses, AttachmentTag,
+    BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec, Value,
 };
 use crate::Result;
 use ipnet::IpNet;
@@ -32,6 +32,8 @@ const SRCNAT: BaseChain = BaseChain {
     priority: 100,
 };
 
+const MAPS: [&str; 2] = ["masq4", "masq6"];
+
 fn map_name(v6: bool) -> &'static str {
     if v6 {
         "masq6"
@@ -41,10 +43,7 @@ fn map_name(v6: bool) -> &'static str {
 }
 
 fn key(addr: IpAddr) -> (&'static str, Vec<u8>) {
-    match addr {
-        IpAddr::V4(a) => (map_name(false), a.octets().to_vec()),
-        IpAddr::V6(a) => (map_name(true), a.octets().to_vec()),
-    }
+    address_key(MAPS, addr)
 }
 
 fn multicast(v6: bool) -> IpNet {
@@ -120,15 +119,8 @@ pub fn add_masquerade(nft: &mut Nftables, tag: &AttachmentTag, sources: &[IpNet]
             made.push(chain.clone());
         }
         let (map, key) = key(src.addr());
-        if nft.element(map, &key)?.is_some() {
-            batch.delete_element(map, &key);
-        }
-        batch.add_element(
-            map,
-            &key,
-            Some(Value::Verdict(Verdict::Jump(&chain))),
-            tag.as_str(),
-        );
+        let jump = Value::Verdict(Verdict::Jump(&chain));
+        claim(nft, &mut batch, map, &key, Some(jump), tag)?;
     }
     nft.commit(batch)
 }
@@ -145,29 +137,7 @@ pub fn delete_masquerade(
     tag: &AttachmentTag,
     addrs: Option<&[IpAddr]>,
 ) -> Result<()> {
-    let _lock = lock()?;
-    let mut batch = Batch::new();
-    match addrs {
-        Some(addrs) => {
-            for addr in addrs {
-                let (map, key) = key(*addr);
-                let owned = nft.element(map, &key)?;
-                if owned.is_some_and(|e| e.comment.as_deref() == Some(tag.as_str())) {
-                    batch.delete_element(map, &key);
-                }
-            }
-        }
-        None => {
-            for v6 in [false, true] {
-                for e in nft.elements(map_name(v6))? {
-                    if e.comment.as_deref() == Some(tag.as_str()) {
-                        batch.delete_element(map_name(v6), &e.key);
-                    }
-                }
-            }
-        }
-    }
-    nft.commit(batch)
+    release_addresses(nft, MAPS, tag, addrs)
 }
 
 /// Removes the elements of `network` whose attachment is not in `keep`, and the subnet
@@ -175,22 +145,8 @@ pub fn delete_masquerade(
 pub fn gc_masquerade(network: &str, keep: &[AttachmentTag]) -> Result<()> {
     let _lock = lock()?;
     let mut nft = Nftables::open()?;
-    let prefix = network_prefix(network);
     let mut batch = Batch::new();
-    let mut used = std::collections::HashSet::new();
-    for v6 in [false, true] {
-        for e in nft.elements(map_name(v6))? {
-            let stale = e
-                .comment
-                .as_deref()
-                .is_some_and(|c| c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c));
-            if stale {
-                batch.delete_element(map_name(v6), &e.key);
-            } else {
-                used.extend(e.target);
-            }
-        }
-    }
+    let used = collect_garbage(&mut nft, &mut batch, &MAPS, network, keep)?;
     for chain in nft.chains()? {
         if chain.starts_with(SUBNET_CHAIN_PREFIX) && !used.contains(&chain) {
             batch.flush_chain(&chain);
@@ -202,16 +158,7 @@ pub fn gc_masquerade(network: &str, keep: &[AttachmentTag]) -> Result<()> {
 
 /// The tags of every masqueraded address (for tests and diagnostics).
 pub fn masquerade_tags() -> Result<Vec<String>> {
-    let mut nft = Nftables::open()?;
-    let mut tags = Vec::new();
-    for v6 in [false, true] {
-        tags.extend(
-            nft.elements(map_name(v6))?
-                .into_iter()
-                .filter_map(|e| e.comment),
-        );
-    }
-    Ok(tags)
+    comments(&mut Nftables::open()?, &MAPS)
 }
 
 /// Sets the agent's masquerade: for each network, traffic from its subnets leaving them

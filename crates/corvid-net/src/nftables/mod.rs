@@ -8,6 +8,7 @@
 //! counter, numgen) are encoded in [`expr`].
 
 pub mod expr;
+pub mod firewall;
 pub mod masquerade;
 pub mod portmap;
 
@@ -92,6 +93,8 @@ impl DataType {
     pub const INET_PROTO: DataType = DataType { id: 12, len: 1 };
     /// A transport port (two bytes, network order).
     pub const INET_SERVICE: DataType = DataType { id: 13, len: 2 };
+    /// An interface name (16 bytes, zero-padded).
+    pub const IFNAME: DataType = DataType { id: 41, len: 16 };
     /// A verdict (a verdict map's values).
     pub const VERDICT: DataType = DataType {
         id: 0xffff_ff00,
@@ -441,6 +444,117 @@ fn element_message(set: &str, element: Vec<SetElementAttribute>) -> SetElementMe
             SetElementList::Elements(vec![ListAttribute::Element(element)]),
         ],
     }
+}
+
+/// Puts an element in `batch` for `tag`, taking the key over from whoever held it.
+pub(crate) fn claim(
+    nft: &mut Nftables,
+    batch: &mut Batch,
+    set: &str,
+    key: &[u8],
+    value: Option<Value>,
+    tag: &AttachmentTag,
+) -> Result<()> {
+    if nft.element(set, key)?.is_some() {
+        batch.delete_element(set, key);
+    }
+    batch.add_element(set, key, value, tag.as_str());
+    Ok(())
+}
+
+/// Removes an element in `batch` if `tag` holds it; a missing one is fine.
+pub(crate) fn release(
+    nft: &mut Nftables,
+    batch: &mut Batch,
+    set: &str,
+    key: &[u8],
+    tag: &AttachmentTag,
+) -> Result<()> {
+    let owner = nft.element(set, key)?.and_then(|e| e.comment);
+    if owner.as_deref() == Some(tag.as_str()) {
+        batch.delete_element(set, key);
+    }
+    Ok(())
+}
+
+/// Removes in `batch` every element of `sets` whose comment is `stale`; returns the
+/// chains the remaining elements jump to.
+pub(crate) fn sweep(
+    nft: &mut Nftables,
+    batch: &mut Batch,
+    sets: &[&str],
+    stale: impl Fn(&str) -> bool,
+) -> Result<std::collections::HashSet<String>> {
+    let mut used = std::collections::HashSet::new();
+    for set in sets {
+        for e in nft.elements(set)? {
+            if e.comment.as_deref().is_some_and(&stale) {
+                batch.delete_element(set, &e.key);
+            } else {
+                used.extend(e.target);
+            }
+        }
+    }
+    Ok(used)
+}
+
+/// Where an address goes among a pair of per-family sets `[IPv4, IPv6]`, and its key.
+pub(crate) fn address_key(
+    sets: [&'static str; 2],
+    addr: std::net::IpAddr,
+) -> (&'static str, Vec<u8>) {
+    match addr {
+        std::net::IpAddr::V4(a) => (sets[0], a.octets().to_vec()),
+        std::net::IpAddr::V6(a) => (sets[1], a.octets().to_vec()),
+    }
+}
+
+/// Removes, in one transaction, the elements `tag` holds for `addrs` in a pair of
+/// per-family sets; without the addresses known it reads both sets.
+pub(crate) fn release_addresses(
+    nft: &mut Nftables,
+    sets: [&'static str; 2],
+    tag: &AttachmentTag,
+    addrs: Option<&[std::net::IpAddr]>,
+) -> Result<()> {
+    let _lock = lock()?;
+    let mut batch = Batch::new();
+    match addrs {
+        Some(addrs) => {
+            for addr in addrs {
+                let (set, key) = address_key(sets, *addr);
+                release(nft, &mut batch, set, &key, tag)?;
+            }
+        }
+        None => {
+            sweep(nft, &mut batch, &sets, |c| c == tag.as_str())?;
+        }
+    }
+    nft.commit(batch)
+}
+
+/// Removes in `batch` the elements of `sets` that belong to `network` and to none of
+/// the attachments in `keep`; returns the chains the remaining elements jump to.
+pub(crate) fn collect_garbage(
+    nft: &mut Nftables,
+    batch: &mut Batch,
+    sets: &[&str],
+    network: &str,
+    keep: &[AttachmentTag],
+) -> Result<std::collections::HashSet<String>> {
+    let prefix = network_prefix(network);
+    sweep(nft, batch, sets, |c| {
+        c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c)
+    })
+}
+
+/// The comments of every element of `sets` (for tests and diagnostics).
+pub(crate) fn comments(nft: &mut Nftables, sets: &[&str]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for set in sets {
+        out.extend(nft.elements(set)?.into_iter().filter_map(|e| e.comment));
+    }
+    Ok(out)
 }
 
 /// A netfilter netlink socket bound to the namespace it was opened in.

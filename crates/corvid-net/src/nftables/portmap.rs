@@ -18,8 +18,8 @@
 
 use super::expr::{self, reg32, Field};
 use super::{
-    lock, network_prefix, AttachmentTag, BaseChain, Batch, ChainType, DataType, HookPoint,
-    Nftables, SetSpec, Value,
+    claim, collect_garbage, comments, lock, release, sweep, AttachmentTag, BaseChain, Batch,
+    ChainType, DataType, HookPoint, Nftables, SetSpec, Value,
 };
 use crate::Result;
 use ipnet::IpNet;
@@ -62,6 +62,15 @@ pub struct PortMapping {
 const PREROUTING: &str = "portmap-prerouting";
 const OUTPUT: &str = "portmap-output";
 const POSTROUTING: &str = "portmap-postrouting";
+
+const ALL_MAPS: [&str; 6] = [
+    "hostports4",
+    "ports4",
+    "hairpin4",
+    "hostports6",
+    "ports6",
+    "hairpin6",
+];
 
 fn maps(v6: bool) -> [&'static str; 3] {
     if v6 {
@@ -242,13 +251,7 @@ pub fn add_port_mappings(
         skeleton(&mut batch);
     }
     for (map, k, value) in elements(addrs, mappings, snat) {
-        if let Some(old) = nft.element(map, &k)? {
-            if value.is_none() && old.comment.as_deref() == Some(tag.as_str()) {
-                continue;
-            }
-            batch.delete_element(map, &k);
-        }
-        batch.add_element(map, &k, value.map(Value::Data), tag.as_str());
+        claim(nft, &mut batch, map, &k, value.map(Value::Data), tag)?;
     }
     nft.commit(batch)
 }
@@ -285,50 +288,27 @@ pub fn delete_port_mappings(
     match known {
         Some((addrs, mappings)) => {
             for (map, k, _) in elements(addrs, mappings, true) {
-                let owner = nft.element(map, &k)?.and_then(|e| e.comment);
-                if owner.as_deref() == Some(tag.as_str()) {
-                    batch.delete_element(map, &k);
-                }
+                release(nft, &mut batch, map, &k, tag)?;
             }
         }
-        None => sweep(nft, &mut batch, |c| c == tag.as_str())?,
+        None => {
+            sweep(nft, &mut batch, &ALL_MAPS, |c| c == tag.as_str())?;
+        }
     }
     nft.commit(batch)
-}
-
-fn sweep(nft: &mut Nftables, batch: &mut Batch, stale: impl Fn(&str) -> bool) -> Result<()> {
-    for v6 in [false, true] {
-        for map in maps(v6) {
-            for e in nft.elements(map)? {
-                if e.comment.as_deref().is_some_and(&stale) {
-                    batch.delete_element(map, &e.key);
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Removes the mappings of `network` whose attachment is not in `keep`.
 pub fn gc_port_mappings(nft: &mut Nftables, network: &str, keep: &[AttachmentTag]) -> Result<()> {
     let _lock = lock()?;
-    let prefix = network_prefix(network);
     let mut batch = Batch::new();
-    sweep(nft, &mut batch, |c| {
-        c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c)
-    })?;
+    collect_garbage(nft, &mut batch, &ALL_MAPS, network, keep)?;
     nft.commit(batch)
 }
 
 /// The tags of every mapping element (for tests and diagnostics).
 pub fn port_mapping_tags(nft: &mut Nftables) -> Result<Vec<String>> {
-    let mut tags = Vec::new();
-    for v6 in [false, true] {
-        for map in maps(v6) {
-            tags.extend(nft.elements(map)?.into_iter().filter_map(|e| e.comment));
-        }
-    }
-    Ok(tags)
+    comments(nft, &ALL_MAPS)
 }
 
 #[cfg(test)]

@@ -1,0 +1,194 @@
+//! The firewall plugin's rules in corvid's table: containers' addresses in two sets that a
+//! fixed forward chain accepts (outbound, and replies inbound, as the reference's
+//! `CNI-FORWARD` does), and bridge isolation for the `same-bridge` and `isolated`
+//! ingress policies (the reference's isolation stages) as sets of interface names.
+//!
+//! ```text
+//! set fw4 { type ipv4_addr }   set fw6 { type ipv6_addr }
+//! set isolated { type ifname }  set same { type ifname . ifname }  set hermetic { ... }
+//! chain firewall-forward { type filter hook forward priority filter
+//!     iifname @isolated oifname @isolated iifname . oifname != @same drop
+//!     iifname . oifname @hermetic drop
+//!     ct state established,related ip daddr @fw4 accept
+//!     ip saddr @fw4 accept   (and IPv6) }
+//! ```
+//!
+//! An accept here ends this chain only: a drop in another table's forward chain (Docker's
+//! iptables policy) still applies.
+
+use super::expr::{self, reg32, Field, Verdict};
+use super::{
+    address_key, claim, collect_garbage, comments, lock, release_addresses, AttachmentTag,
+    BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec,
+};
+use crate::Result;
+use std::net::IpAddr;
+
+/// Who may open connections to a container, as the reference's `ingressPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngressPolicy {
+    /// Anyone.
+    Open,
+    /// Containers on the same bridge, and not those of other isolated bridges.
+    SameBridge,
+    /// Not even containers of other isolated bridges, nor routed traffic within the
+    /// bridge.
+    Isolated,
+}
+
+const CHAIN: &str = "firewall-forward";
+const ADDRS: [&str; 2] = ["fw4", "fw6"];
+const ISOLATED: &str = "isolated";
+const SAME: &str = "same";
+const HERMETIC: &str = "hermetic";
+
+fn addr_key(addr: IpAddr) -> (&'static str, Vec<u8>) {
+    address_key(ADDRS, addr)
+}
+
+fn pair(bridge: &str) -> Vec<u8> {
+    let mut k = expr::ifname_bytes(bridge).to_vec();
+    k.extend(expr::ifname_bytes(bridge));
+    k
+}
+
+fn skeleton(batch: &mut Batch) {
+    batch.add_table();
+    let name_pair = DataType::concat(&[DataType::IFNAME, DataType::IFNAME]);
+    for (name, key) in [
+        (ADDRS[0], DataType::IPV4),
+        (ADDRS[1], DataType::IPV6),
+        (ISOLATED, DataType::IFNAME),
+        (SAME, name_pair),
+        (HERMETIC, name_pair),
+    ] {
+        batch.add_set(&SetSpec {
+            name,
+            key,
+            data: None,
+            interval: false,
+        });
+    }
+    batch.add_chain(
+        CHAIN,
+        Some(BaseChain {
+            kind: ChainType::Filter,
+            hook: HookPoint::Forward,
+            priority: 0,
+        }),
+    );
+    batch.add_rule(
+        CHAIN,
+        vec![
+            expr::load_ifname(true, reg32(0)),
+            expr::lookup(ISOLATED, reg32(0), true),
+            expr::load_ifname(false, reg32(4)),
+            expr::lookup(ISOLATED, reg32(4), true),
+            expr::lookup(SAME, reg32(0), false),
+            expr::verdict(Verdict::Drop),
+        ],
+        None,
+    );
+    batch.add_rule(
+        CHAIN,
+        vec![
+            expr::load_ifname(true, reg32(0)),
+            expr::load_ifname(false, reg32(4)),
+            expr::lookup(HERMETIC, reg32(0), true),
+            expr::verdict(Verdict::Drop),
+        ],
+        None,
+    );
+    for (v6, set) in [(false, ADDRS[0]), (true, ADDRS[1])] {
+        let mut replies = expr::nfproto(v6);
+        replies.extend(expr::ct_state(expr::ct::ESTABLISHED | expr::ct::RELATED));
+        replies.extend([
+            expr::load(Field::DstAddr, v6, reg32(0)),
+            expr::lookup(set, reg32(0), true),
+            expr::verdict(Verdict::Accept),
+        ]);
+        batch.add_rule(CHAIN, replies, None);
+        let mut outbound = expr::nfproto(v6);
+        outbound.extend([
+            expr::load(Field::SrcAddr, v6, reg32(0)),
+            expr::lookup(set, reg32(0), true),
+            expr::verdict(Verdict::Accept),
+        ]);
+        batch.add_rule(CHAIN, outbound, None);
+    }
+}
+
+/// Lets the container at `addrs` through, and applies `policy` to its bridge.
+pub fn add_firewall(
+    nft: &mut Nftables,
+    tag: &AttachmentTag,
+    addrs: &[IpAddr],
+    bridge: Option<&str>,
+    policy: IngressPolicy,
+) -> Result<()> {
+    let _lock = lock()?;
+    let mut batch = Batch::new();
+    if !nft.has_chain(CHAIN)? {
+        skeleton(&mut batch);
+    }
+    for addr in addrs {
+        let (set, key) = addr_key(*addr);
+        claim(nft, &mut batch, set, &key, None, tag)?;
+    }
+    if let (Some(bridge), true) = (bridge, policy != IngressPolicy::Open) {
+        // Bridges stay listed: a policy belongs to the network, not to one container.
+        let comment = format!("corvid-bridge:{bridge}");
+        let mut sets = vec![
+            (ISOLATED, expr::ifname_bytes(bridge).to_vec()),
+            (SAME, pair(bridge)),
+        ];
+        if policy == IngressPolicy::Isolated {
+            sets.push((HERMETIC, pair(bridge)));
+        }
+        for (set, key) in sets {
+            if nft.element(set, &key)?.is_none() {
+                batch.add_element(set, &key, None, &comment);
+            }
+        }
+    }
+    nft.commit(batch)
+}
+
+/// The container's addresses the firewall does not let through (for CHECK).
+pub fn missing_firewall(
+    nft: &mut Nftables,
+    tag: &AttachmentTag,
+    addrs: &[IpAddr],
+) -> Result<Vec<IpAddr>> {
+    let mut missing = Vec::new();
+    for addr in addrs {
+        let (set, key) = addr_key(*addr);
+        if nft.element(set, &key)?.and_then(|e| e.comment).as_deref() != Some(tag.as_str()) {
+            missing.push(*addr);
+        }
+    }
+    Ok(missing)
+}
+
+/// Removes the container's addresses; none left is fine. Without the addresses known
+/// this reads both sets. See `masquerade::delete_masquerade` on when to close `nft`.
+pub fn delete_firewall(
+    nft: &mut Nftables,
+    tag: &AttachmentTag,
+    addrs: Option<&[IpAddr]>,
+) -> Result<()> {
+    release_addresses(nft, ADDRS, tag, addrs)
+}
+
+/// Removes the addresses of `network` whose attachment is not in `keep`.
+pub fn gc_firewall(nft: &mut Nftables, network: &str, keep: &[AttachmentTag]) -> Result<()> {
+    let _lock = lock()?;
+    let mut batch = Batch::new();
+    collect_garbage(nft, &mut batch, &ADDRS, network, keep)?;
+    nft.commit(batch)
+}
+
+/// The tags of every address let through (for tests and diagnostics).
+pub fn firewall_tags(nft: &mut Nftables) -> Result<Vec<String>> {
+    comments(nft, &ADDRS)
+}

@@ -1,0 +1,287 @@
+//! The firewall plugin chained after bridge, in namespaces the test makes: the ingress
+//! policies isolate bridges from each other and not from the outside, the container's
+//! addresses are listed and removed, bad input is refused, and it chains with the
+//! reference's plugins both ways.
+
+mod support;
+
+use corvid_cni::version::ALL;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use support::*;
+
+fn bridge_conf(site: &Site, version: &str, n: u8) -> String {
+    json!({"cniVersion": version, "name": format!("cvtfw{n}"), "type": "bridge",
+        "bridge": format!("cvtbrf{n}"), "isGateway": true, "ipMasq": true,
+        "ipam": {"type": "host-local", "subnet": format!("10.7{n}.0.0/24"),
+            "dataDir": site.data.path(), "routes": [{"dst": "0.0.0.0/0"}]}})
+    .to_string()
+}
+
+fn firewall_conf(version: &str, n: u8, prev: &Value, policy: &str) -> String {
+    json!({"cniVersion": version, "name": format!("cvtfw{n}"), "type": "firewall",
+        "ingressPolicy": policy, "prevResult": prev})
+    .to_string()
+}
+
+fn plugin(site: &Site, name: &str, reference: bool) -> (PathBuf, String) {
+    if reference {
+        (
+            PathBuf::from(REFERENCE_DIR).join(name),
+            REFERENCE_DIR.into(),
+        )
+    } else {
+        (
+            site.plugins.plugin(name),
+            site.plugins.path().display().to_string(),
+        )
+    }
+}
+
+fn run(
+    site: &Site,
+    p: (PathBuf, String),
+    command: &str,
+    id: &str,
+    ns: &TestNs,
+    conf: &str,
+) -> Outcome {
+    site.call_with(p.0, &p.1, command, id, &ns.path_str(), conf)
+        .run()
+}
+
+/// bridge then firewall on network `n`; the result.
+fn attach(
+    site: &Site,
+    id: &str,
+    ns: &TestNs,
+    n: u8,
+    policy: &str,
+    reference: (bool, bool),
+) -> Value {
+    let r = run(
+        site,
+        plugin(site, "bridge", reference.0),
+        "ADD",
+        id,
+        ns,
+        &bridge_conf(site, "1.0.0", n),
+    );
+    assert!(r.success, "{}", r.stdout);
+    let f = run(
+        site,
+        plugin(site, "firewall", reference.1),
+        "ADD",
+        id,
+        ns,
+        &firewall_conf("1.0.0", n, &r.json, policy),
+    );
+    assert!(f.success, "{}", f.stdout);
+    assert_eq!(f.json, r.json, "the result passes through");
+    r.json
+}
+
+fn tags(site: &Site) -> Vec<String> {
+    site.host.run(|| {
+        let mut nft = corvid_net::nftables::Nftables::open().unwrap();
+        corvid_net::nftables::firewall::firewall_tags(&mut nft).unwrap()
+    })
+}
+
+#[test]
+fn same_bridge_isolates_bridges_not_the_outside() {
+    let site = Site::new();
+    let (a1, a2, b1) = (TestNs::new(), TestNs::new(), TestNs::new());
+    let ra1 = attach(&site, "a1", &a1, 1, "same-bridge", (false, false));
+    let ra2 = attach(&site, "a2", &a2, 1, "same-bridge", (false, false));
+    let rb1 = attach(&site, "b1", &b1, 2, "same-bridge", (false, false));
+    let ip = |r: &Value| result_ip(r, true);
+    assert!(a1.ping(&ip(&ra2)), "same bridge");
+    assert!(!a1.ping(&ip(&rb1)), "from an isolated bridge to another");
+    assert!(!b1.ping(&ip(&ra1)), "and back");
+    assert!(a1.ping("10.251.0.2"), "the outside");
+    assert!(site.host.ping(&ip(&rb1)), "the host");
+    assert_eq!(tags(&site).len(), 3);
+    for (id, ns, n, r) in [
+        ("a1", &a1, 1, &ra1),
+        ("a2", &a2, 1, &ra2),
+        ("b1", &b1, 2, &rb1),
+    ] {
+        let conf = firewall_conf("1.0.0", n, r, "same-bridge");
+        assert!(
+            run(
+                &site,
+                plugin(&site, "firewall", false),
+                "CHECK",
+                id,
+                ns,
+                &conf
+            )
+            .success
+        );
+        assert!(
+            run(
+                &site,
+                plugin(&site, "firewall", false),
+                "DEL",
+                id,
+                ns,
+                &conf
+            )
+            .success
+        );
+        assert!(
+            run(
+                &site,
+                plugin(&site, "firewall", false),
+                "DEL",
+                id,
+                ns,
+                &conf
+            )
+            .success,
+            "twice"
+        );
+        assert_eq!(
+            run(
+                &site,
+                plugin(&site, "firewall", false),
+                "CHECK",
+                id,
+                ns,
+                &conf
+            )
+            .code(),
+            104,
+            "CHECK after DEL"
+        );
+    }
+    assert!(tags(&site).is_empty());
+}
+
+#[test]
+fn open_lets_bridges_reach_each_other() {
+    let site = Site::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    attach(&site, "a", &a, 3, "open", (false, false));
+    let rb = attach(&site, "b", &b, 4, "", (false, false));
+    assert!(a.ping(&result_ip(&rb, true)));
+}
+
+#[test]
+fn every_version_and_bad_input() {
+    let site = Site::new();
+    for version in ALL {
+        let v = version.as_str();
+        let c = TestNs::new();
+        let r = run(
+            &site,
+            plugin(&site, "bridge", false),
+            "ADD",
+            "v",
+            &c,
+            &bridge_conf(&site, v, 5),
+        );
+        assert!(r.success, "{v}: {}", r.stdout);
+        let conf = firewall_conf(v, 5, &r.json, "open");
+        let out = run(
+            &site,
+            plugin(&site, "firewall", false),
+            "ADD",
+            "v",
+            &c,
+            &conf,
+        );
+        assert!(out.success, "{v}: {}", out.stdout);
+        assert_eq!(out.json["cniVersion"], v);
+        if version.allows_check() {
+            assert!(
+                run(
+                    &site,
+                    plugin(&site, "firewall", false),
+                    "CHECK",
+                    "v",
+                    &c,
+                    &conf
+                )
+                .success,
+                "{v}"
+            );
+        }
+        assert!(
+            run(
+                &site,
+                plugin(&site, "firewall", false),
+                "DEL",
+                "v",
+                &c,
+                &conf
+            )
+            .success,
+            "{v}"
+        );
+        assert!(tags(&site).is_empty(), "{v}");
+    }
+    let c = TestNs::new();
+    let r = run(
+        &site,
+        plugin(&site, "bridge", false),
+        "ADD",
+        "b",
+        &c,
+        &bridge_conf(&site, "1.1.0", 6),
+    )
+    .json;
+    let mut bad: Vec<(Value, u64)> = Vec::new();
+    let base: Value = serde_json::from_str(&firewall_conf("1.1.0", 6, &r, "open")).unwrap();
+    for (field, value, code) in [
+        ("ingressPolicy", json!("closed"), 7),
+        ("backend", json!("firewalld"), 2),
+        ("prevResult", Value::Null, 7),
+    ] {
+        let mut conf = base.clone();
+        conf[field] = value;
+        if field == "prevResult" {
+            conf.as_object_mut().unwrap().remove("prevResult");
+        }
+        bad.push((conf, code));
+    }
+    for (conf, code) in bad {
+        let out = run(
+            &site,
+            plugin(&site, "firewall", false),
+            "ADD",
+            "b",
+            &c,
+            &conf.to_string(),
+        );
+        assert_eq!(out.code(), code, "{conf}: {}", out.stdout);
+    }
+    assert!(tags(&site).is_empty(), "nothing was let through");
+}
+
+#[test]
+fn mixed_with_the_reference_both_ways() {
+    let site = Site::new();
+    let (c1, c2) = (TestNs::new(), TestNs::new());
+    let r1 = attach(&site, "m1", &c1, 7, "open", (true, false));
+    assert!(c1.ping("10.251.0.2"), "reference bridge, corvid firewall");
+    assert_eq!(tags(&site).len(), 1);
+    let r2 = attach(&site, "m2", &c2, 8, "open", (false, true));
+    assert!(c2.ping("10.251.0.2"), "corvid bridge, reference firewall");
+    for (id, ns, n, r, reference) in [("m1", &c1, 7, &r1, false), ("m2", &c2, 8, &r2, true)] {
+        let conf = firewall_conf("1.0.0", n, r, "open");
+        assert!(
+            run(
+                &site,
+                plugin(&site, "firewall", reference),
+                "DEL",
+                id,
+                ns,
+                &conf
+            )
+            .success
+        );
+    }
+    assert!(tags(&site).is_empty());
+}
