@@ -18,6 +18,15 @@ pub const VXLAN_PREFIX: &str = "cvx";
 /// Prefix of the host ends of plugged ports.
 pub const VETH_PREFIX: &str = "cvp";
 
+/// Prefix of the ifb devices the bandwidth plugin shapes a container's egress on (the
+/// reference's prefix).
+pub const IFB_PREFIX: &str = "bwp";
+
+/// The ifb device of a container's attachment to a network.
+pub fn ifb(network: &str, container_id: &str, ifname: &str) -> String {
+    name(IFB_PREFIX, &format!("{network}\0{container_id}\0{ifname}"))
+}
+
 /// The bridge of a network on every host.
 pub fn bridge(network: &str) -> String {
     name(BRIDGE_PREFIX, network)

@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod attachments;
+pub mod bandwidth;
 pub mod bridge;
 pub mod corvid;
 pub mod corvid_k8s;
@@ -20,7 +21,8 @@ pub mod wait;
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 8] = [
+pub const PLUGIN_NAMES: [&str; 9] = [
+    "bandwidth",
     "bridge",
     "corvid",
     "corvid-k8s",
@@ -34,6 +36,7 @@ pub const PLUGIN_NAMES: [&str; 8] = [
 /// The plugin behind a name, if this binary has one.
 pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
     match name {
+        "bandwidth" => Some(&bandwidth::Bandwidth),
         "bridge" => Some(&bridge::Bridge),
         "corvid" => Some(&corvid::Corvid),
         "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),

@@ -24,20 +24,6 @@ fn firewall_conf(version: &str, n: u8, prev: &Value, policy: &str) -> String {
     .to_string()
 }
 
-fn plugin(site: &Site, name: &str, reference: bool) -> (PathBuf, String) {
-    if reference {
-        (
-            PathBuf::from(REFERENCE_DIR).join(name),
-            REFERENCE_DIR.into(),
-        )
-    } else {
-        (
-            site.plugins.plugin(name),
-            site.plugins.path().display().to_string(),
-        )
-    }
-}
-
 fn run(
     site: &Site,
     p: (PathBuf, String),
@@ -61,7 +47,7 @@ fn attach(
 ) -> Value {
     let r = run(
         site,
-        plugin(site, "bridge", reference.0),
+        site.plugin("bridge", reference.0),
         "ADD",
         id,
         ns,
@@ -70,7 +56,7 @@ fn attach(
     assert!(r.success, "{}", r.stdout);
     let f = run(
         site,
-        plugin(site, "firewall", reference.1),
+        site.plugin("firewall", reference.1),
         "ADD",
         id,
         ns,
@@ -111,7 +97,7 @@ fn same_bridge_isolates_bridges_not_the_outside() {
         assert!(
             run(
                 &site,
-                plugin(&site, "firewall", false),
+                site.plugin("firewall", false),
                 "CHECK",
                 id,
                 ns,
@@ -119,33 +105,15 @@ fn same_bridge_isolates_bridges_not_the_outside() {
             )
             .success
         );
+        assert!(run(&site, site.plugin("firewall", false), "DEL", id, ns, &conf).success);
         assert!(
-            run(
-                &site,
-                plugin(&site, "firewall", false),
-                "DEL",
-                id,
-                ns,
-                &conf
-            )
-            .success
-        );
-        assert!(
-            run(
-                &site,
-                plugin(&site, "firewall", false),
-                "DEL",
-                id,
-                ns,
-                &conf
-            )
-            .success,
+            run(&site, site.plugin("firewall", false), "DEL", id, ns, &conf).success,
             "twice"
         );
         assert_eq!(
             run(
                 &site,
-                plugin(&site, "firewall", false),
+                site.plugin("firewall", false),
                 "CHECK",
                 id,
                 ns,
@@ -176,7 +144,7 @@ fn every_version_and_bad_input() {
         let c = TestNs::new();
         let r = run(
             &site,
-            plugin(&site, "bridge", false),
+            site.plugin("bridge", false),
             "ADD",
             "v",
             &c,
@@ -184,21 +152,14 @@ fn every_version_and_bad_input() {
         );
         assert!(r.success, "{v}: {}", r.stdout);
         let conf = firewall_conf(v, 5, &r.json, "open");
-        let out = run(
-            &site,
-            plugin(&site, "firewall", false),
-            "ADD",
-            "v",
-            &c,
-            &conf,
-        );
+        let out = run(&site, site.plugin("firewall", false), "ADD", "v", &c, &conf);
         assert!(out.success, "{v}: {}", out.stdout);
         assert_eq!(out.json["cniVersion"], v);
         if version.allows_check() {
             assert!(
                 run(
                     &site,
-                    plugin(&site, "firewall", false),
+                    site.plugin("firewall", false),
                     "CHECK",
                     "v",
                     &c,
@@ -209,15 +170,7 @@ fn every_version_and_bad_input() {
             );
         }
         assert!(
-            run(
-                &site,
-                plugin(&site, "firewall", false),
-                "DEL",
-                "v",
-                &c,
-                &conf
-            )
-            .success,
+            run(&site, site.plugin("firewall", false), "DEL", "v", &c, &conf).success,
             "{v}"
         );
         assert!(tags(&site).is_empty(), "{v}");
@@ -225,7 +178,7 @@ fn every_version_and_bad_input() {
     let c = TestNs::new();
     let r = run(
         &site,
-        plugin(&site, "bridge", false),
+        site.plugin("bridge", false),
         "ADD",
         "b",
         &c,
@@ -249,7 +202,7 @@ fn every_version_and_bad_input() {
     for (conf, code) in bad {
         let out = run(
             &site,
-            plugin(&site, "firewall", false),
+            site.plugin("firewall", false),
             "ADD",
             "b",
             &c,
@@ -274,7 +227,7 @@ fn mixed_with_the_reference_both_ways() {
         assert!(
             run(
                 &site,
-                plugin(&site, "firewall", reference),
+                site.plugin("firewall", reference),
                 "DEL",
                 id,
                 ns,

@@ -38,17 +38,7 @@ impl Bed {
     }
 
     fn plugin(&self, name: &str, reference: bool) -> (PathBuf, String) {
-        if reference {
-            (
-                PathBuf::from(REFERENCE_DIR).join(name),
-                REFERENCE_DIR.into(),
-            )
-        } else {
-            (
-                self.site.plugins.plugin(name),
-                self.site.plugins.path().display().to_string(),
-            )
-        }
+        self.site.plugin(name, reference)
     }
 
     fn run(&self, plugin: (PathBuf, String), command: &str, ns: &TestNs, conf: &str) -> Outcome {

@@ -417,6 +417,22 @@ impl Site {
             .set("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     }
 
+    /// corvid's plugin `name`, or the reference's: its path and the CNI_PATH to run it
+    /// with.
+    pub fn plugin(&self, name: &str, reference: bool) -> (PathBuf, String) {
+        if reference {
+            (
+                PathBuf::from(REFERENCE_DIR).join(name),
+                REFERENCE_DIR.into(),
+            )
+        } else {
+            (
+                self.plugins.plugin(name),
+                self.plugins.path().display().to_string(),
+            )
+        }
+    }
+
     /// Runs corvid's plugin `name`.
     pub fn ours<'a>(
         &'a self,
