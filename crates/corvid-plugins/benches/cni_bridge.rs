@@ -13,112 +13,12 @@
 //! CORVID_BENCH_MASQ=0 or 1 runs only one of the two; CORVID_BENCH_PAR=1 skips the 8-way
 //! phase).
 
+mod support;
+
 use corvid_net::Netns;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Ns(PathBuf);
-
-impl Ns {
-    fn new(name: String) -> Ns {
-        Ns(Netns::create_named(&name).expect("create namespace (run as root)"))
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Netns::delete_path(&self.0);
-    }
-}
-
-struct Impl {
-    label: &'static str,
-    bridge: PathBuf,
-    cni_path: PathBuf,
-}
-
-/// One plugin run: wall time, and the peak RSS of the plugin and its IPAM child in KiB.
-fn invoke(
-    host: &Netns,
-    imp: &Impl,
-    cmd: &str,
-    id: &str,
-    netns: &Path,
-    conf: &str,
-) -> (Duration, i64) {
-    let mut command = Command::new(&imp.bridge);
-    command
-        .env_clear()
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", id)
-        .env("CNI_NETNS", netns)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", &imp.cni_path)
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    host.apply_to(&mut command).unwrap();
-    let start = Instant::now();
-    // Reaped by wait4 below: std's wait cannot report the child's rusage.
-    #[allow(clippy::zombie_processes)]
-    let mut child = command.spawn().expect("spawn plugin");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.as_bytes())
-        .unwrap();
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let mut status = 0;
-    // SAFETY: rusage is plain data; wait4 reaps exactly our child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    let took = start.elapsed();
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{} {cmd} {id} failed: {out}",
-        imp.label
-    );
-    (took, usage.ru_maxrss)
-}
-
-#[derive(Default)]
-struct Phase {
-    samples: Vec<Duration>,
-    wall: Duration,
-    max_rss_kib: i64,
-}
-
-impl Phase {
-    fn absorb(&mut self, other: Phase) {
-        self.samples.extend(other.samples);
-        self.wall += other.wall;
-        self.max_rss_kib = self.max_rss_kib.max(other.max_rss_kib);
-    }
-    fn pct(&self, p: f64) -> f64 {
-        let mut s = self.samples.clone();
-        s.sort();
-        let i = ((s.len() as f64 - 1.0) * p).round() as usize;
-        s[i].as_secs_f64() * 1e3
-    }
-    /// The median of `len` samples starting at `from`, in order taken.
-    fn window_p50(&self, from: usize, len: usize) -> f64 {
-        let mut s: Vec<Duration> = self.samples.iter().skip(from).take(len).copied().collect();
-        s.sort();
-        s[s.len() / 2].as_secs_f64() * 1e3
-    }
-    fn rate(&self) -> f64 {
-        self.samples.len() as f64 / self.wall.as_secs_f64()
-    }
-}
+use support::{invoke, Impl, Ns, Phase};
 
 /// Runs `cmd` for every container, `parallel` at a time.
 fn phase(
@@ -140,7 +40,11 @@ fn phase(
                 s.spawn(move || {
                     chunk
                         .into_iter()
-                        .map(|(i, ns)| invoke(host, imp, cmd, &format!("bench{i}"), &ns.0, conf))
+                        .map(|(i, ns)| {
+                            let (took, rss, _) =
+                                invoke(host, imp, "bridge", cmd, &format!("bench{i}"), &ns.0, conf);
+                            (took, rss)
+                        })
                         .collect::<Vec<_>>()
                 })
             })
@@ -240,28 +144,8 @@ fn main() {
         Ok("1") => vec![1],
         _ => vec![1, 8],
     };
-    let reference = Path::new("/usr/lib/cni");
-    assert!(
-        reference.join("bridge").exists(),
-        "install Debian's containernetworking-plugins"
-    );
     let ours = tempfile::tempdir().unwrap();
-    for name in corvid_plugins::PLUGIN_NAMES {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_corvid-plugins"), ours.path().join(name))
-            .unwrap();
-    }
-    let impls = [
-        Impl {
-            label: "corvid",
-            bridge: ours.path().join("bridge"),
-            cni_path: ours.path().to_path_buf(),
-        },
-        Impl {
-            label: "reference",
-            bridge: reference.join("bridge"),
-            cni_path: reference.to_path_buf(),
-        },
-    ];
+    let impls = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins"));
     let window = 50.min(n);
     let mut all = Vec::new();
     for &masq in &masqs {
@@ -345,7 +229,7 @@ fn run(impls: &[Impl], n: usize, masq: bool, parallels: &[usize], window: usize)
                     (0..n).map(|i| (i, Ns::new(format!("{tag}-{}-{parallel}-{i}", imp.label)))).collect();
                 // Warm up: the first ADD creates the bridge; it is not what is measured.
                 let warm = Ns::new(format!("{tag}-{}-{parallel}-w", imp.label));
-                invoke(&host, imp, "ADD", "warm", &warm.0, &conf);
+                invoke(&host, imp, "bridge", "ADD", "warm", &warm.0, &conf);
                 (host_ns, host, data, conf, containers, warm)
             })
             .collect();
