@@ -166,7 +166,7 @@ fn joined(
 struct Undo<'a> {
     args: &'a CmdArgs,
     ipam: bool,
-    masq: Option<(corvid_net::nftables::AttachmentTag, Vec<std::net::IpAddr>)>,
+    masq: Option<(corvid_net::nftables::AttachmentTag, Vec<IpNet>)>,
 }
 
 impl Undo<'_> {
@@ -369,7 +369,7 @@ fn finish(
     }
     if conf.ip_masq && !addrs.is_empty() {
         let tag = attachments::tag(args);
-        undo.masq = Some((tag.clone(), addrs.iter().map(|a| a.addr()).collect()));
+        undo.masq = Some((tag.clone(), addrs.clone()));
         let mut nft = Nftables::open().map_err(errors::net)?;
         masquerade::add_masquerade(&mut nft, &tag, &addrs).map_err(errors::net)?;
     }
@@ -428,20 +428,20 @@ fn container_end(args: &CmdArgs) -> Result<ContainerEnd, Error> {
 
 /// The addresses whose masquerade DEL removes: those on the container's interface, as
 /// the reference reads them, and prevResult's; none known means look for the tag.
-fn masqueraded(args: &CmdArgs, end: &mut ContainerEnd) -> Option<Vec<std::net::IpAddr>> {
-    let mut addrs: Vec<std::net::IpAddr> = Vec::new();
+fn masqueraded(args: &CmdArgs, end: &mut ContainerEnd) -> Option<Vec<IpNet>> {
+    let mut addrs: Vec<IpNet> = Vec::new();
     if let ContainerEnd::Plugged(container, link) = end {
         addrs.extend(
             container
                 .addresses(Some(link.index))
                 .unwrap_or_default()
                 .into_iter()
-                .map(|(_, a)| a.addr())
-                .filter(|a| !matches!(a, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local())),
+                .map(|(_, a)| a)
+                .filter(|a| !matches!(a, IpNet::V6(v6) if v6.addr().is_unicast_link_local())),
         );
     }
     if let Some(prev) = &args.prev_result {
-        addrs.extend(prev.ips.iter().map(|ip| ip.address.addr()));
+        addrs.extend(prev.ips.iter().map(|ip| ip.address));
     }
     addrs.sort();
     addrs.dedup();

@@ -81,6 +81,8 @@ fn main() {
         install.status().unwrap().success(),
         "build corvid-plugins first"
     );
+    // corvid has a tuning of its own now; the list's second plugin stays the reference's.
+    std::fs::remove_file(bin.join("tuning")).unwrap();
     std::fs::copy("/usr/lib/cni/tuning", bin.join("tuning"))
         .expect("install containernetworking-plugins");
     std::fs::create_dir_all(&conf_dir).unwrap();

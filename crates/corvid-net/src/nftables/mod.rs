@@ -730,6 +730,49 @@ impl Nftables {
         }
     }
 
+    /// True when corvid's table has the set `name`.
+    pub fn has_set(&mut self, name: &str) -> Result<bool> {
+        let message = NfTablesMessage::GetSet(SetMessage {
+            attributes: vec![
+                SetAttribute::Table(TABLE.into()),
+                SetAttribute::Name(name.into()),
+            ],
+        });
+        match self.request(message, 0) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(nft_err(format!("look for set {name}"))(e)),
+        }
+    }
+
+    /// The names of the sets of corvid's table; none when the table is missing.
+    pub fn sets(&mut self) -> Result<Vec<String>> {
+        let message = NfTablesMessage::GetSet(SetMessage {
+            attributes: vec![SetAttribute::Table(TABLE.into())],
+        });
+        let replies = match self.request(message, NLM_F_DUMP) {
+            Ok(r) => r,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(nft_err("list sets")(e)),
+        };
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                NfTablesMessage::NewSet(s) => {
+                    let ours = s
+                        .attributes
+                        .iter()
+                        .any(|a| matches!(a, SetAttribute::Table(t) if t == TABLE));
+                    s.attributes.into_iter().find_map(|a| match a {
+                        SetAttribute::Name(n) if ours => Some(n),
+                        _ => None,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
     /// The names of the chains of corvid's table; none when the table is missing.
     pub fn chains(&mut self) -> Result<Vec<String>> {
         let message = NfTablesMessage::GetChain(ChainMessage {
