@@ -18,6 +18,11 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+/// Where corvid notes which addresses each attachment holds, so that ADD and DEL find
+/// them without reading every lease (the reference's layout has no such index and reads
+/// them all). Its files hold addresses, never `<id>\r\n<ifname>`, so the reference's
+/// scans, which walk subdirectories too, pass over them.
+const OWNERS_DIR: &str = ".corvid-owners";
 const TEMP_PREFIX: &str = ".corvid-tmp.";
 const LINE_BREAK: &str = "\r\n";
 
@@ -349,16 +354,103 @@ impl LeaseLock<'_> {
         }
     }
 
-    /// Releases everything (id, ifname) holds and returns what was released.
+    /// Releases everything (id, ifname) holds and returns what was released: the
+    /// addresses its index entry names, or, without one (leases of the reference or of
+    /// a corvid before the index), those a read of every lease finds.
     pub fn release_by_id(&self, id: &str, ifname: &str) -> Result<Vec<IpAddr>, Error> {
-        let ips = self.get_by_id(id, ifname)?;
+        let ips = match self.held(id, ifname)? {
+            Some(ips) => ips,
+            None => self.get_by_id(id, ifname)?,
+        };
         for ip in &ips {
             self.release(*ip)?;
         }
         if !ips.is_empty() {
             self.sync_dir()?;
         }
+        self.forget(id, ifname)?;
         Ok(ips)
+    }
+
+    fn owner_path(&self, id: &str, ifname: &str) -> PathBuf {
+        use std::hash::Hasher;
+        let mut h = fnv::FnvHasher::default();
+        h.write(id.trim().as_bytes());
+        h.write(&[0]);
+        h.write(ifname.as_bytes());
+        self.store
+            .dir
+            .join(OWNERS_DIR)
+            .join(format!("{:016x}", h.finish()))
+    }
+
+    /// Whether the lease of `ip` is (id, ifname)'s.
+    fn owned_by(&self, ip: IpAddr, id: &str, ifname: &str) -> bool {
+        fs::read_to_string(self.path(&ip.to_string())).is_ok_and(|c| {
+            let (owner, iface) = parse_owner(&c);
+            owner == id.trim() && (iface == ifname || iface.is_empty())
+        })
+    }
+
+    /// The addresses (id, ifname) holds according to its index entry, each checked
+    /// against its lease; none when it has no entry.
+    pub fn held(&self, id: &str, ifname: &str) -> Result<Option<Vec<IpAddr>>, Error> {
+        let path = self.owner_path(id, ifname);
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(format!("read {}", path.display()))(e)),
+        };
+        Ok(Some(
+            text.lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .filter(|ip| self.owned_by(*ip, id, ifname))
+                .collect(),
+        ))
+    }
+
+    /// Notes that (id, ifname) holds `ips`. Not synced: a lost note sends DEL back to
+    /// reading every lease, nothing worse.
+    pub fn note_held(&self, id: &str, ifname: &str, ips: &[IpAddr]) -> Result<(), Error> {
+        let path = self.owner_path(id, ifname);
+        let dir = path.parent().expect("an entry is in the owners directory");
+        fs::create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
+        let text: String = ips.iter().map(|ip| format!("{ip}\n")).collect();
+        let tmp = dir.join(format!("{TEMP_PREFIX}{}", std::process::id()));
+        let written = fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written.map_err(io_err(format!("write {}", path.display())))
+    }
+
+    fn forget(&self, id: &str, ifname: &str) -> Result<(), Error> {
+        let path = self.owner_path(id, ifname);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(io_err(format!("remove {}", path.display()))(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes the index entries none of whose addresses is leased any more (for GC).
+    pub fn prune_index(&self) -> Result<(), Error> {
+        let dir = self.store.dir.join(OWNERS_DIR);
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        for e in entries.flatten() {
+            let stale = fs::read_to_string(e.path()).map_or(true, |t| {
+                !t.lines()
+                    .filter_map(|l| l.trim().parse::<IpAddr>().ok())
+                    .any(|ip| self.is_reserved(ip))
+            });
+            if stale {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -426,6 +518,47 @@ mod tests {
         assert_eq!(got, vec![ip("10.1.0.2"), ip("fd00::2")]);
         assert!(l.is_reserved(ip("10.1.0.3")));
         assert!(l.release_by_id("c1", "eth0").unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_index_finds_an_attachment_without_reading_every_lease() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = LeaseDir::open(tmp.path(), "n").unwrap();
+        let l = store.lock().unwrap();
+        assert_eq!(l.held("c1", "eth0").unwrap(), None, "no entry yet");
+        reserve(&l, "c1", "eth0", "10.1.0.2", 0);
+        reserve(&l, "c1", "eth0", "fd00::2", 1);
+        l.note_held("c1", "eth0", &[ip("10.1.0.2"), ip("fd00::2")])
+            .unwrap();
+        assert_eq!(
+            l.held("c1", "eth0").unwrap(),
+            Some(vec![ip("10.1.0.2"), ip("fd00::2")])
+        );
+        // A lease the reference released (or gave to another) is not believed.
+        l.release(ip("fd00::2")).unwrap();
+        reserve(&l, "other", "eth0", "fd00::2", 1);
+        assert_eq!(l.held("c1", "eth0").unwrap(), Some(vec![ip("10.1.0.2")]));
+        assert_eq!(l.release_by_id("c1", "eth0").unwrap(), vec![ip("10.1.0.2")]);
+        assert!(l.is_reserved(ip("fd00::2")), "the other's lease stays");
+        assert_eq!(
+            l.held("c1", "eth0").unwrap(),
+            None,
+            "the entry goes with the leases"
+        );
+        // A lease without an entry (the reference's) is still found by DEL.
+        reserve(&l, "ref", "eth0", "10.1.0.9", 0);
+        assert_eq!(
+            l.release_by_id("ref", "eth0").unwrap(),
+            vec![ip("10.1.0.9")]
+        );
+        // GC drops entries whose addresses are all gone.
+        l.note_held("gone", "eth0", &[ip("10.1.0.50")]).unwrap();
+        l.note_held("other", "eth0", &[ip("fd00::2")]).unwrap();
+        l.prune_index().unwrap();
+        assert_eq!(l.held("gone", "eth0").unwrap(), None);
+        assert!(l.held("other", "eth0").unwrap().is_some());
+        // The reference's scan of the directory reads the entries and passes over them.
+        assert!(l.leases().unwrap().iter().all(|x| x.container_id != "gone"));
     }
 
     #[test]

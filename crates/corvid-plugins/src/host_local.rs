@@ -177,9 +177,12 @@ impl Plugin for HostLocal {
             .collect::<Result<Vec<_>, _>>()
             .map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
+        // From the attachment's index entry, not a read of every lease: an attachment
+        // without one (made by the reference) gets a new address on a repeated ADD.
         let held = lock
-            .get_by_id(&args.container_id, &args.ifname)
-            .map_err(errors::ipam)?;
+            .held(&args.container_id, &args.ifname)
+            .map_err(errors::ipam)?
+            .unwrap_or_default();
         let mut reserved_now: Vec<IpAddr> = Vec::new();
         let mut ips = Vec::with_capacity(setup.sets.len());
         let allocated = (|| {
@@ -227,7 +230,12 @@ impl Plugin for HostLocal {
             }
             Ok(())
         })();
-        if let Err(e) = allocated {
+        let noted = allocated.and_then(|()| {
+            let all: Vec<IpAddr> = ips.iter().map(|(ip, _)| *ip).collect();
+            lock.note_held(&args.container_id, &args.ifname, &all)
+                .map_err(errors::ipam)
+        });
+        if let Err(e) = noted {
             for ip in reserved_now {
                 let _ = lock.release(ip);
             }
@@ -264,9 +272,15 @@ impl Plugin for HostLocal {
         let setup = load(args)?;
         let store = LeaseDir::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
         let lock = store.lock().map_err(errors::ipam)?;
-        let held = lock
-            .get_by_id(&args.container_id, &args.ifname)
-            .map_err(errors::ipam)?;
+        let held = match lock
+            .held(&args.container_id, &args.ifname)
+            .map_err(errors::ipam)?
+        {
+            Some(held) => held,
+            None => lock
+                .get_by_id(&args.container_id, &args.ifname)
+                .map_err(errors::ipam)?,
+        };
         if held.is_empty() {
             return Err(Error::new(
                 ErrorCode::CheckFailed,
@@ -315,7 +329,7 @@ impl Plugin for HostLocal {
                 lock.release(lease.ip).map_err(errors::ipam)?;
             }
         }
-        Ok(())
+        lock.prune_index().map_err(errors::ipam)
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {

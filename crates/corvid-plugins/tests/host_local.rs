@@ -208,6 +208,11 @@ fn crash_leftovers_do_not_block_add_or_del() {
     assert_eq!(r["ips"][0]["address"], "10.85.0.3/24");
     ipam.call("DEL", "x", &conf).ok();
     assert_eq!(ipam.leases(), ["10.85.0.2"]);
+    // ADD and DEL no longer read the whole directory; GC's read clears the leftover.
+    let mut gc: Value = serde_json::from_str(&conf).unwrap();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    gc["cniVersion"] = json!("1.1.0");
+    ipam.call("GC", "", &gc.to_string()).ok();
     assert!(!dir.join(".corvid-tmp.4194305.0").exists());
 }
 
