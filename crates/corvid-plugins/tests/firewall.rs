@@ -238,3 +238,85 @@ fn mixed_with_the_reference_both_ways() {
     }
     assert!(tags(&site).is_empty());
 }
+
+fn iptables(site: &Site, args: &str) -> String {
+    let out = site
+        .host
+        .command("iptables-nft")
+        .args(args.split_whitespace())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "iptables {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn containers_go_out_through_an_iptables_forward_drop_policy() {
+    let site = Site::new();
+    // Docker's filtering as iptables-nft writes it: FORWARD drops by default and jumps to
+    // DOCKER-USER first.
+    for rule in [
+        "-N DOCKER-USER",
+        "-A FORWARD -j DOCKER-USER",
+        "-P FORWARD DROP",
+    ] {
+        iptables(&site, rule);
+    }
+    let docker = iptables(&site, "-S");
+    let c = TestNs::new();
+    let r = run(
+        &site,
+        site.plugin("bridge", false),
+        "ADD",
+        "d",
+        &c,
+        &bridge_conf(&site, "1.0.0", 9),
+    );
+    assert!(r.success, "{}", r.stdout);
+    assert!(
+        !c.ping("10.251.0.2"),
+        "the DROP policy stops the container without the firewall"
+    );
+    let conf = firewall_conf("1.0.0", 9, &r.json, "open");
+    let out = run(&site, site.plugin("firewall", false), "ADD", "d", &c, &conf);
+    assert!(out.success, "{}", out.stdout);
+    assert!(c.ping("10.251.0.2"), "through Docker's DROP policy");
+    let with = iptables(&site, "-S");
+    // iptables reads corvid's rules as its own: the jump first, then per address.
+    let ip = result_ip(&r.json, true);
+    let lines: Vec<&str> = with.lines().collect();
+    assert!(
+        lines.contains(&r#"-A FORWARD -m comment --comment "corvid firewall" -j CORVID-FORWARD"#),
+        "{with}"
+    );
+    let replies =
+        format!("-A CORVID-FORWARD -d {ip}/32 -m conntrack --ctstate RELATED,ESTABLISHED");
+    assert!(lines.iter().any(|l| l.starts_with(&replies)), "{with}");
+    let outbound = format!("-A CORVID-FORWARD -s {ip}/32");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&outbound) && l.ends_with("-j ACCEPT")),
+        "{with}"
+    );
+    for line in docker.lines() {
+        assert!(with.contains(line), "Docker's {line} is kept");
+    }
+
+    assert!(run(&site, site.plugin("firewall", false), "DEL", "d", &c, &conf).success);
+    let after = iptables(&site, "-S CORVID-FORWARD");
+    assert_eq!(
+        after.trim(),
+        "-N CORVID-FORWARD",
+        "the container's rules are gone"
+    );
+    assert!(!c.ping("10.251.0.2"), "and with them the way out");
+    assert!(
+        run(&site, site.plugin("firewall", false), "DEL", "d", &c, &conf).success,
+        "twice"
+    );
+}

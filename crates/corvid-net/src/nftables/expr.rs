@@ -296,6 +296,25 @@ fn ct_bits(key: u32, states: u32) -> Vec<Expressions> {
     ]
 }
 
+/// The connection is established or related, as iptables' `-m conntrack --ctstate
+/// RELATED,ESTABLISHED` writes it: an xtables match through nft_compat, so that a rule in
+/// a table iptables-nft manages stays readable by iptables.
+pub fn xt_established() -> Expressions {
+    // struct xt_conntrack_mtinfo3, padded to 8 bytes: match_flags XT_CONNTRACK_STATE at
+    // 146, state_mask (ESTABLISHED 1 << 1 | RELATED 1 << 2) at 150.
+    let mut info = vec![0u8; 168];
+    info[146..148].copy_from_slice(&1u16.to_ne_bytes());
+    info[150..152].copy_from_slice(&6u16.to_ne_bytes());
+    other(
+        "match",
+        vec![
+            nla(1, b"conntrack\0".to_vec()),
+            nla(2, be32(3)),
+            nla(3, info),
+        ],
+    )
+}
+
 /// The destination address is one of this host's (`fib daddr type local`).
 pub fn daddr_local() -> Vec<Expressions> {
     vec![

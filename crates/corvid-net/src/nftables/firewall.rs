@@ -13,13 +13,18 @@
 //!     ip saddr @fw4 accept   (and IPv6) }
 //! ```
 //!
-//! An accept here ends this chain only: a drop in another table's forward chain (Docker's
-//! iptables policy) still applies.
+//! An accept here ends this chain only: a drop in another table's forward chain still
+//! applies. So where iptables (iptables-nft) filters forwarding too (Docker's rules and
+//! their DROP policy, the reference plugins', a host firewall's), the same accepts also go
+//! into its `filter` table, as the reference's `CNI-FORWARD` does: a chain of corvid's
+//! own, `CORVID-FORWARD`, jumped to from the top of `FORWARD`, with one rule per address
+//! and direction written the way iptables writes them (an xtables `conntrack` match), so
+//! that iptables still reads the table.
 
-use super::expr::{self, reg32, Field, Verdict};
+use super::expr::{self, reg32, Field, Reg, Verdict};
 use super::{
-    address_key, claim, collect_garbage, comments, lock, release_addresses, AttachmentTag,
-    BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec,
+    address_key, claim, collect_garbage, comments, lock, network_prefix, release_addresses,
+    AttachmentTag, BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec, TableRef,
 };
 use crate::Result;
 use std::net::IpAddr;
@@ -37,6 +42,8 @@ pub enum IngressPolicy {
 }
 
 const CHAIN: &str = "firewall-forward";
+/// corvid's chain in iptables' filter table.
+const COMPAT_CHAIN: &str = "CORVID-FORWARD";
 const ADDRS: [&str; 2] = ["fw4", "fw6"];
 const ISOLATED: &str = "isolated";
 const SAME: &str = "same";
@@ -135,6 +142,35 @@ pub fn add_firewall(
         let (set, key) = addr_key(*addr);
         claim(nft, &mut batch, set, &key, None, tag)?;
     }
+    for (table, v6) in iptables_filters(nft)? {
+        let family: Vec<&IpAddr> = addrs.iter().filter(|a| a.is_ipv6() == v6).collect();
+        if family.is_empty() {
+            continue;
+        }
+        batch.in_table(table);
+        if !nft.has_chain_in(table, COMPAT_CHAIN)? {
+            batch.add_chain(COMPAT_CHAIN, None);
+            let jump = vec![expr::verdict(Verdict::Jump(COMPAT_CHAIN))];
+            batch.insert_rule("FORWARD", jump, Some("corvid firewall"));
+        }
+        for addr in family {
+            let bytes = addr_key(*addr).1;
+            let replies = vec![
+                expr::load(Field::DstAddr, v6, Reg::Reg1),
+                expr::cmp(Reg::Reg1, true, &bytes),
+                expr::xt_established(),
+                expr::verdict(Verdict::Accept),
+            ];
+            batch.add_rule(COMPAT_CHAIN, replies, Some(tag.as_str()));
+            let outbound = vec![
+                expr::load(Field::SrcAddr, v6, Reg::Reg1),
+                expr::cmp(Reg::Reg1, true, &bytes),
+                expr::verdict(Verdict::Accept),
+            ];
+            batch.add_rule(COMPAT_CHAIN, outbound, Some(tag.as_str()));
+        }
+        batch.in_table(TableRef::CORVID);
+    }
     if let (Some(bridge), true) = (bridge, policy != IngressPolicy::Open) {
         // Bridges stay listed: a policy belongs to the network, not to one container.
         let comment = format!("corvid-bridge:{bridge}");
@@ -177,15 +213,51 @@ pub fn delete_firewall(
     tag: &AttachmentTag,
     addrs: Option<&[IpAddr]>,
 ) -> Result<()> {
-    release_addresses(nft, ADDRS, tag, addrs)
+    release_addresses(nft, ADDRS, tag, addrs)?;
+    remove_iptables_rules(nft, |c| c == tag.as_str())
+}
+
+/// iptables' filter tables that filter forwarding here, with their family.
+fn iptables_filters(nft: &mut Nftables) -> Result<Vec<(TableRef, bool)>> {
+    let mut out = Vec::new();
+    for v6 in [false, true] {
+        let table = TableRef::iptables_filter(v6);
+        if nft.has_chain_in(table, "FORWARD")? {
+            out.push((table, v6));
+        }
+    }
+    Ok(out)
+}
+
+/// Removes corvid's rules in iptables' filter tables whose comment is `stale` (reading
+/// its chain, which only hosts with iptables rules have).
+fn remove_iptables_rules(nft: &mut Nftables, stale: impl Fn(&str) -> bool) -> Result<()> {
+    let _lock = lock()?;
+    let mut batch = Batch::new();
+    for v6 in [false, true] {
+        let table = TableRef::iptables_filter(v6);
+        batch.in_table(table);
+        for (handle, comment) in nft.rules(table, COMPAT_CHAIN)? {
+            if comment.as_deref().is_some_and(&stale) {
+                batch.delete_rule(COMPAT_CHAIN, handle);
+            }
+        }
+    }
+    nft.commit(batch)
 }
 
 /// Removes the addresses of `network` whose attachment is not in `keep`.
 pub fn gc_firewall(nft: &mut Nftables, network: &str, keep: &[AttachmentTag]) -> Result<()> {
-    let _lock = lock()?;
-    let mut batch = Batch::new();
-    collect_garbage(nft, &mut batch, &ADDRS, network, keep)?;
-    nft.commit(batch)
+    {
+        let _lock = lock()?;
+        let mut batch = Batch::new();
+        collect_garbage(nft, &mut batch, &ADDRS, network, keep)?;
+        nft.commit(batch)?;
+    }
+    let prefix = network_prefix(network);
+    remove_iptables_rules(nft, |c| {
+        c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c)
+    })
 }
 
 /// The tags of every address let through (for tests and diagnostics).

@@ -41,6 +41,34 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// The nftables table corvid owns (family inet); nothing outside it is touched.
 pub const TABLE: &str = "corvid";
 
+/// A table corvid writes in: its own, or one iptables-nft manages (`ip filter`,
+/// `ip6 filter`), where corvid only adds a chain of its own and a jump to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableRef {
+    family: NetfilterProtoFamily,
+    name: &'static str,
+}
+
+impl TableRef {
+    /// corvid's own table, `inet corvid`.
+    pub const CORVID: TableRef = TableRef {
+        family: NetfilterProtoFamily::Inet,
+        name: TABLE,
+    };
+
+    /// iptables' `filter` table of one family, as iptables-nft keeps it in nftables.
+    pub fn iptables_filter(v6: bool) -> TableRef {
+        TableRef {
+            family: if v6 {
+                NetfilterProtoFamily::IPv6
+            } else {
+                NetfilterProtoFamily::IPv4
+            },
+            name: "filter",
+        }
+    }
+}
+
 /// What a base chain hooks into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookPoint {
@@ -245,10 +273,21 @@ fn udata_comment(udata: &[u8]) -> Option<String> {
     None
 }
 
-/// Changes to corvid's table, committed together by [`Nftables::commit`].
-#[derive(Debug, Default)]
+/// Changes, committed together by [`Nftables::commit`]; each goes to the table chosen
+/// last with [`Batch::in_table`], corvid's own unless another was chosen.
+#[derive(Debug)]
 pub struct Batch {
-    messages: Vec<(NfTablesMessage, u16, String)>,
+    messages: Vec<(NfTablesMessage, u16, String, NetfilterProtoFamily)>,
+    table: TableRef,
+}
+
+impl Default for Batch {
+    fn default() -> Batch {
+        Batch {
+            messages: Vec::new(),
+            table: TableRef::CORVID,
+        }
+    }
 }
 
 impl Batch {
@@ -257,13 +296,19 @@ impl Batch {
         Batch::default()
     }
 
+    /// Sends what follows to `table`.
+    pub fn in_table(&mut self, table: TableRef) {
+        self.table = table;
+    }
+
     /// True when nothing was asked.
     pub fn is_empty(&self) -> bool {
         self.messages.is_empty()
     }
 
     fn push(&mut self, message: NfTablesMessage, flags: u16, what: String) {
-        self.messages.push((message, flags, what));
+        self.messages
+            .push((message, flags, what, self.table.family));
     }
 
     /// Creates corvid's table unless it exists.
@@ -271,19 +316,19 @@ impl Batch {
         self.push(
             NfTablesMessage::NewTable(TableMessage {
                 attributes: vec![
-                    TableAttribute::Name(TABLE.into()),
+                    TableAttribute::Name(self.table.name.into()),
                     TableAttribute::Flags(TableFlags::empty()),
                 ],
             }),
             NLM_F_CREATE,
-            format!("create table inet {TABLE}"),
+            format!("create table {}", self.table.name),
         );
     }
 
     /// Creates a chain unless it exists; a base chain's policy is accept.
     pub fn add_chain(&mut self, name: &str, base: Option<BaseChain>) {
         let mut attributes = vec![
-            ChainAttribute::Table(TABLE.into()),
+            ChainAttribute::Table(self.table.name.into()),
             ChainAttribute::Name(name.into()),
         ];
         if let Some(base) = base {
@@ -321,7 +366,7 @@ impl Batch {
         self.push(
             NfTablesMessage::DeleteRule(RuleMessage {
                 attributes: vec![
-                    RuleAttribute::Table(TABLE.into()),
+                    RuleAttribute::Table(self.table.name.into()),
                     RuleAttribute::Chain(name.into()),
                 ],
             }),
@@ -335,7 +380,7 @@ impl Batch {
         self.push(
             NfTablesMessage::DeleteChain(ChainMessage {
                 attributes: vec![
-                    ChainAttribute::Table(TABLE.into()),
+                    ChainAttribute::Table(self.table.name.into()),
                     ChainAttribute::Name(name.into()),
                 ],
             }),
@@ -347,7 +392,7 @@ impl Batch {
     /// Appends a rule to a chain.
     pub fn add_rule(&mut self, chain: &str, expressions: Vec<Expressions>, comment: Option<&str>) {
         let mut attributes = vec![
-            RuleAttribute::Table(TABLE.into()),
+            RuleAttribute::Table(self.table.name.into()),
             RuleAttribute::Chain(chain.into()),
             RuleAttribute::Expressions(expressions.into_iter().map(Into::into).collect()),
         ];
@@ -361,6 +406,43 @@ impl Batch {
         );
     }
 
+    /// Puts a rule at the head of a chain.
+    pub fn insert_rule(
+        &mut self,
+        chain: &str,
+        expressions: Vec<Expressions>,
+        comment: Option<&str>,
+    ) {
+        let mut attributes = vec![
+            RuleAttribute::Table(self.table.name.into()),
+            RuleAttribute::Chain(chain.into()),
+            RuleAttribute::Expressions(expressions.into_iter().map(Into::into).collect()),
+        ];
+        if let Some(c) = comment {
+            attributes.push(RuleAttribute::UserData(comment_udata(c)));
+        }
+        self.push(
+            NfTablesMessage::NewRule(RuleMessage { attributes }),
+            NLM_F_CREATE,
+            format!("insert a rule in chain {chain}"),
+        );
+    }
+
+    /// Removes one rule, by the handle the kernel gave it.
+    pub fn delete_rule(&mut self, chain: &str, handle: u64) {
+        self.push(
+            NfTablesMessage::DeleteRule(RuleMessage {
+                attributes: vec![
+                    RuleAttribute::Table(self.table.name.into()),
+                    RuleAttribute::Chain(chain.into()),
+                    RuleAttribute::Handle(handle),
+                ],
+            }),
+            0,
+            format!("delete rule {handle} of chain {chain}"),
+        );
+    }
+
     /// Creates a set or map unless it exists.
     pub fn add_set(&mut self, set: &SetSpec) {
         let mut flags = SetFlags::empty();
@@ -368,7 +450,7 @@ impl Batch {
             flags |= SetFlags::Interval;
         }
         let mut attributes = vec![
-            SetAttribute::Table(TABLE.into()),
+            SetAttribute::Table(self.table.name.into()),
             SetAttribute::Name(set.name.into()),
             SetAttribute::KeyType(set.key.id),
             SetAttribute::KeyLen(set.key.len),
@@ -394,7 +476,7 @@ impl Batch {
         self.push(
             NfTablesMessage::DeleteSet(SetMessage {
                 attributes: vec![
-                    SetAttribute::Table(TABLE.into()),
+                    SetAttribute::Table(self.table.name.into()),
                     SetAttribute::Name(name.into()),
                 ],
             }),
@@ -580,15 +662,17 @@ impl Nftables {
         ns.run(Nftables::open)?
     }
 
-    fn serialize(&mut self, inner: NetfilterMessageInner, flags: u16, out: &mut Vec<u8>) -> u32 {
+    fn serialize(
+        &mut self,
+        inner: NetfilterMessageInner,
+        flags: u16,
+        family: NetfilterProtoFamily,
+        out: &mut Vec<u8>,
+    ) -> u32 {
         let seq = self.channel.next_seq();
         let res_id = match inner {
             NetfilterMessageInner::None(_) => NFNL_SUBSYS_NFTABLES,
             _ => 0,
-        };
-        let family = match inner {
-            NetfilterMessageInner::None(_) => NetfilterProtoFamily::Unspec,
-            _ => NetfilterProtoFamily::Inet,
         };
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | flags;
@@ -614,13 +698,14 @@ impl Nftables {
             return Ok(());
         }
         let mut out = Vec::with_capacity(1024);
-        let begin = self.serialize(ControlMessage::BatchBegin.into(), 0, &mut out);
+        let unspec = NetfilterProtoFamily::Unspec;
+        let begin = self.serialize(ControlMessage::BatchBegin.into(), 0, unspec, &mut out);
         let mut steps = Vec::with_capacity(batch.messages.len());
-        for (message, flags, what) in batch.messages {
-            let seq = self.serialize(message.into(), flags | NLM_F_ACK, &mut out);
+        for (message, flags, what, family) in batch.messages {
+            let seq = self.serialize(message.into(), flags | NLM_F_ACK, family, &mut out);
             steps.push((seq, what));
         }
-        let end = self.serialize(ControlMessage::BatchEnd.into(), 0, &mut out);
+        let end = self.serialize(ControlMessage::BatchEnd.into(), 0, unspec, &mut out);
         self.channel
             .socket
             .send(&out, 0)
@@ -671,10 +756,16 @@ impl Nftables {
         message: NfTablesMessage,
         flags: u16,
     ) -> io::Result<Vec<NfTablesMessage>> {
-        let message = NetfilterMessage::new(
-            NetfilterHeader::new(NetfilterProtoFamily::Inet, 0, 0),
-            message,
-        );
+        self.request_in(NetfilterProtoFamily::Inet, message, flags)
+    }
+
+    fn request_in(
+        &mut self,
+        family: NetfilterProtoFamily,
+        message: NfTablesMessage,
+        flags: u16,
+    ) -> io::Result<Vec<NfTablesMessage>> {
+        let message = NetfilterMessage::new(NetfilterHeader::new(family, 0, 0), message);
         Ok(self
             .channel
             .request(message, flags)?
@@ -717,17 +808,59 @@ impl Nftables {
 
     /// True when corvid's table has the chain `name`.
     pub fn has_chain(&mut self, name: &str) -> Result<bool> {
+        self.has_chain_in(TableRef::CORVID, name)
+    }
+
+    /// True when `table` exists and has the chain `name`.
+    pub fn has_chain_in(&mut self, table: TableRef, name: &str) -> Result<bool> {
         let message = NfTablesMessage::GetChain(ChainMessage {
             attributes: vec![
-                ChainAttribute::Table(TABLE.into()),
+                ChainAttribute::Table(table.name.into()),
                 ChainAttribute::Name(name.into()),
             ],
         });
-        match self.request(message, 0) {
+        match self.request_in(table.family, message, 0) {
             Ok(_) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(nft_err(format!("look for chain {name}"))(e)),
         }
+    }
+
+    /// The (handle, comment) of every rule of `chain` in `table`; none when either is
+    /// missing.
+    pub fn rules(&mut self, table: TableRef, chain: &str) -> Result<Vec<(u64, Option<String>)>> {
+        let message = NfTablesMessage::GetRule(RuleMessage {
+            attributes: vec![
+                RuleAttribute::Table(table.name.into()),
+                RuleAttribute::Chain(chain.into()),
+            ],
+        });
+        let replies = match self.request_in(table.family, message, NLM_F_DUMP) {
+            Ok(r) => r,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(nft_err(format!("list the rules of {chain}"))(e)),
+        };
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                NfTablesMessage::NewRule(r) => {
+                    let in_chain = r
+                        .attributes
+                        .iter()
+                        .any(|a| matches!(a, RuleAttribute::Chain(c) if c == chain));
+                    let handle = r.attributes.iter().find_map(|a| match a {
+                        RuleAttribute::Handle(h) => Some(*h),
+                        _ => None,
+                    })?;
+                    let comment = r.attributes.iter().find_map(|a| match a {
+                        RuleAttribute::UserData(u) => udata_comment(u),
+                        _ => None,
+                    });
+                    in_chain.then_some((handle, comment))
+                }
+                _ => None,
+            })
+            .collect())
     }
 
     /// True when corvid's table has the set `name`.
