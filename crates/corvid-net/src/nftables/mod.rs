@@ -391,18 +391,13 @@ impl Batch {
 
     /// Appends a rule to a chain.
     pub fn add_rule(&mut self, chain: &str, expressions: Vec<Expressions>, comment: Option<&str>) {
-        let mut attributes = vec![
-            RuleAttribute::Table(self.table.name.into()),
-            RuleAttribute::Chain(chain.into()),
-            RuleAttribute::Expressions(expressions.into_iter().map(Into::into).collect()),
-        ];
-        if let Some(c) = comment {
-            attributes.push(RuleAttribute::UserData(comment_udata(c)));
-        }
-        self.push(
-            NfTablesMessage::NewRule(RuleMessage { attributes }),
+        let what = format!("add a rule to chain {chain}");
+        self.rule(
+            chain,
+            expressions,
+            comment,
             NLM_F_CREATE | NLM_F_APPEND,
-            format!("add a rule to chain {chain}"),
+            what,
         );
     }
 
@@ -412,6 +407,18 @@ impl Batch {
         chain: &str,
         expressions: Vec<Expressions>,
         comment: Option<&str>,
+    ) {
+        let what = format!("insert a rule in chain {chain}");
+        self.rule(chain, expressions, comment, NLM_F_CREATE, what);
+    }
+
+    fn rule(
+        &mut self,
+        chain: &str,
+        expressions: Vec<Expressions>,
+        comment: Option<&str>,
+        flags: u16,
+        what: String,
     ) {
         let mut attributes = vec![
             RuleAttribute::Table(self.table.name.into()),
@@ -423,8 +430,8 @@ impl Batch {
         }
         self.push(
             NfTablesMessage::NewRule(RuleMessage { attributes }),
-            NLM_F_CREATE,
-            format!("insert a rule in chain {chain}"),
+            flags,
+            what,
         );
     }
 
