@@ -11,6 +11,11 @@ fi
 
 need=()
 command -v nft >/dev/null || need+=(nftables)
+# The firewall and masquerade tests write Docker's rules with iptables-nft, and the
+# reference plugins the tests run beside corvid's need iptables; nsenter (util-linux)
+# reaches a CRI pod's namespace.
+command -v iptables-nft >/dev/null || need+=(iptables)
+command -v nsenter >/dev/null || need+=(util-linux)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 command -v ping >/dev/null || need+=(iputils-ping)
 { command -v ip && command -v bridge; } >/dev/null || need+=(iproute2)
