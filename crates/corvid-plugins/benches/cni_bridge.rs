@@ -4,10 +4,10 @@
 //! Prints p50, p99, containers per second, corvid/reference ratios and the peak RSS of a
 //! plugin process. Needs root and Debian's containernetworking-plugins.
 //!
-//! Runs without and with `ipMasq` (corvid's nftables map, the reference's iptables
-//! chains), and reports how masquerade moves corvid's ADD and DEL against its own ADD
-//! without it and against the kernel's floor, and whether a long network stays flat
-//! (the first 50 operations against the last 50).
+//! Runs without and with `ipMasq` (corvid's nftables sets, the reference's iptables
+//! chains) as four lanes that take turns, and reports how masquerade moves corvid's ADD
+//! and DEL against its own ADD without it and against the kernel's floor, and whether a
+//! long network stays flat (the first 50 operations against the last 50).
 //!
 //! `cargo bench -p corvid-plugins --bench cni_bridge` (CORVID_BENCH_N sets N, default 64;
 //! CORVID_BENCH_MASQ=0 or 1 runs only one of the two; CORVID_BENCH_PAR=1 skips the 8-way
@@ -123,9 +123,16 @@ impl Floor {
     }
 }
 
-/// The p50s of one configuration, keyed by (implementation, operation, parallelism);
-/// ("ip link", "DEL", 1) is the floor. Also the first and last 50 of each.
+/// p50, p50 of the first and of the last `window` operations, keyed by (lane, operation,
+/// parallelism); ("ip link", "DEL", 1) is the floor.
 type Figures = std::collections::HashMap<(&'static str, &'static str, usize), (f64, f64, f64)>;
+
+/// One implementation with or without ipMasq, on a host namespace of its own.
+struct Lane<'a> {
+    label: &'static str,
+    imp: &'a Impl,
+    masq: bool,
+}
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -146,31 +153,54 @@ fn main() {
     };
     let ours = tempfile::tempdir().unwrap();
     let impls = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins"));
+    // Every lane takes its turn in each round, so what the kernel is busy with (the
+    // teardown of namespaces, a neighbour's load) falls on all of them alike.
+    let lanes: Vec<Lane> = masqs
+        .iter()
+        .flat_map(|&masq| {
+            impls.iter().map(move |imp| Lane {
+                label: match (imp.label, masq) {
+                    ("corvid", false) => "corvid",
+                    ("corvid", true) => "corvid+masq",
+                    (_, false) => "reference",
+                    (_, true) => "ref+masq",
+                },
+                imp,
+                masq,
+            })
+        })
+        .collect();
     let window = 50.min(n);
-    let mut all = Vec::new();
+    println!("bridge + host-local, {n} containers per lane; times in ms");
+    println!("(first/last: p50 of the first and last {window} operations)\n");
+    let figures = run(&lanes, n, &parallels, window);
+    println!("\nratio corvid/reference (p50; lower is better)");
     for &masq in &masqs {
-        println!("\nbridge + host-local, {n} containers, ipMasq {masq}; times in ms");
-        println!("(first/last: p50 of the first and last {window} operations, one at a time)\n");
-        let figures = run(&impls, n, masq, &parallels, window);
-        println!("\nratio corvid/reference (p50; lower is better)");
         for &parallel in &parallels {
             for op in ["ADD", "DEL"] {
-                let r =
-                    figures[&("corvid", op, parallel)].0 / figures[&("reference", op, parallel)].0;
-                println!("  {op} x{parallel}: {r:.3}");
+                let (ours, theirs) = if masq {
+                    ("corvid+masq", "ref+masq")
+                } else {
+                    ("corvid", "reference")
+                };
+                let r = figures[&(ours, op, parallel)].0 / figures[&(theirs, op, parallel)].0;
+                println!("  {op} x{parallel}, ipMasq {masq}: {r:.3}");
             }
         }
-        let floor = figures[&("ip link", "DEL", 1)].0;
-        println!(
-            "DEL x1 above `ip link del` of the same pair: corvid {:.2} ms, reference {:.2} ms",
-            figures[&("corvid", "DEL", 1)].0 - floor,
-            figures[&("reference", "DEL", 1)].0 - floor,
-        );
-        all.push((masq, figures));
     }
-    if let [(false, plain), (true, masq)] = all.as_slice() {
-        let (add, add_plain) = (masq[&("corvid", "ADD", 1)], plain[&("corvid", "ADD", 1)]);
-        let (del, floor) = (masq[&("corvid", "DEL", 1)], masq[&("ip link", "DEL", 1)]);
+    let floor = figures[&("ip link", "DEL", 1)];
+    for lane in &lanes {
+        println!(
+            "DEL x1 above `ip link del` of the same pair, {}: {:.2} ms",
+            lane.label,
+            figures[&(lane.label, "DEL", 1)].0 - floor.0
+        );
+    }
+    if masqs.len() == 2 {
+        let add = figures[&("corvid+masq", "ADD", 1)];
+        let add_plain = figures[&("corvid", "ADD", 1)];
+        let del = figures[&("corvid+masq", "DEL", 1)];
+        let del_plain = figures[&("corvid", "DEL", 1)];
         println!("\ncorvid's masquerade, one at a time (targets in brackets)");
         println!(
             "  ADD with ipMasq / ADD without: {:.3} [<= 1.15]",
@@ -186,12 +216,6 @@ fn main() {
             add_plain.2 / add_plain.1
         );
         println!(
-            "  what ipMasq adds to ADD, first {window} and last {window}: {:.2} ms, {:.2} ms",
-            add.1 - add_plain.1,
-            add.2 - add_plain.2
-        );
-        let del_plain = plain[&("corvid", "DEL", 1)];
-        println!(
             "  DEL first {window} / last {window} (the network is full, then empties): {:.3} [<= 1.1]; without ipMasq {:.3}",
             del.1 / del.2,
             del_plain.1 / del_plain.2
@@ -203,33 +227,36 @@ fn main() {
     }
 }
 
-/// One configuration: every implementation, one at a time and `parallel` at a time.
-fn run(impls: &[Impl], n: usize, masq: bool, parallels: &[usize], window: usize) -> Figures {
+/// Every lane, one at a time and `parallel` at a time.
+fn run(lanes: &[Lane], n: usize, parallels: &[usize], window: usize) -> Figures {
     println!(
-        "{:<10} {:<4} {:>3} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}",
-        "impl", "op", "par", "p50", "first", "last", "p99", "ctr/s", "maxRSS"
+        "{:<12} {:<4} {:>3} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}",
+        "lane", "op", "par", "p50", "first", "last", "p99", "ctr/s", "maxRSS"
     );
     let mut p50 = Figures::new();
-    let tag = format!("cvb{}{}", std::process::id(), u8::from(masq));
+    let tag = format!("cvb{}", std::process::id());
     let last = n - window;
     for &parallel in parallels {
-        // Per implementation: a private host namespace, a lease directory, N containers.
-        let setups: Vec<_> = impls
+        // Per lane: a private host namespace, a lease directory, N containers.
+        let setups: Vec<_> = lanes
             .iter()
-            .map(|imp| {
-                let host_ns = Ns::new(format!("{tag}-{}-{parallel}-h", imp.label));
+            .enumerate()
+            .map(|(l, lane)| {
+                let host_ns = Ns::new(format!("{tag}-{l}-{parallel}-h"));
                 let host = Netns::open(&host_ns.0).unwrap();
                 let data = tempfile::tempdir().unwrap();
                 let conf = format!(
-                    r#"{{"cniVersion":"1.0.0","name":"cvtbench","type":"bridge","bridge":"cvtbrb","isGateway":true,"ipMasq":{masq},
+                    r#"{{"cniVersion":"1.0.0","name":"cvtbench","type":"bridge","bridge":"cvtbrb","isGateway":true,"ipMasq":{},
                         "ipam":{{"type":"host-local","subnet":"10.200.0.0/16","dataDir":"{}"}}}}"#,
+                    lane.masq,
                     data.path().display()
                 );
-                let containers: Vec<(usize, Ns)> =
-                    (0..n).map(|i| (i, Ns::new(format!("{tag}-{}-{parallel}-{i}", imp.label)))).collect();
+                let containers: Vec<(usize, Ns)> = (0..n)
+                    .map(|i| (i, Ns::new(format!("{tag}-{l}-{parallel}-{i}"))))
+                    .collect();
                 // Warm up: the first ADD creates the bridge; it is not what is measured.
-                let warm = Ns::new(format!("{tag}-{}-{parallel}-w", imp.label));
-                invoke(&host, imp, "bridge", "ADD", "warm", &warm.0, &conf);
+                let warm = Ns::new(format!("{tag}-{l}-{parallel}-w"));
+                invoke(&host, lane.imp, "bridge", "ADD", "warm", &warm.0, &conf);
                 (host_ns, host, data, conf, containers, warm)
             })
             .collect();
@@ -237,18 +264,18 @@ fn run(impls: &[Impl], n: usize, masq: bool, parallels: &[usize], window: usize)
         // One at a time, DEL also takes turns with `ip link del` of the same kind of pair.
         let mut floor = (parallel == 1).then(|| Floor::new(&tag, n));
         for op in ["ADD", "DEL"] {
-            let mut phases: Vec<Phase> = impls.iter().map(|_| Phase::default()).collect();
+            let mut phases: Vec<Phase> = lanes.iter().map(|_| Phase::default()).collect();
             for (round, start) in (0..n).step_by(chunk).enumerate() {
                 let end = (start + chunk).min(n);
                 if let Some(f) = floor.as_mut().filter(|_| op == "DEL") {
                     f.delete(start..end);
                 }
-                for k in 0..impls.len() {
-                    let which = (k + round) % impls.len();
+                for k in 0..lanes.len() {
+                    let which = (k + round) % lanes.len();
                     let (_, host, _, conf, containers, _) = &setups[which];
                     phases[which].absorb(phase(
                         host,
-                        &impls[which],
+                        lanes[which].imp,
                         op,
                         &containers[start..end],
                         conf,
@@ -256,15 +283,15 @@ fn run(impls: &[Impl], n: usize, masq: bool, parallels: &[usize], window: usize)
                     ));
                 }
             }
-            for (imp, ph) in impls.iter().zip(phases) {
+            for (lane, ph) in lanes.iter().zip(phases) {
                 let figures = (
                     ph.pct(0.5),
                     ph.window_p50(0, window),
                     ph.window_p50(last, window),
                 );
                 println!(
-                    "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>6} KiB",
-                    imp.label,
+                    "{:<12} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>6} KiB",
+                    lane.label,
                     op,
                     parallel,
                     figures.0,
@@ -274,7 +301,7 @@ fn run(impls: &[Impl], n: usize, masq: bool, parallels: &[usize], window: usize)
                     ph.rate(),
                     ph.max_rss_kib
                 );
-                p50.insert((imp.label, op, parallel), figures);
+                p50.insert((lane.label, op, parallel), figures);
             }
         }
         if let Some(f) = floor {
@@ -284,7 +311,7 @@ fn run(impls: &[Impl], n: usize, masq: bool, parallels: &[usize], window: usize)
                 f.phase.window_p50(last, window),
             );
             println!(
-                "{:<10} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}",
+                "{:<12} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}",
                 "ip link",
                 "del",
                 1,
