@@ -61,18 +61,23 @@ fn phase(
     }
 }
 
-/// Veth pairs plugged in-process on a bridge of a private host namespace, for timing what
-/// any tool pays to take one away: `ip link del`, run in the container's namespace the
-/// way the plugins are run.
+/// Veth pairs on a bridge of a private host namespace, for timing what the kernel alone
+/// costs: putting a pair in place (corvid-net's `plug`, in process: the kernel's part of
+/// an ADD with no process, no IPAM, no address) as the lanes ADD, and taking one away
+/// (`ip link del`, run in the container's namespace the way the plugins are run) as they
+/// DEL.
 struct Floor {
     _host: Ns,
+    host: corvid_net::Netlink,
+    bridge: corvid_net::link::Link,
     containers: Vec<(Ns, Netns)>,
+    added: Phase,
     phase: Phase,
 }
 
 impl Floor {
     fn new(tag: &str, n: usize) -> Floor {
-        use corvid_net::binding::{ensure_bridge, plug, BridgeSpec, VethSpec};
+        use corvid_net::binding::{ensure_bridge, BridgeSpec};
         use corvid_net::Netlink;
         let host_ns = Ns::new(format!("{tag}-k-h"));
         let mut host = Netlink::open_in(&Netns::open(&host_ns.0).unwrap()).unwrap();
@@ -83,6 +88,25 @@ impl Floor {
             promisc: false,
         };
         let bridge = ensure_bridge(&mut host, &bridge_spec).unwrap();
+        let containers = (0..n)
+            .map(|i| {
+                let ns = Ns::new(format!("{tag}-k-{i}"));
+                let netns = Netns::open(&ns.0).unwrap();
+                (ns, netns)
+            })
+            .collect();
+        Floor {
+            _host: host_ns,
+            host,
+            bridge,
+            containers,
+            added: Phase::default(),
+            phase: Phase::default(),
+        }
+    }
+
+    fn add(&mut self, range: std::ops::Range<usize>) {
+        use corvid_net::binding::{plug, VethSpec};
         let spec = VethSpec {
             ifname: "eth0",
             mtu: None,
@@ -92,20 +116,14 @@ impl Floor {
             mac: None,
             host_name: None,
         };
-        let containers = (0..n)
-            .map(|i| {
-                let ns = Ns::new(format!("{tag}-k-{i}"));
-                let netns = Netns::open(&ns.0).unwrap();
-                let mut container = Netlink::open_in(&netns).unwrap();
-                plug(&mut host, &mut container, &netns, &bridge, &spec).unwrap();
-                (ns, netns)
-            })
-            .collect();
-        Floor {
-            _host: host_ns,
-            containers,
-            phase: Phase::default(),
+        let start = Instant::now();
+        for (_, netns) in &self.containers[range] {
+            let mut container = corvid_net::Netlink::open_in(netns).unwrap();
+            let one = Instant::now();
+            plug(&mut self.host, &mut container, netns, &self.bridge, &spec).unwrap();
+            self.added.samples.push(one.elapsed());
         }
+        self.added.wall += start.elapsed();
     }
 
     fn delete(&mut self, range: std::ops::Range<usize>) {
@@ -220,9 +238,18 @@ fn main() {
             del.1 / del.2,
             del_plain.1 / del_plain.2
         );
+        let plug = figures[&("plug", "ADD", 1)];
         println!(
-            "  the floor itself, first {window} / last {window}: {:.3}",
+            "  the kernel's floor itself: plugging a pair, last {window} / first {window}: {:.3}; `ip link del`, first / last: {:.3}",
+            plug.2 / plug.1,
             floor.1 / floor.2
+        );
+        println!(
+            "  ADD above plugging a pair, first {window} and last {window}: {:.2} ms, {:.2} ms (without ipMasq {:.2}, {:.2})",
+            add.1 - plug.1,
+            add.2 - plug.2,
+            add_plain.1 - plug.1,
+            add_plain.2 - plug.2
         );
     }
 }
@@ -261,14 +288,17 @@ fn run(lanes: &[Lane], n: usize, parallels: &[usize], window: usize) -> Figures 
             })
             .collect();
         let chunk = (2 * parallel).max(4);
-        // One at a time, DEL also takes turns with `ip link del` of the same kind of pair.
+        // One at a time, the kernel's floor takes its turn too: plugging a pair, deleting one.
         let mut floor = (parallel == 1).then(|| Floor::new(&tag, n));
         for op in ["ADD", "DEL"] {
             let mut phases: Vec<Phase> = lanes.iter().map(|_| Phase::default()).collect();
             for (round, start) in (0..n).step_by(chunk).enumerate() {
                 let end = (start + chunk).min(n);
-                if let Some(f) = floor.as_mut().filter(|_| op == "DEL") {
-                    f.delete(start..end);
+                if let Some(f) = floor.as_mut() {
+                    match op {
+                        "ADD" => f.add(start..end),
+                        _ => f.delete(start..end),
+                    }
                 }
                 for k in 0..lanes.len() {
                     let which = (k + round) % lanes.len();
@@ -305,23 +335,25 @@ fn run(lanes: &[Lane], n: usize, parallels: &[usize], window: usize) -> Figures 
             }
         }
         if let Some(f) = floor {
-            let figures = (
-                f.phase.pct(0.5),
-                f.phase.window_p50(0, window),
-                f.phase.window_p50(last, window),
-            );
-            println!(
-                "{:<12} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}",
-                "ip link",
-                "del",
-                1,
-                figures.0,
-                figures.1,
-                figures.2,
-                f.phase.pct(0.99),
-                f.phase.rate()
-            );
-            p50.insert(("ip link", "DEL", 1), figures);
+            for (label, op, ph) in [("plug", "ADD", &f.added), ("ip link", "DEL", &f.phase)] {
+                let figures = (
+                    ph.pct(0.5),
+                    ph.window_p50(0, window),
+                    ph.window_p50(last, window),
+                );
+                println!(
+                    "{:<12} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}",
+                    label,
+                    op.to_lowercase(),
+                    1,
+                    figures.0,
+                    figures.1,
+                    figures.2,
+                    ph.pct(0.99),
+                    ph.rate()
+                );
+                p50.insert((label, op, 1), figures);
+            }
         }
     }
     p50
