@@ -11,7 +11,7 @@
 //!
 //! `cargo bench -p corvid-plugins --bench cni_bridge` (CORVID_BENCH_N sets N, default 64;
 //! CORVID_BENCH_MASQ=0 or 1 runs only one of the two; CORVID_BENCH_PAR=1 skips the 8-way
-//! phase).
+//! phase; CORVID_BENCH_REFERENCE=0 leaves the reference's lanes out).
 
 mod support;
 
@@ -170,7 +170,12 @@ fn main() {
         _ => vec![1, 8],
     };
     let ours = tempfile::tempdir().unwrap();
-    let impls = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins"));
+    let mut impls: Vec<Impl> = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins")).into();
+    // CORVID_BENCH_REFERENCE=0 leaves the reference out: corvid's lanes and the floor alone.
+    let with_reference = std::env::var("CORVID_BENCH_REFERENCE").map_or(true, |v| v != "0");
+    if !with_reference {
+        impls.truncate(1);
+    }
     // Every lane takes its turn in each round, so what the kernel is busy with (the
     // teardown of namespaces, a neighbour's load) falls on all of them alike.
     let lanes: Vec<Lane> = masqs
@@ -192,8 +197,10 @@ fn main() {
     println!("bridge + host-local, {n} containers per lane; times in ms");
     println!("(first/last: p50 of the first and last {window} operations)\n");
     let figures = run(&lanes, n, &parallels, window);
-    println!("\nratio corvid/reference (p50; lower is better)");
-    for &masq in &masqs {
+    if with_reference {
+        println!("\nratio corvid/reference (p50; lower is better)");
+    }
+    for &masq in masqs.iter().filter(|_| with_reference) {
         for &parallel in &parallels {
             for op in ["ADD", "DEL"] {
                 let (ours, theirs) = if masq {
