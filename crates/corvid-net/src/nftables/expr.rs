@@ -1,7 +1,7 @@
 //! The expressions corvid's rules are made of, each a small builder over
 //! netlink-packet-netfilter's types; the kinds that crate has no type for (masq, nat, ct,
-//! counter, reject, fib, numgen) are written here from `nf_tables.h`, every number
-//! big-endian as the kernel reads attributes.
+//! fib, the xtables match) are written here from `nf_tables.h`, every number big-endian
+//! as the kernel reads attributes.
 
 use super::nla;
 use ipnet::IpNet;
@@ -19,12 +19,8 @@ pub enum Verdict<'a> {
     Accept,
     /// Throw it away.
     Drop,
-    /// Back to the calling chain.
-    Return,
     /// Into a chain, coming back after it.
     Jump(&'a str),
-    /// Into a chain, not coming back.
-    Goto(&'a str),
 }
 
 impl Verdict<'_> {
@@ -33,9 +29,7 @@ impl Verdict<'_> {
         let (code, chain) = match self {
             Verdict::Accept => (NfVerdict::Other(1), None),
             Verdict::Drop => (NfVerdict::Other(0), None),
-            Verdict::Return => (NfVerdict::Return, None),
             Verdict::Jump(c) => (NfVerdict::Jump, Some(c)),
-            Verdict::Goto(c) => (NfVerdict::Goto, Some(c)),
         };
         let mut attrs = vec![VerdictAttribute::Code(code)];
         attrs.extend(chain.map(|c| VerdictAttribute::Chain(c.into())));
@@ -100,14 +94,6 @@ pub fn nfproto(v6: bool) -> Vec<Expressions> {
     vec![
         meta(MetaKey::Nfproto, Register::Reg1),
         cmp(Register::Reg1, true, &[if v6 { 10 } else { 2 }]),
-    ]
-}
-
-/// The transport protocol is `proto` (6 TCP, 17 UDP, 132 SCTP).
-pub fn l4proto(proto: u8) -> Vec<Expressions> {
-    vec![
-        load_l4proto(Register::Reg1),
-        cmp(Register::Reg1, true, &[proto]),
     ]
 }
 
@@ -178,8 +164,8 @@ pub fn lookup(set: &str, reg: Register, found: bool) -> Expressions {
     Expressions::Lookup(attrs)
 }
 
-/// Looks `sreg` up in the map `set` and puts the value in `dreg` (the verdict register
-/// for a verdict map); no match ends the rule.
+/// Looks `sreg` up in the map `set` and puts the value in `dreg`; no match ends the
+/// rule.
 pub fn map(set: &str, sreg: Register, dreg: Register) -> Expressions {
     Expressions::Lookup(vec![
         Lookup::Set(set.into()),
@@ -193,14 +179,6 @@ pub fn verdict(v: Verdict) -> Expressions {
     Expressions::Immediate(vec![
         Immediate::DestinationRegister(Register::Verdict),
         Immediate::Data(DataAttribute::Verdict(v.attributes())),
-    ])
-}
-
-/// Puts constant bytes in a register.
-pub fn immediate(reg: Register, bytes: &[u8]) -> Expressions {
-    Expressions::Immediate(vec![
-        Immediate::DestinationRegister(reg),
-        Immediate::Data(DataAttribute::Value(bytes.to_vec())),
     ])
 }
 
@@ -229,11 +207,6 @@ pub fn dnat(v6: bool, addr: Register, port: Option<Register>) -> Expressions {
     nat(1, v6, addr, port)
 }
 
-/// Rewrites the source to the address in `addr`.
-pub fn snat(v6: bool, addr: Register) -> Expressions {
-    nat(0, v6, addr, None)
-}
-
 fn nat(kind: u32, v6: bool, addr: Register, port: Option<Register>) -> Expressions {
     let mut attrs = vec![
         nla(1, be32(kind)),
@@ -246,21 +219,12 @@ fn nat(kind: u32, v6: bool, addr: Register, port: Option<Register>) -> Expressio
     other("nat", attrs)
 }
 
-/// Counts packets and bytes (seen in `nft list`).
-pub fn counter() -> Expressions {
-    other("counter", Vec::new())
-}
-
 /// Connection tracking states (`ct state`), as the kernel's bits.
 pub mod ct {
-    /// `invalid`
-    pub const INVALID: u32 = 1;
     /// `established`
     pub const ESTABLISHED: u32 = 2;
     /// `related`
     pub const RELATED: u32 = 4;
-    /// `new`
-    pub const NEW: u32 = 8;
 }
 
 /// Connection tracking status bits (`ct status`).
@@ -329,22 +293,4 @@ pub fn daddr_local() -> Vec<Expressions> {
         ),
         cmp(Register::Reg1, true, &2u32.to_ne_bytes()),
     ]
-}
-
-/// Refuses at once: a TCP reset for TCP, port unreachable for the rest.
-pub fn reject() -> Expressions {
-    // type icmpx unreach (2), code port unreachable (1)
-    other("reject", vec![nla(1, be32(2)), nla(2, vec![1])])
-}
-
-/// A random number in 0..modulus into `reg`.
-pub fn random(modulus: u32, reg: Register) -> Expressions {
-    other(
-        "numgen",
-        vec![
-            nla(1, reg_bytes(reg)),
-            nla(2, be32(modulus)),
-            nla(3, be32(1)),
-        ],
-    )
 }

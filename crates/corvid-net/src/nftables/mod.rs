@@ -4,8 +4,8 @@
 //! as it was before or as it was meant to be after, never in between.
 //!
 //! Messages come from netlink-packet-netfilter (the rust-netlink family corvid already
-//! uses for rtnetlink); the expressions it has no type for (nat, masq, ct, reject,
-//! counter, numgen) are encoded in [`expr`].
+//! uses for rtnetlink); the expressions it has no type for (nat, masq, ct, fib, the
+//! xtables match) are encoded in [`expr`].
 
 pub mod expr;
 pub mod firewall;
@@ -22,7 +22,7 @@ use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, DataAttribute, Expressions, Hook, HookNumber, InetHookNumber,
     ListAttribute, NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute, SetElementAttribute,
     SetElementList, SetElementMessage, SetFlags, SetMessage, TableAttribute, TableFlags,
-    TableMessage, VerdictAttribute,
+    TableMessage,
 };
 use netlink_packet_netfilter::{
     none::ControlMessage, NetfilterHeader, NetfilterMessage, NetfilterMessageInner,
@@ -123,11 +123,6 @@ impl DataType {
     pub const INET_SERVICE: DataType = DataType { id: 13, len: 2 };
     /// An interface name (16 bytes, zero-padded).
     pub const IFNAME: DataType = DataType { id: 41, len: 16 };
-    /// A verdict (a verdict map's values).
-    pub const VERDICT: DataType = DataType {
-        id: 0xffff_ff00,
-        len: 0,
-    };
 
     /// The address type of one family.
     pub fn addr(v6: bool) -> DataType {
@@ -167,17 +162,6 @@ pub struct Element {
     pub key: Vec<u8>,
     /// The comment corvid stored with it.
     pub comment: Option<String>,
-    /// The chain a verdict map's element jumps or goes to.
-    pub target: Option<String>,
-}
-
-/// A map element's value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Value<'a> {
-    /// Bytes (an address, a port, a concatenation of both).
-    Data(Vec<u8>),
-    /// A verdict (a verdict map's values).
-    Verdict(Verdict<'a>),
 }
 
 /// FNV-1a over the parts, each ended by a zero byte so ("ab", "c") and ("a", "bc") differ.
@@ -375,20 +359,6 @@ impl Batch {
         );
     }
 
-    /// Removes a chain (which must exist and be empty and unreferenced).
-    pub fn delete_chain(&mut self, name: &str) {
-        self.push(
-            NfTablesMessage::DeleteChain(ChainMessage {
-                attributes: vec![
-                    ChainAttribute::Table(self.table.name.into()),
-                    ChainAttribute::Name(name.into()),
-                ],
-            }),
-            0,
-            format!("delete chain {name}"),
-        );
-    }
-
     /// Appends a rule to a chain.
     pub fn add_rule(&mut self, chain: &str, expressions: Vec<Expressions>, comment: Option<&str>) {
         let what = format!("add a rule to chain {chain}");
@@ -466,9 +436,7 @@ impl Batch {
         if let Some(data) = set.data {
             flags |= SetFlags::Map;
             attributes.push(SetAttribute::DataType(data.id));
-            if data != DataType::VERDICT {
-                attributes.push(SetAttribute::DataLen(data.len));
-            }
+            attributes.push(SetAttribute::DataLen(data.len));
         }
         attributes.push(SetAttribute::Flags(flags));
         self.push(
@@ -478,32 +446,15 @@ impl Batch {
         );
     }
 
-    /// Removes a set (which must exist and be unreferenced).
-    pub fn delete_set(&mut self, name: &str) {
-        self.push(
-            NfTablesMessage::DeleteSet(SetMessage {
-                attributes: vec![
-                    SetAttribute::Table(self.table.name.into()),
-                    SetAttribute::Name(name.into()),
-                ],
-            }),
-            0,
-            format!("delete set {name}"),
-        );
-    }
-
     /// Adds an element (a key, and a value for a map) with a comment; an identical
     /// element already there is no error.
-    pub fn add_element(&mut self, set: &str, key: &[u8], value: Option<Value>, comment: &str) {
+    pub fn add_element(&mut self, set: &str, key: &[u8], value: Option<Vec<u8>>, comment: &str) {
         let mut element = vec![
             SetElementAttribute::Key(DataAttribute::Value(key.to_vec())),
             SetElementAttribute::UserData(comment_udata(comment)),
         ];
         if let Some(value) = value {
-            element.push(SetElementAttribute::Data(match value {
-                Value::Data(bytes) => DataAttribute::Value(bytes),
-                Value::Verdict(v) => DataAttribute::Verdict(v.attributes()),
-            }));
+            element.push(SetElementAttribute::Data(DataAttribute::Value(value)));
         }
         self.push(
             NfTablesMessage::NewSetElement(element_message(set, element)),
@@ -541,7 +492,7 @@ pub(crate) fn claim(
     batch: &mut Batch,
     set: &str,
     key: &[u8],
-    value: Option<Value>,
+    value: Option<Vec<u8>>,
     tag: &AttachmentTag,
 ) -> Result<()> {
     if nft.element(set, key)?.is_some() {
@@ -566,25 +517,21 @@ pub(crate) fn release(
     Ok(())
 }
 
-/// Removes in `batch` every element of `sets` whose comment is `stale`; returns the
-/// chains the remaining elements jump to.
+/// Removes in `batch` every element of `sets` whose comment is `stale`.
 pub(crate) fn sweep(
     nft: &mut Nftables,
     batch: &mut Batch,
     sets: &[&str],
     stale: impl Fn(&str) -> bool,
-) -> Result<std::collections::HashSet<String>> {
-    let mut used = std::collections::HashSet::new();
+) -> Result<()> {
     for set in sets {
         for e in nft.elements(set)? {
             if e.comment.as_deref().is_some_and(&stale) {
                 batch.delete_element(set, &e.key);
-            } else {
-                used.extend(e.target);
             }
         }
     }
-    Ok(used)
+    Ok(())
 }
 
 /// Where an address goes among a pair of per-family sets `[IPv4, IPv6]`, and its key.
@@ -623,14 +570,14 @@ pub(crate) fn release_addresses(
 }
 
 /// Removes in `batch` the elements of `sets` that belong to `network` and to none of
-/// the attachments in `keep`; returns the chains the remaining elements jump to.
+/// the attachments in `keep`.
 pub(crate) fn collect_garbage(
     nft: &mut Nftables,
     batch: &mut Batch,
     sets: &[&str],
     network: &str,
     keep: &[AttachmentTag],
-) -> Result<std::collections::HashSet<String>> {
+) -> Result<()> {
     let prefix = network_prefix(network);
     sweep(nft, batch, sets, |c| {
         c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c)
@@ -912,50 +859,6 @@ impl Nftables {
             })
             .collect())
     }
-
-    /// The names of the chains of corvid's table; none when the table is missing.
-    pub fn chains(&mut self) -> Result<Vec<String>> {
-        let message = NfTablesMessage::GetChain(ChainMessage {
-            attributes: vec![ChainAttribute::Table(TABLE.into())],
-        });
-        let replies = match self.request(message, NLM_F_DUMP) {
-            Ok(r) => r,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
-            Err(e) => return Err(nft_err("list chains")(e)),
-        };
-        Ok(replies
-            .into_iter()
-            .filter_map(|m| match m {
-                NfTablesMessage::NewChain(c) => {
-                    let table = c
-                        .attributes
-                        .iter()
-                        .any(|a| matches!(a, ChainAttribute::Table(t) if t == TABLE));
-                    c.attributes.into_iter().find_map(|a| match a {
-                        ChainAttribute::Name(n) if table => Some(n),
-                        _ => None,
-                    })
-                }
-                _ => None,
-            })
-            .collect())
-    }
-
-    /// Removes corvid's whole table; a missing table is no error.
-    pub fn delete_table(&mut self) -> Result<()> {
-        let mut batch = Batch::new();
-        batch.push(
-            NfTablesMessage::DeleteTable(TableMessage {
-                attributes: vec![TableAttribute::Name(TABLE.into())],
-            }),
-            0,
-            format!("delete table inet {TABLE}"),
-        );
-        match self.commit(batch) {
-            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
-            other => other,
-        }
-    }
 }
 
 /// (sequence, errno) of each acknowledgement or error in a buffer of answers.
@@ -1001,20 +904,7 @@ fn elements_of(message: &NfTablesMessage) -> Vec<Element> {
                     SetElementAttribute::UserData(u) => udata_comment(u),
                     _ => None,
                 });
-                let target = attrs.iter().find_map(|a| match a {
-                    SetElementAttribute::Data(DataAttribute::Verdict(v)) => {
-                        v.iter().find_map(|v| match v {
-                            VerdictAttribute::Chain(c) => Some(c.clone()),
-                            _ => None,
-                        })
-                    }
-                    _ => None,
-                });
-                Some(Element {
-                    key,
-                    comment,
-                    target,
-                })
+                Some(Element { key, comment })
             }
             _ => None,
         })

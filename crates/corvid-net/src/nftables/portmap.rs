@@ -19,7 +19,7 @@
 use super::expr::{self, reg32, Field};
 use super::{
     claim, collect_garbage, comments, lock, release, sweep, AttachmentTag, BaseChain, Batch,
-    ChainType, DataType, HookPoint, Nftables, SetSpec, Value,
+    ChainType, DataType, HookPoint, Nftables, SetSpec,
 };
 use crate::Result;
 use ipnet::IpNet;
@@ -251,7 +251,7 @@ pub fn add_port_mappings(
         skeleton(&mut batch);
     }
     for (map, k, value) in elements(addrs, mappings, snat) {
-        claim(nft, &mut batch, map, &k, value.map(Value::Data), tag)?;
+        claim(nft, &mut batch, map, &k, value, tag)?;
     }
     nft.commit(batch)
 }
