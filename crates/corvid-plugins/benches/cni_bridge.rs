@@ -11,7 +11,9 @@
 //!
 //! `cargo bench -p corvid-plugins --bench cni_bridge` (CORVID_BENCH_N sets N, default 64;
 //! CORVID_BENCH_MASQ=0 or 1 runs only one of the two; CORVID_BENCH_PAR=1 skips the 8-way
-//! phase; CORVID_BENCH_REFERENCE=0 leaves the reference's lanes out).
+//! phase; CORVID_BENCH_REFERENCE=0 leaves the reference's lanes out; CORVID_BENCH_IPV6=0
+//! turns IPv6 off in every namespace of the run, which takes away the kernel's flood of
+//! each new interface's IPv6 announcements to every port of the bridge).
 
 mod support;
 

@@ -12,9 +12,26 @@ use std::time::{Duration, Instant};
 pub struct Ns(pub PathBuf);
 
 impl Ns {
-    /// Creates /run/netns/NAME.
+    /// Creates /run/netns/NAME; with CORVID_BENCH_IPV6=0, without IPv6.
+    ///
+    /// Every interface that comes up with IPv6 sends duplicate address detection and
+    /// MLD reports, which a bridge floods to all its ports: kernel work that grows with
+    /// the ports on the bridge and lands on whatever runs next. Turning IPv6 off shows
+    /// what an ADD costs without that flood.
     pub fn new(name: String) -> Ns {
-        Ns(Netns::create_named(&name).expect("create namespace (run as root)"))
+        let ns = Ns(Netns::create_named(&name).expect("create namespace (run as root)"));
+        if std::env::var("CORVID_BENCH_IPV6").is_ok_and(|v| v == "0") {
+            Netns::open(&ns.0)
+                .unwrap()
+                .run(|| {
+                    for scope in ["all", "default"] {
+                        let key = format!("net/ipv6/conf/{scope}/disable_ipv6");
+                        corvid_net::sysctl::set(&key, "1").unwrap();
+                    }
+                })
+                .unwrap();
+        }
+        ns
     }
 }
 
