@@ -3,57 +3,11 @@
 
 use corvid_net::binding::{ensure_bridge, ensure_plugged, plug, BridgeSpec, Plugged, VethSpec};
 use corvid_net::link::Link;
-use corvid_net::{Netlink, Netns};
+mod support;
+
 use ipnet::IpNet;
 use std::net::IpAddr;
-use std::process::Command;
-
-struct Named(String);
-
-impl Named {
-    fn new(tag: &str) -> Named {
-        let name = format!("cvt{}-{tag}", std::process::id());
-        Netns::create_named(&name).unwrap();
-        Named(name)
-    }
-
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-
-    fn netns(&self) -> Netns {
-        Netns::open(self.path()).unwrap()
-    }
-
-    fn netlink(&self) -> Netlink {
-        Netlink::open_in(&self.netns()).unwrap()
-    }
-
-    fn ip(&self, args: &str) {
-        let ok = Command::new("ip")
-            .args(["-n", &self.0])
-            .args(args.split_whitespace())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "ip -n {} {args}", self.0);
-    }
-
-    fn ping(&self, addr: &str) -> bool {
-        Command::new("ip")
-            .args(["netns", "exec", &self.0, "ping", "-c1", "-W2", addr])
-            .output()
-            .unwrap()
-            .status
-            .success()
-    }
-}
-
-impl Drop for Named {
-    fn drop(&mut self) {
-        let _ = Netns::delete_path(std::path::Path::new(&self.path()));
-    }
-}
+use support::Named;
 
 const MAC: &str = "02:42:0a:3c:00:05";
 const HOST_END: &str = "cvtp1";

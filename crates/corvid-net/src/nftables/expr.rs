@@ -3,7 +3,7 @@
 //! fib, the xtables match) are written here from `nf_tables.h`, every number big-endian
 //! as the kernel reads attributes.
 
-use super::nla;
+use super::{addr_bytes, nla};
 use ipnet::IpNet;
 use netlink_packet_netfilter::nftables::{
     Bitwise, Cmp, DataAttribute, Expressions, Immediate, Lookup, Meta, MetaKey, Operator, Payload,
@@ -129,11 +129,15 @@ pub fn load_ifname(input: bool, reg: Register) -> Expressions {
     meta(key, reg)
 }
 
-fn addr_bytes(addr: std::net::IpAddr) -> Vec<u8> {
-    match addr {
-        std::net::IpAddr::V4(a) => a.octets().to_vec(),
-        std::net::IpAddr::V6(a) => a.octets().to_vec(),
-    }
+/// `reg = (reg & mask) ^ xor` over the first `mask.len()` bytes.
+fn bitwise(reg: Register, mask: Vec<u8>, xor: Vec<u8>) -> Expressions {
+    Expressions::Bitwise(vec![
+        Bitwise::SourceRegister(reg),
+        Bitwise::DestinationRegister(reg),
+        Bitwise::Length(mask.len() as u32),
+        Bitwise::Mask(DataAttribute::Value(mask)),
+        Bitwise::Xor(DataAttribute::Value(xor)),
+    ])
 }
 
 /// The address `field` is (or with `equal` false, is not) inside `net`.
@@ -143,13 +147,11 @@ pub fn in_prefix(field: Field, net: IpNet, equal: bool) -> Vec<Expressions> {
     let full = if v6 { 128 } else { 32 };
     if net.prefix_len() < full {
         let len = if v6 { 16 } else { 4 };
-        out.push(Expressions::Bitwise(vec![
-            Bitwise::SourceRegister(Register::Reg1),
-            Bitwise::DestinationRegister(Register::Reg1),
-            Bitwise::Length(len),
-            Bitwise::Mask(DataAttribute::Value(addr_bytes(net.netmask()))),
-            Bitwise::Xor(DataAttribute::Value(vec![0; len as usize])),
-        ]));
+        out.push(bitwise(
+            Register::Reg1,
+            addr_bytes(net.netmask()),
+            vec![0; len],
+        ));
     }
     out.push(cmp(Register::Reg1, equal, &addr_bytes(net.network())));
     out
@@ -172,6 +174,12 @@ pub fn map(set: &str, sreg: Register, dreg: Register) -> Expressions {
         Lookup::SourceRegister(sreg),
         Lookup::DestinationRegister(dreg),
     ])
+}
+
+/// Looks `sreg` up in the verdict map `set` and does what the element says; no match
+/// goes on to the next rule.
+pub fn vmap(set: &str, sreg: Register) -> Expressions {
+    map(set, sreg, Register::Verdict)
 }
 
 /// The rule's verdict.
@@ -249,13 +257,7 @@ fn ct_bits(key: u32, states: u32) -> Vec<Expressions> {
             "ct",
             vec![nla(1, reg_bytes(Register::Reg1)), nla(2, be32(key))],
         ),
-        Expressions::Bitwise(vec![
-            Bitwise::SourceRegister(Register::Reg1),
-            Bitwise::DestinationRegister(Register::Reg1),
-            Bitwise::Length(4),
-            Bitwise::Mask(DataAttribute::Value(states.to_ne_bytes().to_vec())),
-            Bitwise::Xor(DataAttribute::Value(vec![0; 4])),
-        ]),
+        bitwise(Register::Reg1, states.to_ne_bytes().to_vec(), vec![0; 4]),
         cmp(Register::Reg1, false, &[0; 4]),
     ]
 }
@@ -293,4 +295,95 @@ pub fn daddr_local() -> Vec<Expressions> {
         ),
         cmp(Register::Reg1, true, &2u32.to_ne_bytes()),
     ]
+}
+
+/// Puts `bytes` in `reg`.
+pub fn immediate(reg: Register, bytes: &[u8]) -> Expressions {
+    Expressions::Immediate(vec![
+        Immediate::DestinationRegister(reg),
+        Immediate::Data(DataAttribute::Value(bytes.to_vec())),
+    ])
+}
+
+/// A random number from 0 to `modulus - 1` in `reg` (`numgen random mod N`).
+pub fn random(reg: Register, modulus: u32) -> Expressions {
+    // NFTA_NG_DREG, NFTA_NG_MODULUS, NFTA_NG_TYPE (NFT_NG_RANDOM)
+    other(
+        "numgen",
+        vec![
+            nla(1, reg_bytes(reg)),
+            nla(2, be32(modulus)),
+            nla(3, be32(1)),
+        ],
+    )
+}
+
+/// Refuses the packet: a TCP reset for TCP (`tcp` true), else an ICMP or ICMPv6 port
+/// unreachable, whichever the packet's family calls for.
+pub fn reject(tcp: bool) -> Expressions {
+    // NFTA_REJECT_TYPE: NFT_REJECT_TCP_RST 1, NFT_REJECT_ICMPX_UNREACH 2;
+    // NFTA_REJECT_ICMP_CODE: NFT_REJECT_ICMPX_PORT_UNREACH 1.
+    let attrs = if tcp {
+        vec![nla(1, be32(1))]
+    } else {
+        vec![nla(1, be32(2)), nla(2, vec![1])]
+    };
+    other("reject", attrs)
+}
+
+/// The packet is TCP.
+pub fn is_tcp() -> Vec<Expressions> {
+    vec![
+        load_l4proto(Register::Reg1),
+        cmp(Register::Reg1, true, &[6]),
+    ]
+}
+
+/// The packet's mark has `bit` set.
+pub fn has_mark(bit: u32) -> Vec<Expressions> {
+    vec![
+        meta(MetaKey::Mark, Register::Reg1),
+        bitwise(Register::Reg1, bit.to_ne_bytes().to_vec(), vec![0; 4]),
+        cmp(Register::Reg1, false, &[0; 4]),
+    ]
+}
+
+/// Sets `bit` in the packet's mark, keeping the others (`meta mark set mark | bit`).
+pub fn set_mark(bit: u32) -> Vec<Expressions> {
+    vec![
+        meta(MetaKey::Mark, Register::Reg1),
+        bitwise(
+            Register::Reg1,
+            (!bit).to_ne_bytes().to_vec(),
+            bit.to_ne_bytes().to_vec(),
+        ),
+        Expressions::Meta(vec![
+            Meta::Key(MetaKey::Mark),
+            Meta::SourceRegister(Register::Reg1),
+        ]),
+    ]
+}
+
+/// Rewrites the source to the address in `addr`.
+pub fn snat(v6: bool, addr: Register) -> Expressions {
+    nat(0, v6, addr, None)
+}
+
+/// Adds or refreshes, in the map `set` with timeouts, the key in `key` with the value in
+/// `data` (`update @set { key : data }`).
+pub fn update_map(set: &str, key: Register, data: Register) -> Expressions {
+    // NFTA_DYNSET_SET_NAME 1, _OP 3 (NFT_DYNSET_OP_UPDATE 1), _SREG_KEY 4, _SREG_DATA 5
+    other(
+        "dynset",
+        vec![
+            nla(1, {
+                let mut name = set.as_bytes().to_vec();
+                name.push(0);
+                name
+            }),
+            nla(3, be32(1)),
+            nla(4, reg_bytes(key)),
+            nla(5, reg_bytes(data)),
+        ],
+    )
 }

@@ -74,6 +74,7 @@ fn skeleton(batch: &mut Batch) {
             key,
             data: None,
             interval: false,
+            timeout: None,
         });
     }
     batch.add_chain(

@@ -18,8 +18,8 @@
 
 use super::expr::{self, Field, Reg};
 use super::{
-    claim, collect_garbage, comments, fnv1a, lock, release, sweep, AttachmentTag, BaseChain, Batch,
-    ChainType, DataType, HookPoint, Nftables, SetSpec,
+    addr_bytes, claim, collect_garbage, comments, fnv1a, lock, release, sweep, AttachmentTag,
+    BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec,
 };
 use crate::Result;
 use ipnet::IpNet;
@@ -41,13 +41,6 @@ fn multicast(v6: bool) -> IpNet {
     }
 }
 
-fn addr_bytes(addr: std::net::IpAddr) -> Vec<u8> {
-    match addr {
-        std::net::IpAddr::V4(a) => a.octets().to_vec(),
-        std::net::IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
-
 /// The set of a network's subnet: the address's own subnet, named for the network.
 fn set_name(tag: &AttachmentTag, source: IpNet) -> String {
     format!(
@@ -66,6 +59,7 @@ fn subnet_set(batch: &mut Batch, name: &str, subnet: IpNet) {
         key: DataType::addr(v6),
         data: None,
         interval: false,
+        timeout: None,
     });
     let mut rule = expr::nfproto(v6);
     rule.extend([

@@ -11,6 +11,7 @@ pub mod expr;
 pub mod firewall;
 pub mod masquerade;
 pub mod portmap;
+pub mod services;
 
 use crate::netlink::Channel;
 use crate::{Error, Result};
@@ -123,6 +124,13 @@ impl DataType {
     pub const INET_SERVICE: DataType = DataType { id: 13, len: 2 };
     /// An interface name (16 bytes, zero-padded).
     pub const IFNAME: DataType = DataType { id: 41, len: 16 };
+    /// A 32-bit number (host order).
+    pub const INTEGER: DataType = DataType { id: 4, len: 4 };
+    /// A verdict: the values of a verdict map (the kernel sizes them itself).
+    pub const VERDICT: DataType = DataType {
+        id: 0xffff_ff00,
+        len: 0,
+    };
 
     /// The address type of one family.
     pub fn addr(v6: bool) -> DataType {
@@ -153,6 +161,22 @@ pub struct SetSpec<'a> {
     pub data: Option<DataType>,
     /// Keys are ranges (prefixes).
     pub interval: bool,
+    /// Elements expire this long after they were last added or refreshed by a rule (a
+    /// set rules update as packets pass).
+    pub timeout: Option<std::time::Duration>,
+}
+
+impl<'a> SetSpec<'a> {
+    /// A set (`data` none) or map of single keys that never expire.
+    pub fn new(name: &'a str, key: DataType, data: Option<DataType>) -> SetSpec<'a> {
+        SetSpec {
+            name,
+            key,
+            data,
+            interval: false,
+            timeout: None,
+        }
+    }
 }
 
 /// One element of a set, as read back.
@@ -162,6 +186,28 @@ pub struct Element {
     pub key: Vec<u8>,
     /// The comment corvid stored with it.
     pub comment: Option<String>,
+}
+
+/// An address's bytes, as keys and values hold it.
+pub(crate) fn addr_bytes(addr: std::net::IpAddr) -> Vec<u8> {
+    match addr {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// Each part of a concatenation takes whole 4-byte registers.
+pub(crate) fn padded(bytes: &[u8]) -> Vec<u8> {
+    let mut v = bytes.to_vec();
+    v.resize(bytes.len().div_ceil(4) * 4, 0);
+    v
+}
+
+/// Where a connection is sent: address . port, as a map's value.
+pub(crate) fn target(addr: std::net::IpAddr, port: u16) -> Vec<u8> {
+    let mut v = addr_bytes(addr);
+    v.extend(padded(&port.to_be_bytes()));
+    v
 }
 
 /// FNV-1a over the parts, each ended by a zero byte so ("ab", "c") and ("a", "bc") differ.
@@ -438,6 +484,10 @@ impl Batch {
             attributes.push(SetAttribute::DataType(data.id));
             attributes.push(SetAttribute::DataLen(data.len));
         }
+        if let Some(timeout) = set.timeout {
+            flags |= SetFlags::Timeout | SetFlags::Eval;
+            attributes.push(SetAttribute::Timeout(timeout.as_millis() as u64));
+        }
         attributes.push(SetAttribute::Flags(flags));
         self.push(
             NfTablesMessage::NewSet(SetMessage { attributes }),
@@ -460,6 +510,63 @@ impl Batch {
             NfTablesMessage::NewSetElement(element_message(set, element)),
             NLM_F_CREATE,
             format!("add an element to {set}"),
+        );
+    }
+
+    /// Adds an element of a verdict map that jumps to `chain`.
+    pub fn add_jump_element(&mut self, set: &str, key: &[u8], chain: &str) {
+        let element = vec![
+            SetElementAttribute::Key(DataAttribute::Value(key.to_vec())),
+            SetElementAttribute::Data(DataAttribute::Verdict(
+                expr::Verdict::Jump(chain).attributes(),
+            )),
+        ];
+        self.push(
+            NfTablesMessage::NewSetElement(element_message(set, element)),
+            NLM_F_CREATE,
+            format!("add an element to {set}"),
+        );
+    }
+
+    /// Removes every element of a set (which must exist).
+    pub fn flush_set(&mut self, set: &str) {
+        self.push(
+            NfTablesMessage::DeleteSetElement(SetElementMessage {
+                attributes: vec![
+                    SetElementList::Table(TABLE.into()),
+                    SetElementList::Set(set.into()),
+                ],
+            }),
+            0,
+            format!("flush set {set}"),
+        );
+    }
+
+    /// Deletes a set (which must exist, and which no rule may use).
+    pub fn delete_set(&mut self, set: &str) {
+        self.push(
+            NfTablesMessage::DeleteSet(SetMessage {
+                attributes: vec![
+                    SetAttribute::Table(self.table.name.into()),
+                    SetAttribute::Name(set.into()),
+                ],
+            }),
+            0,
+            format!("delete set {set}"),
+        );
+    }
+
+    /// Deletes a chain (which must exist, be empty, and be jumped to by nothing).
+    pub fn delete_chain(&mut self, name: &str) {
+        self.push(
+            NfTablesMessage::DeleteChain(ChainMessage {
+                attributes: vec![
+                    ChainAttribute::Table(self.table.name.into()),
+                    ChainAttribute::Name(name.into()),
+                ],
+            }),
+            0,
+            format!("delete chain {name}"),
         );
     }
 
@@ -817,6 +924,40 @@ impl Nftables {
             .collect())
     }
 
+    /// The names of the chains of corvid's table; none when the table is missing.
+    pub fn chains(&mut self) -> Result<Vec<String>> {
+        let message = NfTablesMessage::GetChain(ChainMessage {
+            attributes: vec![ChainAttribute::Table(TABLE.into())],
+        });
+        self.names(message, "list chains", |m| match m {
+            NfTablesMessage::NewChain(c) => {
+                let ours = c
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, ChainAttribute::Table(t) if t == TABLE));
+                c.attributes.into_iter().find_map(|a| match a {
+                    ChainAttribute::Name(n) if ours => Some(n),
+                    _ => None,
+                })
+            }
+            _ => None,
+        })
+    }
+
+    /// What `pick` finds in each answer to a dump; none when the table is missing.
+    fn names(
+        &mut self,
+        message: NfTablesMessage,
+        what: &str,
+        pick: impl Fn(NfTablesMessage) -> Option<String>,
+    ) -> Result<Vec<String>> {
+        match self.request(message, NLM_F_DUMP) {
+            Ok(replies) => Ok(replies.into_iter().filter_map(pick).collect()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Vec::new()),
+            Err(e) => Err(nft_err(what)(e)),
+        }
+    }
+
     /// True when corvid's table has the set `name`.
     pub fn has_set(&mut self, name: &str) -> Result<bool> {
         let message = NfTablesMessage::GetSet(SetMessage {
@@ -837,27 +978,19 @@ impl Nftables {
         let message = NfTablesMessage::GetSet(SetMessage {
             attributes: vec![SetAttribute::Table(TABLE.into())],
         });
-        let replies = match self.request(message, NLM_F_DUMP) {
-            Ok(r) => r,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
-            Err(e) => return Err(nft_err("list sets")(e)),
-        };
-        Ok(replies
-            .into_iter()
-            .filter_map(|m| match m {
-                NfTablesMessage::NewSet(s) => {
-                    let ours = s
-                        .attributes
-                        .iter()
-                        .any(|a| matches!(a, SetAttribute::Table(t) if t == TABLE));
-                    s.attributes.into_iter().find_map(|a| match a {
-                        SetAttribute::Name(n) if ours => Some(n),
-                        _ => None,
-                    })
-                }
-                _ => None,
-            })
-            .collect())
+        self.names(message, "list sets", |m| match m {
+            NfTablesMessage::NewSet(s) => {
+                let ours = s
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, SetAttribute::Table(t) if t == TABLE));
+                s.attributes.into_iter().find_map(|a| match a {
+                    SetAttribute::Name(n) if ours => Some(n),
+                    _ => None,
+                })
+            }
+            _ => None,
+        })
     }
 }
 

@@ -18,8 +18,8 @@
 
 use super::expr::{self, reg32, Field};
 use super::{
-    claim, collect_garbage, comments, lock, release, sweep, AttachmentTag, BaseChain, Batch,
-    ChainType, DataType, HookPoint, Nftables, SetSpec,
+    addr_bytes, claim, collect_garbage, comments, lock, padded, release, sweep, target,
+    AttachmentTag, BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec,
 };
 use crate::Result;
 use ipnet::IpNet;
@@ -37,7 +37,8 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    fn number(self) -> u8 {
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
         match self {
             Protocol::Tcp => 6,
             Protocol::Udp => 17,
@@ -80,20 +81,6 @@ fn maps(v6: bool) -> [&'static str; 3] {
     }
 }
 
-fn addr_bytes(addr: IpAddr) -> Vec<u8> {
-    match addr {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
-
-/// Each part of a concatenation takes whole 4-byte registers.
-fn padded(bytes: &[u8]) -> Vec<u8> {
-    let mut v = bytes.to_vec();
-    v.resize(bytes.len().div_ceil(4) * 4, 0);
-    v
-}
-
 /// The map and key a mapping is found by, for containers of one family.
 fn key(m: &PortMapping, v6: bool) -> (&'static str, Vec<u8>) {
     let [host, any, _] = maps(v6);
@@ -104,12 +91,6 @@ fn key(m: &PortMapping, v6: bool) -> (&'static str, Vec<u8>) {
     k.extend(padded(&[m.protocol.number()]));
     k.extend(padded(&m.host_port.to_be_bytes()));
     (if m.host_ip.is_some() { host } else { any }, k)
-}
-
-fn target(addr: IpAddr, port: u16) -> Vec<u8> {
-    let mut v = addr_bytes(addr);
-    v.extend(padded(&port.to_be_bytes()));
-    v
 }
 
 fn hairpin_key(addr: IpAddr) -> (&'static str, Vec<u8>) {
@@ -157,12 +138,7 @@ fn skeleton(batch: &mut Batch) {
             (any, DataType::concat(&port), to),
             (hairpin, DataType::concat(&[addr, addr]), None),
         ] {
-            batch.add_set(&SetSpec {
-                name,
-                key,
-                data,
-                interval: false,
-            });
+            batch.add_set(&SetSpec::new(name, key, data));
         }
     }
     let dstnat = |hook| BaseChain {

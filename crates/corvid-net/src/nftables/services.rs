@@ -1,0 +1,715 @@
+//! Load-balanced services and floating IPs in corvid's table, written by one long-lived
+//! owner (the agent) that keeps what it committed in memory and sends only the
+//! difference: a change to one service touches its own elements and chain, and nothing
+//! is listed on a sync. Learnt from kube-proxy's nftables mode.
+//!
+//! ```text
+//! map service-ips4       { type ipv4_addr . inet_proto . inet_service : verdict }  cluster IPs
+//! map service-external4  { same }               floating IPs of load balancers (masqueraded)
+//! map service-nodeports  { type inet_proto . inet_service : verdict }
+//! set service-reject4    { type ipv4_addr . inet_proto . inet_service }  no member: refused
+//! set service-nodeports-reject { type inet_proto . inet_service }
+//! map service-members4   { type integer . integer : ipv4_addr . inet_service }
+//!                          (service number . index) to a member
+//! set service-hairpin4   { type ipv4_addr . ipv4_addr }        (member . member)
+//! map floating-ips4      { type ipv4_addr : ipv4_addr }        public to fixed
+//! map floating-fixed4    { type ipv4_addr : ipv4_addr }        fixed to public
+//!     (and the same for IPv6)
+//! chain services-prerouting, services-output { type nat hook ... priority dstnat
+//!     jump services }
+//! chain services {
+//!     ip daddr . meta l4proto . th dport vmap @service-ips4
+//!     ip daddr . meta l4proto . th dport @service-external4 meta mark set mark | 0x8000
+//!     ip daddr . meta l4proto . th dport vmap @service-external4
+//!     fib daddr type local meta l4proto . th dport @service-nodeports mark set ...
+//!     fib daddr type local meta l4proto . th dport vmap @service-nodeports
+//!     ip daddr @floating-ips4 meta mark set ...; dnat ip to ip daddr map @floating-ips4 }
+//! chain svc-<hash> {                            one per service port
+//!     [ip saddr map @affinity-<hash>: dnat to it]       sessionAffinity: ClientIP
+//!     dnat to (<number> . numgen random mod N) map @service-members4
+//!                                                [update @affinity-<hash> { ip saddr : it }] }
+//! chain services-filter-prerouting, services-filter-output { type filter priority -110
+//!     ... @service-reject4 reject (TCP reset, else port unreachable) }
+//! chain services-postrouting { type nat hook postrouting priority srcnat
+//!     ct status dnat ip saddr . ip daddr @service-hairpin4 masquerade   (a pod to itself)
+//!     meta mark & 0x8000 masquerade                       (from outside, replies come back)
+//!     oifname <public> snat ip to ip saddr map @floating-fixed4 }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::expr::{self, reg32, Field, Reg};
+use super::portmap::Protocol;
+use super::{
+    addr_bytes, fnv1a, padded, target, BaseChain, Batch, ChainType, DataType, HookPoint, Nftables,
+    SetSpec,
+};
+use crate::Result;
+
+/// One service port as the datapath serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// The virtual IP (a load balancer's VIP, a Kubernetes cluster IP).
+    pub vip: IpAddr,
+    /// Floating IPs of the load balancer: served like the VIP, masqueraded.
+    pub external: Vec<IpAddr>,
+    /// TCP, UDP or SCTP.
+    pub protocol: Protocol,
+    /// The port on the VIP.
+    pub port: u16,
+    /// The port every host's own addresses forward to this service, if any.
+    pub node_port: Option<u16>,
+    /// Addresses and ports connections are spread over; the VIP's family only.
+    pub members: Vec<(IpAddr, u16)>,
+    /// Keep sending a client to the member it got first, until it is idle this long.
+    pub affinity: Option<Duration>,
+}
+
+/// The mark bit of connections that come from outside and are masqueraded so that the
+/// replies come back through this host.
+pub const MASQUERADE_MARK: u32 = 0x8000;
+
+const CHAIN: &str = "services";
+const PREROUTING: &str = "services-prerouting";
+const OUTPUT: &str = "services-output";
+const POSTROUTING: &str = "services-postrouting";
+const FILTER_PREROUTING: &str = "services-filter-prerouting";
+const FILTER_OUTPUT: &str = "services-filter-output";
+const BASE_CHAINS: [&str; 6] = [
+    PREROUTING,
+    OUTPUT,
+    POSTROUTING,
+    FILTER_PREROUTING,
+    FILTER_OUTPUT,
+    CHAIN,
+];
+const SERVICE_CHAIN_PREFIX: &str = "svc-";
+const AFFINITY_PREFIX: &str = "affinity-";
+const NODEPORTS: &str = "service-nodeports";
+const NODEPORTS_REJECT: &str = "service-nodeports-reject";
+
+/// The per-family maps and sets.
+struct Family {
+    ips: &'static str,
+    external: &'static str,
+    reject: &'static str,
+    members: &'static str,
+    hairpin: &'static str,
+    floating: &'static str,
+    fixed: &'static str,
+}
+
+const V4: Family = Family {
+    ips: "service-ips4",
+    external: "service-external4",
+    reject: "service-reject4",
+    members: "service-members4",
+    hairpin: "service-hairpin4",
+    floating: "floating-ips4",
+    fixed: "floating-fixed4",
+};
+const V6: Family = Family {
+    ips: "service-ips6",
+    external: "service-external6",
+    reject: "service-reject6",
+    members: "service-members6",
+    hairpin: "service-hairpin6",
+    floating: "floating-ips6",
+    fixed: "floating-fixed6",
+};
+
+fn family(v6: bool) -> &'static Family {
+    if v6 {
+        &V6
+    } else {
+        &V4
+    }
+}
+
+fn port_key(protocol: Protocol, port: u16) -> Vec<u8> {
+    let mut k = padded(&[protocol.number()]);
+    k.extend(padded(&port.to_be_bytes()));
+    k
+}
+
+fn frontend_key(addr: IpAddr, protocol: Protocol, port: u16) -> Vec<u8> {
+    let mut k = addr_bytes(addr);
+    k.extend(port_key(protocol, port));
+    k
+}
+
+fn member_key(number: u32, index: u32) -> Vec<u8> {
+    let mut k = number.to_ne_bytes().to_vec();
+    k.extend(index.to_ne_bytes());
+    k
+}
+
+/// The chain and affinity map of the service `id`.
+fn names(id: &str) -> (String, String) {
+    let hash = fnv1a(&[id]);
+    (
+        format!("{SERVICE_CHAIN_PREFIX}{hash:016x}"),
+        format!("{AFFINITY_PREFIX}{hash:016x}"),
+    )
+}
+
+/// What the kernel holds of one service.
+struct Committed {
+    service: Service,
+    number: u32,
+}
+
+/// Counts of what one sync changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Services added.
+    pub added: usize,
+    /// Services changed.
+    pub changed: usize,
+    /// Services removed.
+    pub removed: usize,
+}
+
+/// The services and floating IPs of this host's kernel, as last committed.
+pub struct Services {
+    nft: Nftables,
+    /// Set once the table was rebuilt from scratch (the first sync).
+    started: bool,
+    committed: HashMap<String, Committed>,
+    next_number: u32,
+    free_numbers: Vec<u32>,
+    /// How many services each member address serves (its hairpin element's users).
+    hairpins: HashMap<IpAddr, usize>,
+    floating: BTreeMap<IpAddr, IpAddr>,
+    public_interface: Option<String>,
+}
+
+impl Services {
+    /// Opens the calling thread's namespace's table; `public_interface` is where floating
+    /// IPs' traffic leaves (their SNAT), if this host has one.
+    pub fn open(public_interface: Option<String>) -> Result<Services> {
+        Ok(Services {
+            nft: Nftables::open()?,
+            started: false,
+            committed: HashMap::new(),
+            next_number: 0,
+            free_numbers: Vec::new(),
+            hairpins: HashMap::new(),
+            floating: BTreeMap::new(),
+            public_interface,
+        })
+    }
+
+    /// Makes the kernel serve `want` (by service ID) and map `floating` (public to fixed
+    /// address), in one transaction. The first call replaces whatever an earlier owner
+    /// left; later ones send only what changed.
+    pub fn sync(
+        &mut self,
+        want: &BTreeMap<String, Service>,
+        floating: &BTreeMap<IpAddr, IpAddr>,
+    ) -> Result<SyncReport> {
+        let mut batch = Batch::new();
+        if !self.started {
+            self.rebuild(&mut batch)?;
+        }
+        let mut report = SyncReport::default();
+        let gone: Vec<String> = self
+            .committed
+            .keys()
+            .filter(|id| !want.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            let old = self.committed.remove(&id).expect("listed above");
+            self.remove(&mut batch, &id, &old);
+            self.free_numbers.push(old.number);
+            report.removed += 1;
+        }
+        for (id, service) in want {
+            match self.committed.get(id) {
+                Some(old) if old.service == *service => {}
+                Some(_) => {
+                    let old = self.committed.remove(id).expect("present");
+                    self.change(&mut batch, id, &old, service);
+                    self.committed.insert(
+                        id.clone(),
+                        Committed {
+                            service: service.clone(),
+                            number: old.number,
+                        },
+                    );
+                    report.changed += 1;
+                }
+                None => {
+                    let number = self.free_numbers.pop().unwrap_or_else(|| {
+                        self.next_number += 1;
+                        self.next_number
+                    });
+                    self.add(&mut batch, id, service, number);
+                    self.committed.insert(
+                        id.clone(),
+                        Committed {
+                            service: service.clone(),
+                            number,
+                        },
+                    );
+                    report.added += 1;
+                }
+            }
+        }
+        self.sync_hairpins(&mut batch);
+        self.sync_floating(&mut batch, floating);
+        self.nft.commit(batch)?;
+        self.started = true;
+        Ok(report)
+    }
+
+    /// Forgets what was committed, so that the next sync rebuilds the table's services
+    /// (after a failed commit, whose effect is unknown).
+    pub fn reset(&mut self) {
+        self.started = false;
+        self.committed.clear();
+        self.hairpins.clear();
+        self.floating.clear();
+        self.next_number = 0;
+        self.free_numbers.clear();
+    }
+
+    /// Removes what an earlier owner made and makes the fixed part anew, in `batch`.
+    fn rebuild(&mut self, batch: &mut Batch) -> Result<()> {
+        self.reset();
+        let chains = self.nft.chains()?;
+        let sets = self.nft.sets()?;
+        let ours =
+            |c: &String| BASE_CHAINS.contains(&c.as_str()) || c.starts_with(SERVICE_CHAIN_PREFIX);
+        // Rules first (they use the maps), then the maps, then the chains they jumped to.
+        for c in chains.iter().filter(|c| ours(c)) {
+            batch.flush_chain(c);
+        }
+        let fixed: Vec<&str> = [&V4, &V6]
+            .iter()
+            .flat_map(|f| {
+                [
+                    f.ips, f.external, f.reject, f.members, f.hairpin, f.floating, f.fixed,
+                ]
+            })
+            .chain([NODEPORTS, NODEPORTS_REJECT])
+            .collect();
+        for s in sets
+            .iter()
+            .filter(|s| fixed.contains(&s.as_str()) || s.starts_with(AFFINITY_PREFIX))
+        {
+            batch.delete_set(s);
+        }
+        for c in chains.iter().filter(|c| ours(c)) {
+            batch.delete_chain(c);
+        }
+        self.skeleton(batch);
+        Ok(())
+    }
+
+    fn skeleton(&self, batch: &mut Batch) {
+        batch.add_table();
+        let port = [DataType::INET_PROTO, DataType::INET_SERVICE];
+        let verdict = Some(DataType::VERDICT);
+        for v6 in [false, true] {
+            let f = family(v6);
+            let addr = DataType::addr(v6);
+            let frontend = DataType::concat(&[addr, port[0], port[1]]);
+            let to = Some(DataType::concat(&[addr, DataType::INET_SERVICE]));
+            for (name, key, data) in [
+                (f.ips, frontend, verdict),
+                (f.external, frontend, verdict),
+                (f.reject, frontend, None),
+                (
+                    f.members,
+                    DataType::concat(&[DataType::INTEGER, DataType::INTEGER]),
+                    to,
+                ),
+                (f.hairpin, DataType::concat(&[addr, addr]), None),
+                (f.floating, addr, Some(addr)),
+                (f.fixed, addr, Some(addr)),
+            ] {
+                batch.add_set(&SetSpec::new(name, key, data));
+            }
+        }
+        for (name, data) in [(NODEPORTS, verdict), (NODEPORTS_REJECT, None)] {
+            batch.add_set(&SetSpec {
+                name,
+                key: DataType::concat(&port),
+                data,
+                interval: false,
+                timeout: None,
+            });
+        }
+        let base = |kind, hook, priority| {
+            Some(BaseChain {
+                kind,
+                hook,
+                priority,
+            })
+        };
+        batch.add_chain(CHAIN, None);
+        batch.add_chain(
+            PREROUTING,
+            base(ChainType::Nat, HookPoint::Prerouting, -100),
+        );
+        batch.add_chain(OUTPUT, base(ChainType::Nat, HookPoint::Output, -100));
+        batch.add_chain(
+            POSTROUTING,
+            base(ChainType::Nat, HookPoint::Postrouting, 100),
+        );
+        batch.add_chain(
+            FILTER_PREROUTING,
+            base(ChainType::Filter, HookPoint::Prerouting, -110),
+        );
+        batch.add_chain(
+            FILTER_OUTPUT,
+            base(ChainType::Filter, HookPoint::Output, -110),
+        );
+        for chain in [PREROUTING, OUTPUT] {
+            batch.add_rule(chain, vec![expr::verdict(expr::Verdict::Jump(CHAIN))], None);
+        }
+        for v6 in [false, true] {
+            let f = family(v6);
+            let w = if v6 { 4 } else { 1 };
+            let frontend = || {
+                let mut e = expr::nfproto(v6);
+                e.extend([
+                    expr::load(Field::DstAddr, v6, reg32(0)),
+                    expr::load_l4proto(reg32(w)),
+                    expr::load(Field::DstPort, v6, reg32(w + 1)),
+                ]);
+                e
+            };
+            let mut cluster = frontend();
+            cluster.push(expr::vmap(f.ips, reg32(0)));
+            batch.add_rule(CHAIN, cluster, None);
+            let mut mark = frontend();
+            mark.push(expr::lookup(f.external, reg32(0), true));
+            mark.extend(expr::set_mark(MASQUERADE_MARK));
+            batch.add_rule(CHAIN, mark, None);
+            let mut external = frontend();
+            external.push(expr::vmap(f.external, reg32(0)));
+            batch.add_rule(CHAIN, external, None);
+            for chain in [FILTER_PREROUTING, FILTER_OUTPUT] {
+                for tcp in [true, false] {
+                    let mut reject = frontend();
+                    reject.push(expr::lookup(f.reject, reg32(0), true));
+                    if tcp {
+                        reject.extend(expr::is_tcp());
+                    }
+                    reject.push(expr::reject(tcp));
+                    batch.add_rule(chain, reject, None);
+                }
+            }
+            let mut hairpin = expr::nfproto(v6);
+            hairpin.extend(expr::ct_status(expr::ct_status::DNAT));
+            hairpin.extend([
+                expr::load(Field::SrcAddr, v6, reg32(0)),
+                expr::load(Field::DstAddr, v6, reg32(w)),
+                expr::lookup(f.hairpin, reg32(0), true),
+                expr::masquerade(),
+            ]);
+            batch.add_rule(POSTROUTING, hairpin, None);
+        }
+        let nodeport = || {
+            let mut e = expr::daddr_local();
+            e.extend([
+                expr::load_l4proto(reg32(0)),
+                expr::load(Field::DstPort, false, reg32(1)),
+            ]);
+            e
+        };
+        let mut mark = nodeport();
+        mark.push(expr::lookup(NODEPORTS, reg32(0), true));
+        mark.extend(expr::set_mark(MASQUERADE_MARK));
+        batch.add_rule(CHAIN, mark, None);
+        let mut jump = nodeport();
+        jump.push(expr::vmap(NODEPORTS, reg32(0)));
+        batch.add_rule(CHAIN, jump, None);
+        for chain in [FILTER_PREROUTING, FILTER_OUTPUT] {
+            for tcp in [true, false] {
+                let mut reject = nodeport();
+                reject.push(expr::lookup(NODEPORTS_REJECT, reg32(0), true));
+                if tcp {
+                    reject.extend(expr::is_tcp());
+                }
+                reject.push(expr::reject(tcp));
+                batch.add_rule(chain, reject, None);
+            }
+        }
+        for v6 in [false, true] {
+            let f = family(v6);
+            let mut mark = expr::nfproto(v6);
+            mark.extend([
+                expr::load(Field::DstAddr, v6, reg32(0)),
+                expr::lookup(f.floating, reg32(0), true),
+            ]);
+            mark.extend(expr::set_mark(MASQUERADE_MARK));
+            batch.add_rule(CHAIN, mark, None);
+            let mut dnat = expr::nfproto(v6);
+            dnat.extend([
+                expr::load(Field::DstAddr, v6, reg32(0)),
+                expr::map(f.floating, reg32(0), reg32(0)),
+                expr::dnat(v6, reg32(0), None),
+            ]);
+            batch.add_rule(CHAIN, dnat, None);
+        }
+        let mut masquerade = expr::has_mark(MASQUERADE_MARK);
+        masquerade.push(expr::masquerade());
+        batch.add_rule(POSTROUTING, masquerade, None);
+        if let Some(public) = &self.public_interface {
+            for v6 in [false, true] {
+                let mut snat = expr::nfproto(v6);
+                snat.extend([
+                    expr::load_ifname(false, Reg::Reg1),
+                    expr::cmp(Reg::Reg1, true, &expr::ifname_bytes(public)),
+                    expr::load(Field::SrcAddr, v6, reg32(0)),
+                    expr::map(family(v6).fixed, reg32(0), reg32(0)),
+                    expr::snat(v6, reg32(0)),
+                ]);
+                batch.add_rule(POSTROUTING, snat, None);
+            }
+        }
+    }
+
+    /// The rules of a service's chain: pick a member at random (first the one this
+    /// client had, with affinity) and send the connection there.
+    fn rules(batch: &mut Batch, id: &str, s: &Service, number: u32) {
+        let (chain, affinity) = names(id);
+        let v6 = s.vip.is_ipv6();
+        let f = family(v6);
+        let w = if v6 { 4 } else { 1 };
+        if s.affinity.is_some() {
+            let mut sticky = expr::nfproto(v6);
+            sticky.extend([
+                expr::load(Field::SrcAddr, v6, reg32(0)),
+                expr::map(&affinity, reg32(0), reg32(0)),
+                expr::dnat(v6, reg32(0), Some(reg32(w))),
+            ]);
+            batch.add_rule(&chain, sticky, None);
+        }
+        let mut pick = vec![
+            expr::immediate(reg32(0), &number.to_ne_bytes()),
+            expr::random(reg32(1), Self::members(s).count() as u32),
+            expr::map(f.members, reg32(0), reg32(0)),
+        ];
+        if s.affinity.is_some() {
+            // The chain is only reached for packets of the VIP's family: no check here,
+            // which would take the registers holding the member.
+            pick.extend([
+                expr::load(Field::SrcAddr, v6, reg32(w + 1)),
+                expr::update_map(&affinity, reg32(w + 1), reg32(0)),
+            ]);
+        }
+        pick.push(expr::dnat(v6, reg32(0), Some(reg32(w))));
+        batch.add_rule(&chain, pick, None);
+    }
+
+    fn affinity_map(batch: &mut Batch, name: &str, v6: bool, timeout: Duration) {
+        let addr = DataType::addr(v6);
+        batch.add_set(&SetSpec {
+            name,
+            key: addr,
+            data: Some(DataType::concat(&[addr, DataType::INET_SERVICE])),
+            interval: false,
+            timeout: Some(timeout),
+        });
+    }
+
+    /// The frontends (map or set, key) a service answers on.
+    fn frontends(s: &Service) -> Vec<(&'static str, Vec<u8>, bool)> {
+        let f = family(s.vip.is_ipv6());
+        let serving = Self::members(s).next().is_some();
+        let mut out = vec![(
+            if serving { f.ips } else { f.reject },
+            frontend_key(s.vip, s.protocol, s.port),
+            serving,
+        )];
+        for ip in s
+            .external
+            .iter()
+            .filter(|ip| ip.is_ipv6() == s.vip.is_ipv6())
+        {
+            out.push((
+                if serving { f.external } else { f.reject },
+                frontend_key(*ip, s.protocol, s.port),
+                serving,
+            ));
+        }
+        if let Some(p) = s.node_port {
+            out.push((
+                if serving { NODEPORTS } else { NODEPORTS_REJECT },
+                port_key(s.protocol, p),
+                serving,
+            ));
+        }
+        out
+    }
+
+    fn members(s: &Service) -> impl Iterator<Item = &(IpAddr, u16)> {
+        s.members
+            .iter()
+            .filter(move |(a, _)| a.is_ipv6() == s.vip.is_ipv6())
+    }
+
+    fn add(&mut self, batch: &mut Batch, id: &str, s: &Service, number: u32) {
+        let (chain, affinity) = names(id);
+        let v6 = s.vip.is_ipv6();
+        batch.add_chain(&chain, None);
+        if let Some(t) = s.affinity {
+            Self::affinity_map(batch, &affinity, v6, t);
+        }
+        let f = family(v6);
+        for (i, (addr, port)) in Self::members(s).enumerate() {
+            batch.add_element(
+                f.members,
+                &member_key(number, i as u32),
+                Some(target(*addr, *port)),
+                id,
+            );
+        }
+        if Self::members(s).next().is_some() {
+            Self::rules(batch, id, s, number);
+        }
+        for (set, key, serving) in Self::frontends(s) {
+            if serving {
+                batch.add_jump_element(set, &key, &chain);
+            } else {
+                batch.add_element(set, &key, None, id);
+            }
+        }
+    }
+
+    fn remove(&mut self, batch: &mut Batch, id: &str, old: &Committed) {
+        let (chain, affinity) = names(id);
+        let s = &old.service;
+        for (set, key, _) in Self::frontends(s) {
+            batch.delete_element(set, &key);
+        }
+        let f = family(s.vip.is_ipv6());
+        for i in 0..Self::members(s).count() {
+            batch.delete_element(f.members, &member_key(old.number, i as u32));
+        }
+        batch.flush_chain(&chain);
+        if s.affinity.is_some() {
+            batch.delete_set(&affinity);
+        }
+        batch.delete_chain(&chain);
+    }
+
+    fn change(&mut self, batch: &mut Batch, id: &str, old: &Committed, new: &Service) {
+        let (chain, affinity) = names(id);
+        let s = &old.service;
+        let (before, after) = (Self::frontends(s), Self::frontends(new));
+        for (set, key, serving) in &before {
+            if !after.contains(&(*set, key.clone(), *serving)) {
+                batch.delete_element(set, key);
+            }
+        }
+        if s.members != new.members || s.affinity != new.affinity || s.vip != new.vip {
+            let f = family(s.vip.is_ipv6());
+            for i in 0..Self::members(s).count() {
+                batch.delete_element(f.members, &member_key(old.number, i as u32));
+            }
+            batch.flush_chain(&chain);
+            match (s.affinity, new.affinity) {
+                (Some(a), Some(b)) if a == b && s.vip.is_ipv6() == new.vip.is_ipv6() => {
+                    // The members changed: nobody may stay with one that is gone.
+                    batch.flush_set(&affinity);
+                }
+                (was, now) => {
+                    if was.is_some() {
+                        batch.delete_set(&affinity);
+                    }
+                    if let Some(t) = now {
+                        Self::affinity_map(batch, &affinity, new.vip.is_ipv6(), t);
+                    }
+                }
+            }
+            let f = family(new.vip.is_ipv6());
+            for (i, (addr, port)) in Self::members(new).enumerate() {
+                batch.add_element(
+                    f.members,
+                    &member_key(old.number, i as u32),
+                    Some(target(*addr, *port)),
+                    id,
+                );
+            }
+            if Self::members(new).next().is_some() {
+                Self::rules(batch, id, new, old.number);
+            }
+        }
+        for (set, key, serving) in &after {
+            if !before.contains(&(*set, key.clone(), *serving)) {
+                if *serving {
+                    batch.add_jump_element(set, key, &chain);
+                } else {
+                    batch.add_element(set, key, None, id);
+                }
+            }
+        }
+    }
+
+    /// Keeps one hairpin element per member address in use.
+    fn sync_hairpins(&mut self, batch: &mut Batch) {
+        let mut want: HashMap<IpAddr, usize> = HashMap::new();
+        for c in self.committed.values() {
+            let distinct: BTreeSet<IpAddr> = Self::members(&c.service).map(|(a, _)| *a).collect();
+            for a in distinct {
+                *want.entry(a).or_default() += 1;
+            }
+        }
+        for a in self.hairpins.keys().filter(|a| !want.contains_key(a)) {
+            let (set, key) = hairpin_key(*a);
+            batch.delete_element(set, &key);
+        }
+        for a in want.keys().filter(|a| !self.hairpins.contains_key(a)) {
+            let (set, key) = hairpin_key(*a);
+            batch.add_element(set, &key, None, "hairpin");
+        }
+        self.hairpins = want;
+    }
+
+    fn sync_floating(&mut self, batch: &mut Batch, want: &BTreeMap<IpAddr, IpAddr>) {
+        for (public, fixed) in &self.floating {
+            if want.get(public) != Some(fixed) {
+                let f = family(public.is_ipv6());
+                batch.delete_element(f.floating, &addr_bytes(*public));
+                batch.delete_element(f.fixed, &addr_bytes(*fixed));
+            }
+        }
+        for (public, fixed) in want {
+            if public.is_ipv6() != fixed.is_ipv6() || self.floating.get(public) == Some(fixed) {
+                continue;
+            }
+            let f = family(public.is_ipv6());
+            batch.add_element(
+                f.floating,
+                &addr_bytes(*public),
+                Some(addr_bytes(*fixed)),
+                "floating",
+            );
+            batch.add_element(
+                f.fixed,
+                &addr_bytes(*fixed),
+                Some(addr_bytes(*public)),
+                "floating",
+            );
+        }
+        self.floating = want
+            .iter()
+            .filter(|(p, f)| p.is_ipv6() == f.is_ipv6())
+            .map(|(p, f)| (*p, *f))
+            .collect();
+    }
+}
+
+fn hairpin_key(addr: IpAddr) -> (&'static str, Vec<u8>) {
+    let mut k = addr_bytes(addr);
+    k.extend(addr_bytes(addr));
+    (family(addr.is_ipv6()).hairpin, k)
+}

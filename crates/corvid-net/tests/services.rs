@@ -1,0 +1,293 @@
+//! The service datapath for real (as root): a private host namespace with a bridge, three
+//! member namespaces serving their name over TCP and UDP, and a client namespace, all on
+//! the bridge; connections to a VIP are spread, kept, refused and hairpinned as the
+//! services say.
+
+mod support;
+
+use corvid_net::nftables::portmap::Protocol;
+use corvid_net::nftables::services::{Service, Services};
+use corvid_net::nftables::Nftables;
+use corvid_net::Netns;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use support::Named;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Answers every TCP connection on 8080 and every UDP datagram on 5353 with `name`.
+fn serve(ns: &Named, name: &str) -> Server {
+    let script = format!(
+        "import socket, threading\n\
+         def udp():\n\
+         \x20   u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 5353))\n\
+         \x20   while True:\n\
+         \x20       d, a = u.recvfrom(100); u.sendto(b'{name}', a)\n\
+         threading.Thread(target=udp, daemon=True).start()\n\
+         t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         t.bind(('0.0.0.0', 8080)); t.listen(64)\n\
+         print('ready', flush=True)\n\
+         while True:\n\
+         \x20   c, _ = t.accept(); c.sendall(b'{name}'); c.close()\n"
+    );
+    let mut child = ns.python(&script).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    Server(child)
+}
+
+/// `n` connections (or datagrams) from `ns` to addr:port: each answer, `refused` or
+/// `timeout`.
+fn connect(ns: &Named, addr: &str, port: u16, n: usize, udp: bool) -> Vec<String> {
+    let script = format!(
+        "import socket\n\
+         out = []\n\
+         for i in range({n}):\n\
+         \x20   try:\n\
+         \x20       if {udp}:\n\
+         \x20           s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)\n\
+         \x20           s.connect(('{addr}', {port})); s.send(b'x'); out.append(s.recv(100).decode())\n\
+         \x20       else:\n\
+         \x20           s = socket.create_connection(('{addr}', {port}), timeout=2)\n\
+         \x20           out.append(s.recv(100).decode())\n\
+         \x20       s.close()\n\
+         \x20   except ConnectionRefusedError: out.append('refused')\n\
+         \x20   except OSError as e: out.append('timeout' if 'timed out' in str(e) else 'error')\n\
+         print(' '.join(out))\n",
+        udp = if udp { "True" } else { "False" },
+    );
+    let out = ns.python(&script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn distinct(answers: &[String]) -> BTreeSet<&str> {
+    answers.iter().map(String::as_str).collect()
+}
+
+struct Site {
+    host: Named,
+    members: Vec<Named>,
+    client: Named,
+    _servers: Vec<Server>,
+}
+
+const VIP: &str = "10.96.0.10";
+const UDP_VIP: &str = "10.96.0.11";
+
+fn member_ip(i: usize) -> String {
+    format!("10.210.0.{}", 11 + i)
+}
+
+fn site(tag: &str) -> Site {
+    let host = Named::new(&format!("{tag}h"));
+    host.ip("link add cvtsb type bridge");
+    host.ip("addr add 10.210.0.1/24 dev cvtsb");
+    host.ip("link set cvtsb up");
+    Netns::open(host.path())
+        .unwrap()
+        .run(|| {
+            corvid_net::sysctl::set("net/ipv4/ip_forward", "1").unwrap();
+            corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", "1").unwrap();
+        })
+        .unwrap();
+    let attach = |ns: &Named, i: usize, addr: &str| {
+        host.ip(&format!(
+            "link add cvtsv{i} type veth peer name eth0 netns {}",
+            ns.0
+        ));
+        host.ip(&format!("link set cvtsv{i} master cvtsb up"));
+        // A pod reaching itself through a VIP gets its packet back on its own port.
+        host.ip(&format!("link set cvtsv{i} type bridge_slave hairpin on"));
+        ns.ip(&format!("addr add {addr}/24 dev eth0"));
+        ns.ip("link set eth0 up");
+        ns.ip("link set lo up");
+        ns.ip("route add default via 10.210.0.1");
+    };
+    let members: Vec<Named> = (0..3).map(|i| Named::new(&format!("{tag}m{i}"))).collect();
+    for (i, m) in members.iter().enumerate() {
+        attach(m, i, &member_ip(i));
+    }
+    let client = Named::new(&format!("{tag}c"));
+    attach(&client, 9, "10.210.0.20");
+    let servers = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| serve(m, &format!("m{i}")))
+        .collect();
+    Site {
+        host,
+        members,
+        client,
+        _servers: servers,
+    }
+}
+
+fn service(vip: &str, protocol: Protocol, port: u16, members: &[usize]) -> Service {
+    let target = if protocol == Protocol::Udp {
+        5353
+    } else {
+        8080
+    };
+    Service {
+        vip: vip.parse().unwrap(),
+        external: Vec::new(),
+        protocol,
+        port,
+        node_port: None,
+        members: members
+            .iter()
+            .map(|i| (member_ip(*i).parse().unwrap(), target))
+            .collect(),
+        affinity: None,
+    }
+}
+
+fn opened(site: &Site) -> Services {
+    Netns::open(site.host.path())
+        .unwrap()
+        .run(|| Services::open(None))
+        .unwrap()
+        .unwrap()
+}
+
+fn no_floating() -> BTreeMap<IpAddr, IpAddr> {
+    BTreeMap::new()
+}
+
+#[test]
+fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
+    let site = site("a");
+    let mut services = opened(&site);
+    let mut want = BTreeMap::from([
+        (
+            "web".to_string(),
+            service(VIP, Protocol::Tcp, 80, &[0, 1, 2]),
+        ),
+        (
+            "dns".to_string(),
+            service(UDP_VIP, Protocol::Udp, 53, &[0, 1, 2]),
+        ),
+    ]);
+    let report = services.sync(&want, &no_floating()).unwrap();
+    assert_eq!(report.added, 2);
+
+    let answers = connect(&site.client, VIP, 80, 60, false);
+    assert_eq!(
+        distinct(&answers),
+        BTreeSet::from(["m0", "m1", "m2"]),
+        "{answers:?}"
+    );
+    let answers = connect(&site.client, UDP_VIP, 53, 30, true);
+    assert_eq!(
+        distinct(&answers),
+        BTreeSet::from(["m0", "m1", "m2"]),
+        "{answers:?}"
+    );
+
+    // A pod through the VIP to itself, among others: every connection answers.
+    let answers = connect(&site.members[0], VIP, 80, 30, false);
+    assert!(answers.iter().all(|a| a.starts_with('m')), "{answers:?}");
+    assert!(answers.iter().any(|a| a == "m0"), "{answers:?}");
+
+    // Client affinity: one member for every connection of a client.
+    want.get_mut("web").unwrap().affinity = Some(Duration::from_secs(10800));
+    assert_eq!(services.sync(&want, &no_floating()).unwrap().changed, 1);
+    let answers = connect(&site.client, VIP, 80, 20, false);
+    assert_eq!(distinct(&answers).len(), 1, "{answers:?}");
+
+    // A member taken out is not chosen again, affinity or not.
+    let kept = answers[0].clone();
+    let rest: Vec<usize> = (0..3).filter(|i| format!("m{i}") != kept).collect();
+    want.get_mut("web").unwrap().members = service(VIP, Protocol::Tcp, 80, &rest).members;
+    services.sync(&want, &no_floating()).unwrap();
+    let answers = connect(&site.client, VIP, 80, 20, false);
+    assert!(!answers.contains(&kept), "{kept} still chosen: {answers:?}");
+    assert_eq!(distinct(&answers).len(), 1, "{answers:?}");
+
+    // No member: refused at once, never a black hole.
+    want.get_mut("web").unwrap().members.clear();
+    want.get_mut("dns").unwrap().members.clear();
+    services.sync(&want, &no_floating()).unwrap();
+    let start = Instant::now();
+    let answers = connect(&site.client, VIP, 80, 5, false);
+    assert_eq!(
+        distinct(&answers),
+        BTreeSet::from(["refused"]),
+        "{answers:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+    let answers = connect(&site.client, UDP_VIP, 53, 1, true);
+    assert_eq!(answers, ["refused"]);
+
+    // Back to serving, then gone: nothing of the services is left in the table.
+    want.get_mut("web").unwrap().members = service(VIP, Protocol::Tcp, 80, &[1]).members;
+    services.sync(&want, &no_floating()).unwrap();
+    assert_eq!(connect(&site.client, VIP, 80, 3, false), ["m1", "m1", "m1"]);
+    assert_eq!(
+        services
+            .sync(&BTreeMap::new(), &no_floating())
+            .unwrap()
+            .removed,
+        2
+    );
+    let mut nft = Netns::open(site.host.path())
+        .unwrap()
+        .run(Nftables::open)
+        .unwrap()
+        .unwrap();
+    let chains = nft.chains().unwrap();
+    assert!(!chains.iter().any(|c| c.starts_with("svc-")), "{chains:?}");
+    for set in [
+        "service-ips4",
+        "service-reject4",
+        "service-members4",
+        "service-hairpin4",
+    ] {
+        assert_eq!(nft.elements(set).unwrap(), [], "{set}");
+    }
+    let answers = connect(&site.client, VIP, 80, 1, false);
+    assert!(!answers[0].starts_with('m'), "{answers:?}");
+}
+
+#[test]
+fn a_new_owner_rebuilds_the_table_and_keeps_serving() {
+    let site = site("b");
+    let want = BTreeMap::from([("web".to_string(), service(VIP, Protocol::Tcp, 80, &[0, 1]))]);
+    let mut first = opened(&site);
+    first.sync(&want, &no_floating()).unwrap();
+    drop(first);
+    // A second owner (an agent restarted) starts from what it finds, with another set.
+    let mut second = opened(&site);
+    let want = BTreeMap::from([
+        ("web".to_string(), service(VIP, Protocol::Tcp, 80, &[2])),
+        (
+            "other".to_string(),
+            service(UDP_VIP, Protocol::Udp, 53, &[0]),
+        ),
+    ]);
+    assert_eq!(second.sync(&want, &no_floating()).unwrap().added, 2);
+    assert_eq!(connect(&site.client, VIP, 80, 5, false), ["m2"; 5]);
+    assert_eq!(connect(&site.client, UDP_VIP, 53, 2, true), ["m0"; 2]);
+}
