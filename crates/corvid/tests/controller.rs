@@ -347,6 +347,51 @@ fn resource_lifecycle_filters_tags_and_errors() {
         let (s, _, _) = c.request("POST", "/v2/lbaas/listeners", Some(&json!({"listener": {"loadbalancer_id": lb["id"], "protocol": "TCP", "protocol_port": 70000}}))).unwrap();
         assert_eq!(s, 400);
 
+        // A client may name what it makes, and making it again says it exists; members
+        // are listed flat too; a cascade delete takes the whole tree and the VIP port.
+        let named = json!({"member": {"id": "0b6a3d8e-0000-4000-8000-0000000000aa", "pool_id": pool_id,
+            "address": "10.0.0.51", "protocol_port": 8080}});
+        let (s, m, _) = c
+            .request("POST", "/v2/lbaas/members", Some(&named))
+            .unwrap();
+        assert_eq!(
+            (s, m["member"]["id"].as_str()),
+            (201, Some("0b6a3d8e-0000-4000-8000-0000000000aa"))
+        );
+        let (s, e, _) = c
+            .request("POST", "/v2/lbaas/members", Some(&named))
+            .unwrap();
+        assert_eq!(
+            (s, e["NeutronError"]["type"].as_str()),
+            (409, Some("MemberExists")),
+            "{e}"
+        );
+        let (s, e, _) = c
+            .request(
+                "POST",
+                "/v2/lbaas/members",
+                Some(&json!({"member": {"address": "10.0.0.52", "protocol_port": 1}})),
+            )
+            .unwrap();
+        assert_eq!(s, 400, "{e}");
+        let (_, all, _) = c.request("GET", "/v2/lbaas/members", None).unwrap();
+        assert_eq!(all["members"].as_array().unwrap().len(), 2);
+        let lb_path = format!("/v2/lbaas/loadbalancers/{}", lb["id"].as_str().unwrap());
+        assert_eq!(c.request("DELETE", &lb_path, None).unwrap().0, 409);
+        assert_eq!(
+            c.request("DELETE", &format!("{lb_path}?cascade=true"), None)
+                .unwrap()
+                .0,
+            204
+        );
+        for collection in ["loadbalancers", "listeners", "pools", "members"] {
+            let (_, left, _) = c
+                .request("GET", &format!("/v2/lbaas/{collection}"), None)
+                .unwrap();
+            assert_eq!(left[collection], json!([]), "{collection}");
+        }
+        assert!(c.get::<Port>(vip.id.as_str()).is_err());
+
         // The Mizar-MP route shape, with a subnet ID where the network ID goes.
         let (s, v, _) = c
             .request("POST", "/project/p1/ports", Some(&json!({"port": {"id": "0b6a3d8e-0000-4000-8000-000000000001", "network_id": sub.id,

@@ -33,8 +33,10 @@ pub(super) struct Spec {
     pub(super) attributes: Attributes,
 }
 
-/// What every Octavia collection takes.
-const OCTAVIA: [Attribute; 6] = [
+/// What every Octavia collection takes. `id` is corvid's: a client that names its
+/// objects (the Kubernetes watcher) can repeat a create and find what it made.
+const OCTAVIA: [Attribute; 7] = [
+    Attribute::create("id", Type::Text).or("null"),
     NAME.or("\"\""),
     DESCRIPTION.or("\"\""),
     ADMIN_STATE_UP.or("true"),
@@ -113,7 +115,9 @@ pub(super) const MEMBER: Spec = Spec {
 
 pub fn routes() -> Router<Arc<Controller>> {
     let mut r = Router::new();
-    for spec in [&LOADBALANCER, &LISTENER, &POOL] {
+    // Members are also served flat (`/v2/lbaas/members`, with `pool_id`): one list for
+    // an agent to load.
+    for spec in [&LOADBALANCER, &LISTENER, &POOL, &MEMBER] {
         r = r
             .route(
                 &format!("/v2/lbaas/{}", spec.attributes.plural),
@@ -128,9 +132,11 @@ pub fn routes() -> Router<Arc<Controller>> {
                     .put(move |State(c): Ctl, Path(id): Path<String>, b: Bytes| async move {
                         update(&c, spec, &id, &b).await
                     })
-                    .delete(move |State(c): Ctl, Path(id): Path<String>| async move {
-                        delete(&c, spec, &id).await
-                    }),
+                    .delete(
+                        move |State(c): Ctl, Path(id): Path<String>, Query(q)| async move {
+                            delete(&c, spec, &id, cascade(q.as_deref())).await
+                        },
+                    ),
             );
     }
     r.route(
@@ -149,9 +155,17 @@ pub fn routes() -> Router<Arc<Controller>> {
                 update(&c, &MEMBER, &id, &b).await
             })
             .delete(|State(c): Ctl, Path((_, id)): Path<(String, String)>| async move {
-                delete(&c, &MEMBER, &id).await
+                delete(&c, &MEMBER, &id, false).await
             }),
     )
+}
+
+/// `?cascade=true`: a load balancer goes with its listeners, pools and members.
+fn cascade(query: Option<&str>) -> bool {
+    query
+        .into_iter()
+        .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+        .any(|(k, v)| k == "cascade" && v == "true")
 }
 
 fn table<'a>(v: &'a View, spec: &Spec) -> impl Iterator<Item = &'a Value> {
@@ -271,7 +285,10 @@ async fn create(
         }
     }
     let project = project_of(&given, headers);
-    let id = new_id();
+    let id = match o.remove("id") {
+        Some(Value::String(id)) => id,
+        _ => new_id(),
+    };
     let t = now();
     o.insert("id".into(), json!(id));
     o.insert("project_id".into(), json!(project));
@@ -291,6 +308,15 @@ async fn create(
         .transact(|v| {
             let mut pending = c.pending();
             let mut o = o.clone();
+            if get_obj(v, spec, &id).is_ok() {
+                return Err(NeutronError::conflict(
+                    &format!("{}Exists", spec.title),
+                    format!("{} {id} already exists.", spec.title),
+                ));
+            }
+            if spec.attributes.plural == "members" && o["pool_id"].is_null() {
+                return Err(NeutronError::bad_request("A member needs a pool_id"));
+            }
             require(v, &o, "loadbalancer_id", &LOADBALANCER)?;
             require(v, &o, "listener_id", &LISTENER)?;
             require(v, &o, "default_pool_id", &POOL)?;
@@ -408,7 +434,12 @@ async fn update(
     Ok(answer_as(StatusCode::OK, spec.attributes.singular, &o))
 }
 
-async fn delete(c: &Controller, spec: &Spec, id: &str) -> Result<StatusCode, NeutronError> {
+async fn delete(
+    c: &Controller,
+    spec: &Spec,
+    id: &str,
+    cascade: bool,
+) -> Result<StatusCode, NeutronError> {
     c.transact(|v| {
         let (o, modrev) = get_obj(v, spec, id)?;
         let key = keys::resource(spec.attributes.plural, id);
@@ -418,9 +449,28 @@ async fn delete(c: &Controller, spec: &Spec, id: &str) -> Result<StatusCode, Neu
         };
         match spec.attributes.plural {
             "loadbalancers" => {
-                let used = !children(v, &LISTENER, "loadbalancer_id", id).is_empty()
-                    || !children(v, &POOL, "loadbalancer_id", id).is_empty();
-                if used {
+                let listeners: Vec<&Value> = table(v, &LISTENER)
+                    .filter(|l| l["loadbalancer_id"] == *id)
+                    .collect();
+                let pools: Vec<&Value> = table(v, &POOL)
+                    .filter(|p| {
+                        p["loadbalancer_id"] == *id
+                            || listeners.iter().any(|l| l["id"] == p["listener_id"])
+                    })
+                    .collect();
+                if cascade {
+                    let members =
+                        table(v, &MEMBER).filter(|m| pools.iter().any(|p| p["id"] == m["pool_id"]));
+                    for (plural, child) in listeners
+                        .iter()
+                        .map(|o| ("listeners", *o))
+                        .chain(pools.iter().map(|o| ("pools", *o)))
+                        .chain(members.map(|o| ("members", o)))
+                    {
+                        let cid = child["id"].as_str().unwrap_or("");
+                        txn.ops.push(Op::Delete(keys::resource(plural, cid)));
+                    }
+                } else if !listeners.is_empty() || !pools.is_empty() {
                     return Err(NeutronError::conflict(
                         "LoadBalancerInUse",
                         format!("Load balancer {id} still has listeners or pools."),
