@@ -1,9 +1,13 @@
 //! The agent's copy of what the controller knows and this host needs: networks, subnets,
-//! ports and hosts, loaded by listing and kept current by the watch feed.
+//! ports, hosts, load balancers and floating IPs, loaded by listing and kept current by the
+//! watch feed.
 
 use std::collections::{BTreeSet, HashMap};
 
-use corvid_api::{ApiError, Client, EventKind, Host, Network, Port, Resource, Subnet, WatchEvent};
+use corvid_api::{
+    ApiError, Client, EventKind, FloatingIp, Host, Listener, LoadBalancer, Member, Network, Pool,
+    Port, Resource, Subnet, WatchEvent,
+};
 use serde_json::Value;
 
 /// Controller objects by ID, current at `revision`.
@@ -19,6 +23,18 @@ pub struct Cache {
     pub ports: HashMap<String, Port>,
     /// Hosts with an agent.
     pub hosts: HashMap<String, Host>,
+    /// Load balancers, served on every host.
+    pub loadbalancers: HashMap<String, LoadBalancer>,
+    /// Their listeners.
+    pub listeners: HashMap<String, Listener>,
+    /// Their pools.
+    pub pools: HashMap<String, Pool>,
+    /// The pools' members.
+    pub members: HashMap<String, Member>,
+    /// Floating IPs.
+    pub floatingips: HashMap<String, FloatingIp>,
+    /// Whether a change since the last look concerned services or floating IPs.
+    pub services_changed: bool,
 }
 
 /// Which networks a batch of changes touched.
@@ -87,12 +103,26 @@ impl Cache {
         let (subnets, r2) = list(client)?;
         let (ports, r3) = list(client)?;
         let (hosts, r4) = list(client)?;
+        let (loadbalancers, r5) = list(client)?;
+        let (listeners, r6) = list(client)?;
+        let (pools, r7) = list(client)?;
+        let (members, r8) = list(client)?;
+        let (floatingips, r9) = list(client)?;
         Ok(Cache {
-            revision: r1.min(r2).min(r3).min(r4),
+            revision: [r1, r2, r3, r4, r5, r6, r7, r8, r9]
+                .into_iter()
+                .min()
+                .unwrap_or(0),
             networks,
             subnets,
             ports,
             hosts,
+            loadbalancers,
+            listeners,
+            pools,
+            members,
+            floatingips,
+            services_changed: true,
         })
     }
 
@@ -127,10 +157,22 @@ impl Cache {
                     upsert(&mut self.hosts, e);
                     dirty = Dirty::All;
                 }
+                "loadbalancers" => self.service_event(|c| upsert(&mut c.loadbalancers, e)),
+                "listeners" => self.service_event(|c| upsert(&mut c.listeners, e)),
+                "pools" => self.service_event(|c| upsert(&mut c.pools, e)),
+                "members" => self.service_event(|c| upsert(&mut c.members, e)),
+                "floatingips" => self.service_event(|c| upsert(&mut c.floatingips, e)),
                 _ => {}
             }
         }
         dirty
+    }
+}
+
+impl Cache {
+    fn service_event<T>(&mut self, apply: impl FnOnce(&mut Cache) -> T) {
+        apply(self);
+        self.services_changed = true;
     }
 }
 
@@ -167,10 +209,17 @@ mod tests {
         )]);
         assert_eq!(d, Dirty::All);
         assert!(c.hosts.contains_key("h"));
+        c.services_changed = false;
         assert_eq!(
-            c.apply(&[event(EventKind::Put, "loadbalancers", "x", json!({}))]),
+            c.apply(&[event(
+                EventKind::Put,
+                "loadbalancers",
+                "x",
+                json!({"id": "x"})
+            )]),
             Dirty::None
         );
+        assert!(c.services_changed && c.loadbalancers.contains_key("x"));
     }
 
     #[test]

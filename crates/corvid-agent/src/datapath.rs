@@ -9,18 +9,24 @@ use corvid_net::binding::{
 };
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
+use corvid_net::nftables::services::{Services, SyncReport};
 use corvid_net::overlay::VxlanSpec;
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
 
 use crate::plan::{NetworkPlan, PortPlan};
+use crate::services::ServicePlan;
 use corvid_net::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 
-/// This host's datapath: a netlink socket and what masquerade rules were last written.
+/// This host's datapath: a netlink socket, what masquerade rules were last written, and
+/// the services' table with what it holds.
 pub struct Datapath {
     nl: Netlink,
     local: IpAddr,
     masquerade: Option<BTreeSet<(String, Vec<IpNet>)>>,
+    services: Option<Services>,
+    /// The interface floating IPs are answered on, and the ones it was given.
+    public: Option<(String, BTreeSet<IpAddr>)>,
 }
 
 fn missing(what: String) -> Error {
@@ -32,12 +38,60 @@ fn missing(what: String) -> Error {
 
 impl Datapath {
     /// Opens the datapath of the calling thread's namespace; `local` is the underlay address.
-    pub fn open(local: IpAddr) -> Result<Datapath> {
+    pub fn open(local: IpAddr, public_interface: Option<String>) -> Result<Datapath> {
         Ok(Datapath {
             nl: Netlink::open()?,
             local,
             masquerade: None,
+            services: None,
+            public: public_interface.map(|i| (i, BTreeSet::new())),
         })
+    }
+
+    /// Makes the services' table serve `plan`, sending only what changed since the last
+    /// call (the first one rebuilds what an earlier agent left), and gives the public
+    /// interface the floating IPs so that this host answers ARP for them.
+    pub fn sync_services(&mut self, plan: &ServicePlan) -> Result<SyncReport> {
+        if self.services.is_none() {
+            // Pods on one bridge reach a VIP through the host and get the answer over
+            // the bridge: only with bridged traffic in conntrack is it translated back.
+            for key in [
+                "net/bridge/bridge-nf-call-iptables",
+                "net/bridge/bridge-nf-call-ip6tables",
+            ] {
+                if let Err(e) = sysctl::set(key, "1") {
+                    tracing::warn!("{key}: {e}: load br_netfilter, or pods cannot reach services on their own bridge");
+                }
+            }
+            let public = self.public.as_ref().map(|(i, _)| i.clone());
+            self.services = Some(Services::open(public)?);
+        }
+        let services = self.services.as_mut().expect("opened above");
+        let report = match services.sync(&plan.services, &plan.floating) {
+            Ok(r) => r,
+            Err(e) => {
+                services.reset();
+                return Err(e);
+            }
+        };
+        if let Some((name, given)) = &mut self.public {
+            let link = self
+                .nl
+                .link_by_name(name)?
+                .ok_or_else(|| missing(format!("find the public interface {name}")))?;
+            let want = plan.public_addresses();
+            for ip in given.difference(&want) {
+                self.nl.delete_address(link.index, &IpNet::from(*ip))?;
+            }
+            for ip in want.difference(given) {
+                match self.nl.add_address(link.index, &IpNet::from(*ip)) {
+                    Err(e) if e.errno() == Some(libc::EEXIST) => {}
+                    r => r?,
+                }
+            }
+            *given = want;
+        }
+        Ok(report)
     }
 
     /// The links the agent owns (bridges, vxlan devices, host ends of ports) by name.
@@ -132,7 +186,8 @@ impl Datapath {
             &VethSpec {
                 ifname: &p.ifname,
                 mtu: Some(mtu),
-                hairpin: false,
+                // A pod reaching a service through its VIP may be sent to itself.
+                hairpin: true,
                 vlan: None,
                 keep_default_vlan: true,
                 mac: Some(&p.mac),

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod datapath;
 pub mod plan;
+pub mod services;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
@@ -34,6 +35,10 @@ pub struct Config {
     pub underlay_ip: Option<IpAddr>,
     /// How often the whole host is compared with the controller even without changes.
     pub resync: Duration,
+    /// The interface on the public network: floating IPs are added to it (so this host
+    /// answers ARP for them) and what leaves through it from a port with a floating IP
+    /// leaves from that address.
+    pub public_interface: Option<String>,
 }
 
 /// Why the agent stopped.
@@ -110,7 +115,7 @@ impl Agent {
             client = client.with_token(t);
         }
         Ok(Agent {
-            dp: Datapath::open(underlay)?,
+            dp: Datapath::open(underlay, cfg.public_interface.clone())?,
             client,
             cfg,
             cache: Cache::default(),
@@ -175,6 +180,8 @@ impl Agent {
                         self.reconcile(Dirty::All);
                     } else if dirty != Dirty::None {
                         self.reconcile(dirty);
+                    } else if self.cache.services_changed {
+                        self.sync_services();
                     }
                 }
                 Err(ApiError::Neutron { status: 410, .. }) => return,
@@ -186,6 +193,25 @@ impl Agent {
                     std::thread::sleep(Duration::from_millis(100 * u64::from(failures.min(20))));
                 }
             }
+        }
+    }
+
+    /// Makes the service datapath match the cache's load balancers and floating IPs.
+    fn sync_services(&mut self) {
+        let plan = services::plan(&self.cache);
+        match self.dp.sync_services(&plan) {
+            Ok(report) => {
+                self.cache.services_changed = false;
+                if report != Default::default() {
+                    tracing::info!(
+                        added = report.added,
+                        changed = report.changed,
+                        removed = report.removed,
+                        "services"
+                    );
+                }
+            }
+            Err(e) => tracing::error!("services: {e}"),
         }
     }
 
@@ -302,6 +328,9 @@ impl Agent {
         let all: Vec<_> = plans.values().collect();
         if let Err(e) = self.dp.sync_masquerade(&all) {
             tracing::error!("masquerade: {e}");
+        }
+        if self.cache.services_changed || full {
+            self.sync_services();
         }
         self.failed
             .retain(|id, _| self.cache.ports.contains_key(id));

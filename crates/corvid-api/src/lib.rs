@@ -9,6 +9,7 @@ pub mod model;
 
 pub use client::{ApiError, Client, WatchFilter};
 pub use model::{
-    AllocationPool, EventKind, FixedIp, FloatingIp, Host, HostRoute, Network, Port, PortDetails,
-    Resource, Status, Subnet, SubnetPool, WatchEvent, WatchPage,
+    AllocationPool, EventKind, FixedIp, FloatingIp, Host, HostRoute, LbProtocol, Listener,
+    LoadBalancer, Member, Network, Pool, Port, PortDetails, Resource, SessionPersistence, Status,
+    Subnet, SubnetPool, WatchEvent, WatchPage, NODE_PORT_TAG,
 };

@@ -423,6 +423,138 @@ impl Resource for Host {
     }
 }
 
+/// A load balancer's listener or pool protocol, as Octavia names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum LbProtocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+    /// Anything else (HTTP, HTTPS, ...): corvid balances connections, not requests.
+    #[serde(other)]
+    Other,
+}
+
+/// An Octavia load balancer: a VIP, served on every host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LoadBalancer {
+    /// UUID.
+    pub id: String,
+    /// Name.
+    #[serde(default)]
+    pub name: String,
+    /// The VIP.
+    pub vip_address: Option<IpAddr>,
+    /// The port that holds the VIP.
+    pub vip_port_id: Option<String>,
+    /// False: served as if it had no members.
+    #[serde(default = "yes")]
+    pub admin_state_up: bool,
+    /// Tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// The tag of a listener whose port every host also forwards from its own addresses
+/// (`node-port:30061`, a Kubernetes NodePort), corvid's addition to Octavia.
+pub const NODE_PORT_TAG: &str = "node-port:";
+
+/// A port a load balancer listens on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Listener {
+    /// UUID.
+    pub id: String,
+    /// Its load balancer.
+    pub loadbalancer_id: String,
+    /// TCP, UDP or SCTP.
+    pub protocol: LbProtocol,
+    /// The port on the VIP.
+    pub protocol_port: u16,
+    /// The pool it sends connections to.
+    pub default_pool_id: Option<String>,
+    /// False: not served.
+    #[serde(default = "yes")]
+    pub admin_state_up: bool,
+    /// Tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// How a pool keeps a client with one member.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SessionPersistence {
+    /// `SOURCE_IP` is what corvid does; cookies need a proxy.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Seconds a client stays with its member after its last connection.
+    pub persistence_timeout: Option<u64>,
+}
+
+/// A group of members a listener spreads connections over.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Pool {
+    /// UUID.
+    pub id: String,
+    /// Its listener, if made with one.
+    pub listener_id: Option<String>,
+    /// Its load balancer, if made with one.
+    pub loadbalancer_id: Option<String>,
+    /// `ROUND_ROBIN`, `LEAST_CONNECTIONS`, `SOURCE_IP`: corvid picks at random, by client
+    /// with `SOURCE_IP` or session persistence.
+    pub lb_algorithm: String,
+    /// Client affinity.
+    pub session_persistence: Option<SessionPersistence>,
+    /// False: served as if it had no members.
+    #[serde(default = "yes")]
+    pub admin_state_up: bool,
+}
+
+/// An address and port a pool sends connections to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Member {
+    /// UUID.
+    pub id: String,
+    /// Its pool.
+    pub pool_id: String,
+    /// Where connections go.
+    pub address: IpAddr,
+    /// The port they go to.
+    pub protocol_port: u16,
+    /// False: not chosen.
+    #[serde(default = "yes")]
+    pub admin_state_up: bool,
+    /// A backup member is chosen only when no other is: corvid does not choose it.
+    #[serde(default)]
+    pub backup: bool,
+    /// Tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+macro_rules! octavia {
+    ($t:ty, $one:literal, $many:literal) => {
+        impl Resource for $t {
+            const SINGULAR: &'static str = $one;
+            const PLURAL: &'static str = $many;
+            const PREFIX: &'static str = "/v2/lbaas";
+            fn id(&self) -> &str {
+                &self.id
+            }
+        }
+    };
+}
+octavia!(LoadBalancer, "loadbalancer", "loadbalancers");
+octavia!(Listener, "listener", "listeners");
+octavia!(Pool, "pool", "pools");
+octavia!(Member, "member", "members");
+
 /// What a change in the watch feed did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

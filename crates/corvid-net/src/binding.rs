@@ -361,6 +361,11 @@ pub fn ensure_plugged(
                 container.set_up(&c)?;
                 done.push(format!("{} set up", spec.ifname));
             }
+            if spec.hairpin {
+                // Pairs plugged before hairpin was asked for get it too (the link dump
+                // does not say whether a port has it).
+                host.set_hairpin(&h, true)?;
+            }
             done.extend(sync_addresses(container, &c, addrs)?);
             done.extend(sync_routes(container, &c, routes)?);
             return Ok(if done.is_empty() {

@@ -303,7 +303,8 @@ fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error
         &VethSpec {
             ifname: &args.ifname,
             mtu: Some(a.mtu),
-            hairpin: false,
+            // A pod reaching a service through its VIP may be sent to itself.
+            hairpin: true,
             vlan: None,
             keep_default_vlan: true,
             mac: Some(&a.mac),

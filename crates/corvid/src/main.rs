@@ -140,6 +140,9 @@ struct AgentArgs {
     /// Seconds between full comparisons of the host with the controller.
     #[arg(long, default_value_t = 60)]
     resync: u64,
+    /// The interface on the public network: this host answers for floating IPs there.
+    #[arg(long)]
+    public_interface: Option<String>,
 }
 
 /// Arguments of `corvid controller`.
@@ -213,6 +216,7 @@ fn main() -> ExitCode {
                 token: a.host.client.token,
                 underlay_ip: a.underlay_ip,
                 resync: std::time::Duration::from_secs(a.resync.max(1)),
+                public_interface: a.public_interface,
             };
             match corvid_agent::Agent::new(config) {
                 Ok(mut agent) => agent.run(),

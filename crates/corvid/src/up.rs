@@ -96,6 +96,7 @@ fn up(a: UpArgs) -> Result<(), String> {
         token: None,
         underlay_ip: None,
         resync: Duration::from_secs(60),
+        public_interface: None,
     })
     .map_err(|e| format!("agent: {e}"))?;
     std::thread::spawn(move || agent.run());

@@ -1,0 +1,262 @@
+//! What this host's service datapath should hold, computed from the cache alone (pure,
+//! unit-tested): every load balancer's listeners with their members, served on every
+//! host, and the floating IPs of ports that are not VIPs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use corvid_api::{LbProtocol, Member, Pool, NODE_PORT_TAG};
+use corvid_net::nftables::portmap::Protocol;
+use corvid_net::nftables::services::Service;
+
+use crate::cache::Cache;
+
+/// How long a client stays with its member when its pool asks for affinity without
+/// saying (Kubernetes' default for `sessionAffinity: ClientIP`).
+pub const DEFAULT_AFFINITY: Duration = Duration::from_secs(10800);
+
+/// The services by listener ID, and the floating IPs (public to fixed) of plain ports.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ServicePlan {
+    /// One entry per listener.
+    pub services: BTreeMap<String, Service>,
+    /// Floating IPs associated with ports that are not a load balancer's VIP.
+    pub floating: BTreeMap<IpAddr, IpAddr>,
+}
+
+impl ServicePlan {
+    /// Every public address this plan serves: the floating IPs of ports and of VIPs.
+    pub fn public_addresses(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.floating
+            .keys()
+            .copied()
+            .chain(
+                self.services
+                    .values()
+                    .flat_map(|s| s.external.iter().copied()),
+            )
+            .collect()
+    }
+}
+
+fn protocol(p: LbProtocol) -> Option<Protocol> {
+    match p {
+        LbProtocol::Tcp => Some(Protocol::Tcp),
+        LbProtocol::Udp => Some(Protocol::Udp),
+        LbProtocol::Sctp => Some(Protocol::Sctp),
+        LbProtocol::Other => None,
+    }
+}
+
+fn affinity(pool: &Pool) -> Option<Duration> {
+    let persistence = pool
+        .session_persistence
+        .as_ref()
+        .filter(|s| s.kind == "SOURCE_IP");
+    if persistence.is_none() && pool.lb_algorithm != "SOURCE_IP" {
+        return None;
+    }
+    Some(
+        persistence
+            .and_then(|s| s.persistence_timeout)
+            .map_or(DEFAULT_AFFINITY, Duration::from_secs),
+    )
+}
+
+/// The service datapath of every load balancer in the cache.
+pub fn plan(cache: &Cache) -> ServicePlan {
+    let mut members: HashMap<&str, Vec<&Member>> = HashMap::new();
+    for m in cache.members.values() {
+        members.entry(m.pool_id.as_str()).or_default().push(m);
+    }
+    let mut pools_of_listener: HashMap<&str, &Pool> = HashMap::new();
+    for p in cache.pools.values() {
+        if let Some(l) = &p.listener_id {
+            pools_of_listener.insert(l.as_str(), p);
+        }
+    }
+    let mut floating_of_port: HashMap<&str, Vec<IpAddr>> = HashMap::new();
+    for f in cache.floatingips.values() {
+        if let Some(port) = &f.port_id {
+            floating_of_port
+                .entry(port.as_str())
+                .or_default()
+                .push(f.floating_ip_address);
+        }
+    }
+    let mut out = ServicePlan::default();
+    for l in cache.listeners.values().filter(|l| l.admin_state_up) {
+        let Some(lb) = cache.loadbalancers.get(&l.loadbalancer_id) else {
+            continue;
+        };
+        let (Some(vip), Some(protocol)) = (lb.vip_address, protocol(l.protocol)) else {
+            continue;
+        };
+        let pool = l
+            .default_pool_id
+            .as_ref()
+            .and_then(|p| cache.pools.get(p))
+            .or_else(|| pools_of_listener.get(l.id.as_str()).copied());
+        let serving = lb.admin_state_up && pool.is_some_and(|p| p.admin_state_up);
+        let mut chosen: Vec<(IpAddr, u16)> = pool
+            .filter(|_| serving)
+            .and_then(|p| members.get(p.id.as_str()))
+            .into_iter()
+            .flatten()
+            .filter(|m| m.admin_state_up && !m.backup)
+            .map(|m| (m.address, m.protocol_port))
+            .collect();
+        chosen.sort();
+        chosen.dedup();
+        let mut external = lb
+            .vip_port_id
+            .as_deref()
+            .and_then(|p| floating_of_port.get(p))
+            .cloned()
+            .unwrap_or_default();
+        external.sort();
+        out.services.insert(
+            l.id.clone(),
+            Service {
+                vip,
+                external,
+                protocol,
+                port: l.protocol_port,
+                node_port: l
+                    .tags
+                    .iter()
+                    .find_map(|t| t.strip_prefix(NODE_PORT_TAG)?.parse().ok()),
+                members: chosen,
+                affinity: pool.and_then(affinity),
+            },
+        );
+    }
+    let vip_ports: std::collections::HashSet<&str> = cache
+        .loadbalancers
+        .values()
+        .filter_map(|lb| lb.vip_port_id.as_deref())
+        .collect();
+    for f in cache.floatingips.values() {
+        if let (Some(port), Some(fixed)) = (&f.port_id, f.fixed_ip_address) {
+            if !vip_ports.contains(port.as_str()) {
+                out.floating.insert(f.floating_ip_address, fixed);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cache() -> Cache {
+        let mut c = Cache::default();
+        c.loadbalancers.insert(
+            "lb".into(),
+            serde_json::from_value(json!({"id": "lb", "vip_address": "10.96.0.10",
+                "vip_port_id": "vip"}))
+            .unwrap(),
+        );
+        c.listeners.insert(
+            "l80".into(),
+            serde_json::from_value(json!({"id": "l80", "loadbalancer_id": "lb",
+                "protocol": "TCP", "protocol_port": 80, "default_pool_id": "p80",
+                "tags": ["node-port:30080"]}))
+            .unwrap(),
+        );
+        c.listeners.insert(
+            "l53".into(),
+            serde_json::from_value(json!({"id": "l53", "loadbalancer_id": "lb",
+                "protocol": "UDP", "protocol_port": 53, "default_pool_id": null}))
+            .unwrap(),
+        );
+        c.pools.insert(
+            "p80".into(),
+            serde_json::from_value(json!({"id": "p80", "listener_id": "l80",
+                "loadbalancer_id": "lb", "lb_algorithm": "ROUND_ROBIN",
+                "session_persistence": {"type": "SOURCE_IP", "persistence_timeout": 60}}))
+            .unwrap(),
+        );
+        c.pools.insert(
+            "p53".into(),
+            serde_json::from_value(json!({"id": "p53", "listener_id": "l53",
+                "loadbalancer_id": "lb", "lb_algorithm": "ROUND_ROBIN",
+                "session_persistence": null}))
+            .unwrap(),
+        );
+        for (id, pool, addr, up) in [
+            ("m1", "p80", "10.1.0.5", true),
+            ("m2", "p80", "10.1.0.6", true),
+            ("m3", "p80", "10.1.0.7", false),
+            ("m4", "p53", "10.1.0.5", true),
+        ] {
+            c.members.insert(
+                id.into(),
+                serde_json::from_value(json!({"id": id, "pool_id": pool, "address": addr,
+                    "protocol_port": 8080, "admin_state_up": up}))
+                .unwrap(),
+            );
+        }
+        c
+    }
+
+    fn fip(id: &str, public: &str, port: &str, fixed: &str) -> corvid_api::FloatingIp {
+        serde_json::from_value(json!({
+            "id": id, "tenant_id": "", "project_id": "", "floating_ip_address": public,
+            "floating_network_id": "pub", "router_id": null, "port_id": port,
+            "fixed_ip_address": fixed, "status": "DOWN", "description": "",
+            "port_details": null, "tags": [], "created_at": "", "updated_at": "",
+            "revision_number": 1
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn listeners_become_services_with_their_pools_up_members() {
+        let p = plan(&cache());
+        let web = &p.services["l80"];
+        assert_eq!(web.vip, "10.96.0.10".parse::<IpAddr>().unwrap());
+        assert_eq!(web.port, 80);
+        assert_eq!(web.node_port, Some(30080));
+        assert_eq!(
+            web.members,
+            [
+                ("10.1.0.5".parse().unwrap(), 8080),
+                ("10.1.0.6".parse().unwrap(), 8080)
+            ]
+        );
+        assert_eq!(web.affinity, Some(Duration::from_secs(60)));
+        // A listener without default_pool_id finds the pool made with it.
+        let dns = &p.services["l53"];
+        assert_eq!((dns.protocol, dns.affinity), (Protocol::Udp, None));
+        assert_eq!(dns.members.len(), 1);
+    }
+
+    #[test]
+    fn floating_ips_of_vips_serve_the_listeners_and_the_others_map_to_their_port() {
+        let mut c = cache();
+        c.floatingips
+            .insert("f1".into(), fip("f1", "192.0.2.10", "vip", "10.96.0.10"));
+        c.floatingips
+            .insert("f2".into(), fip("f2", "192.0.2.11", "pod", "10.1.0.5"));
+        let p = plan(&c);
+        assert_eq!(
+            p.services["l80"].external,
+            ["192.0.2.10".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(
+            p.floating,
+            BTreeMap::from([("192.0.2.11".parse().unwrap(), "10.1.0.5".parse().unwrap())])
+        );
+    }
+
+    #[test]
+    fn a_load_balancer_set_down_serves_no_member() {
+        let mut c = cache();
+        c.loadbalancers.get_mut("lb").unwrap().admin_state_up = false;
+        assert!(plan(&c).services.values().all(|s| s.members.is_empty()));
+    }
+}
