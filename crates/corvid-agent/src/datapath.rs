@@ -64,7 +64,7 @@ impl Datapath {
                 }
             }
             let public = self.public.as_ref().map(|(i, _)| i.clone());
-            self.services = Some(Services::open(public)?);
+            self.services = Some(Services::open(public, Some(self.local))?);
         }
         let services = self.services.as_mut().expect("opened above");
         let report = match services.sync(&plan.services, &plan.floating) {

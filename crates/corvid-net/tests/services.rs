@@ -3,94 +3,26 @@
 //! the bridge; connections to a VIP are spread, kept, refused and hairpinned as the
 //! services say.
 
-mod support;
+#[path = "../../corvid/tests/support/ns.rs"]
+mod ns;
 
 use corvid_net::nftables::portmap::Protocol;
 use corvid_net::nftables::services::{Service, Services};
 use corvid_net::nftables::Nftables;
-use corvid_net::Netns;
+use ns::{Ns, Proc};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-use support::Named;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Answers every TCP connection on 8080 and every UDP datagram on 5353 with `name`.
-fn serve(ns: &Named, name: &str) -> Server {
-    let script = format!(
-        "import socket, threading\n\
-         def udp():\n\
-         \x20   u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 5353))\n\
-         \x20   while True:\n\
-         \x20       d, a = u.recvfrom(100); u.sendto(b'{name}', a)\n\
-         threading.Thread(target=udp, daemon=True).start()\n\
-         t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         t.bind(('0.0.0.0', 8080)); t.listen(64)\n\
-         print('ready', flush=True)\n\
-         while True:\n\
-         \x20   c, _ = t.accept(); c.sendall(b'{name}'); c.close()\n"
-    );
-    let mut child = ns.python(&script).stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    Server(child)
-}
-
-/// `n` connections (or datagrams) from `ns` to addr:port: each answer, `refused` or
-/// `timeout`.
-fn connect(ns: &Named, addr: &str, port: u16, n: usize, udp: bool) -> Vec<String> {
-    let script = format!(
-        "import socket\n\
-         out = []\n\
-         for i in range({n}):\n\
-         \x20   try:\n\
-         \x20       if {udp}:\n\
-         \x20           s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)\n\
-         \x20           s.connect(('{addr}', {port})); s.send(b'x'); out.append(s.recv(100).decode())\n\
-         \x20       else:\n\
-         \x20           s = socket.create_connection(('{addr}', {port}), timeout=2)\n\
-         \x20           out.append(s.recv(100).decode())\n\
-         \x20       s.close()\n\
-         \x20   except ConnectionRefusedError: out.append('refused')\n\
-         \x20   except OSError as e: out.append('timeout' if 'timed out' in str(e) else 'error')\n\
-         print(' '.join(out))\n",
-        udp = if udp { "True" } else { "False" },
-    );
-    let out = ns.python(&script).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
-}
 
 fn distinct(answers: &[String]) -> BTreeSet<&str> {
     answers.iter().map(String::as_str).collect()
 }
 
 struct Site {
-    host: Named,
-    members: Vec<Named>,
-    client: Named,
-    _servers: Vec<Server>,
+    host: Ns,
+    members: Vec<Ns>,
+    client: Ns,
+    _servers: Vec<Proc>,
 }
 
 const VIP: &str = "10.96.0.10";
@@ -101,21 +33,21 @@ fn member_ip(i: usize) -> String {
 }
 
 fn site(tag: &str) -> Site {
-    let host = Named::new(&format!("{tag}h"));
+    let tag = format!("cvt{}{tag}", std::process::id());
+    let host = Ns::new(&tag, "h");
     host.ip("link add cvtsb type bridge");
     host.ip("addr add 10.210.0.1/24 dev cvtsb");
     host.ip("link set cvtsb up");
-    Netns::open(host.path())
-        .unwrap()
+    host.open()
         .run(|| {
             corvid_net::sysctl::set("net/ipv4/ip_forward", "1").unwrap();
             corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", "1").unwrap();
         })
         .unwrap();
-    let attach = |ns: &Named, i: usize, addr: &str| {
+    let attach = |ns: &Ns, i: usize, addr: &str| {
         host.ip(&format!(
             "link add cvtsv{i} type veth peer name eth0 netns {}",
-            ns.0
+            ns.name()
         ));
         host.ip(&format!("link set cvtsv{i} master cvtsb up"));
         // A pod reaching itself through a VIP gets its packet back on its own port.
@@ -125,16 +57,21 @@ fn site(tag: &str) -> Site {
         ns.ip("link set lo up");
         ns.ip("route add default via 10.210.0.1");
     };
-    let members: Vec<Named> = (0..3).map(|i| Named::new(&format!("{tag}m{i}"))).collect();
+    let members: Vec<Ns> = (0..3).map(|i| Ns::new(&tag, &format!("m{i}"))).collect();
     for (i, m) in members.iter().enumerate() {
         attach(m, i, &member_ip(i));
     }
-    let client = Named::new(&format!("{tag}c"));
+    let client = Ns::new(&tag, "c");
     attach(&client, 9, "10.210.0.20");
     let servers = members
         .iter()
         .enumerate()
-        .map(|(i, m)| serve(m, &format!("m{i}")))
+        .flat_map(|(i, m)| {
+            [
+                m.serve_name(&format!("m{i}"), 8080),
+                m.serve_name(&format!("m{i}"), 5353),
+            ]
+        })
         .collect();
     Site {
         host,
@@ -165,9 +102,9 @@ fn service(vip: &str, protocol: Protocol, port: u16, members: &[usize]) -> Servi
 }
 
 fn opened(site: &Site) -> Services {
-    Netns::open(site.host.path())
-        .unwrap()
-        .run(|| Services::open(None))
+    site.host
+        .open()
+        .run(|| Services::open(None, None))
         .unwrap()
         .unwrap()
 }
@@ -193,13 +130,13 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
     let report = services.sync(&want, &no_floating()).unwrap();
     assert_eq!(report.added, 2);
 
-    let answers = connect(&site.client, VIP, 80, 60, false);
+    let answers = site.client.connect(VIP, 80, 60, false);
     assert_eq!(
         distinct(&answers),
         BTreeSet::from(["m0", "m1", "m2"]),
         "{answers:?}"
     );
-    let answers = connect(&site.client, UDP_VIP, 53, 30, true);
+    let answers = site.client.connect(UDP_VIP, 53, 30, true);
     assert_eq!(
         distinct(&answers),
         BTreeSet::from(["m0", "m1", "m2"]),
@@ -207,14 +144,14 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
     );
 
     // A pod through the VIP to itself, among others: every connection answers.
-    let answers = connect(&site.members[0], VIP, 80, 30, false);
+    let answers = site.members[0].connect(VIP, 80, 30, false);
     assert!(answers.iter().all(|a| a.starts_with('m')), "{answers:?}");
     assert!(answers.iter().any(|a| a == "m0"), "{answers:?}");
 
     // Client affinity: one member for every connection of a client.
     want.get_mut("web").unwrap().affinity = Some(Duration::from_secs(10800));
     assert_eq!(services.sync(&want, &no_floating()).unwrap().changed, 1);
-    let answers = connect(&site.client, VIP, 80, 20, false);
+    let answers = site.client.connect(VIP, 80, 20, false);
     assert_eq!(distinct(&answers).len(), 1, "{answers:?}");
 
     // A member taken out is not chosen again, affinity or not.
@@ -222,7 +159,7 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
     let rest: Vec<usize> = (0..3).filter(|i| format!("m{i}") != kept).collect();
     want.get_mut("web").unwrap().members = service(VIP, Protocol::Tcp, 80, &rest).members;
     services.sync(&want, &no_floating()).unwrap();
-    let answers = connect(&site.client, VIP, 80, 20, false);
+    let answers = site.client.connect(VIP, 80, 20, false);
     assert!(!answers.contains(&kept), "{kept} still chosen: {answers:?}");
     assert_eq!(distinct(&answers).len(), 1, "{answers:?}");
 
@@ -231,20 +168,20 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
     want.get_mut("dns").unwrap().members.clear();
     services.sync(&want, &no_floating()).unwrap();
     let start = Instant::now();
-    let answers = connect(&site.client, VIP, 80, 5, false);
+    let answers = site.client.connect(VIP, 80, 5, false);
     assert_eq!(
         distinct(&answers),
         BTreeSet::from(["refused"]),
         "{answers:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(2));
-    let answers = connect(&site.client, UDP_VIP, 53, 1, true);
+    let answers = site.client.connect(UDP_VIP, 53, 1, true);
     assert_eq!(answers, ["refused"]);
 
     // Back to serving, then gone: nothing of the services is left in the table.
     want.get_mut("web").unwrap().members = service(VIP, Protocol::Tcp, 80, &[1]).members;
     services.sync(&want, &no_floating()).unwrap();
-    assert_eq!(connect(&site.client, VIP, 80, 3, false), ["m1", "m1", "m1"]);
+    assert_eq!(site.client.connect(VIP, 80, 3, false), ["m1", "m1", "m1"]);
     assert_eq!(
         services
             .sync(&BTreeMap::new(), &no_floating())
@@ -252,11 +189,7 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
             .removed,
         2
     );
-    let mut nft = Netns::open(site.host.path())
-        .unwrap()
-        .run(Nftables::open)
-        .unwrap()
-        .unwrap();
+    let mut nft = site.host.open().run(Nftables::open).unwrap().unwrap();
     let chains = nft.chains().unwrap();
     assert!(!chains.iter().any(|c| c.starts_with("svc-")), "{chains:?}");
     for set in [
@@ -267,7 +200,7 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
     ] {
         assert_eq!(nft.elements(set).unwrap(), [], "{set}");
     }
-    let answers = connect(&site.client, VIP, 80, 1, false);
+    let answers = site.client.connect(VIP, 80, 1, false);
     assert!(!answers[0].starts_with('m'), "{answers:?}");
 }
 
@@ -288,6 +221,6 @@ fn a_new_owner_rebuilds_the_table_and_keeps_serving() {
         ),
     ]);
     assert_eq!(second.sync(&want, &no_floating()).unwrap().added, 2);
-    assert_eq!(connect(&site.client, VIP, 80, 5, false), ["m2"; 5]);
-    assert_eq!(connect(&site.client, UDP_VIP, 53, 2, true), ["m0"; 2]);
+    assert_eq!(site.client.connect(VIP, 80, 5, false), ["m2"; 5]);
+    assert_eq!(site.client.connect(UDP_VIP, 53, 2, true), ["m0"; 2]);
 }

@@ -184,12 +184,17 @@ pub struct Services {
     hairpins: HashMap<IpAddr, usize>,
     floating: BTreeMap<IpAddr, IpAddr>,
     public_interface: Option<String>,
+    source: Option<IpAddr>,
 }
 
 impl Services {
     /// Opens the calling thread's namespace's table; `public_interface` is where floating
-    /// IPs' traffic leaves (their SNAT), if this host has one.
-    pub fn open(public_interface: Option<String>) -> Result<Services> {
+    /// IPs' traffic leaves (their SNAT), if this host has one. Connections from outside
+    /// (floating IPs, node ports) leave with `source`, an address of this host only, so
+    /// that a member on another host answers here: an interface's own address may be
+    /// a gateway every host holds. Without one (or for the other family) they are
+    /// masqueraded.
+    pub fn open(public_interface: Option<String>, source: Option<IpAddr>) -> Result<Services> {
         Ok(Services {
             nft: Nftables::open()?,
             started: false,
@@ -199,6 +204,7 @@ impl Services {
             hairpins: HashMap::new(),
             floating: BTreeMap::new(),
             public_interface,
+            source,
         })
     }
 
@@ -457,6 +463,16 @@ impl Services {
                 expr::dnat(v6, reg32(0), None),
             ]);
             batch.add_rule(CHAIN, dnat, None);
+        }
+        if let Some(source) = self.source {
+            let v6 = source.is_ipv6();
+            let mut snat = expr::nfproto(v6);
+            snat.extend(expr::has_mark(MASQUERADE_MARK));
+            snat.extend([
+                expr::immediate(reg32(0), &addr_bytes(source)),
+                expr::snat(v6, reg32(0)),
+            ]);
+            batch.add_rule(POSTROUTING, snat, None);
         }
         let mut masquerade = expr::has_mark(MASQUERADE_MARK);
         masquerade.push(expr::masquerade());

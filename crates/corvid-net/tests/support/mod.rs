@@ -36,13 +36,6 @@ impl Named {
         assert!(ok, "ip -n {} {args}", self.0);
     }
 
-    /// A python3 command run in the namespace.
-    pub fn python(&self, script: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.0, "python3", "-c", script]);
-        c
-    }
-
     pub fn ping(&self, addr: &str) -> bool {
         Command::new("ip")
             .args(["netns", "exec", &self.0, "ping", "-c1", "-W2", addr])

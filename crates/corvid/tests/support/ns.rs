@@ -1,7 +1,7 @@
 //! Test support: namespaces and processes that clean up after themselves.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,47 @@ impl Ns {
         Netlink::open_in(&self.open()).unwrap()
     }
 
+    /// Answers every TCP connection and UDP datagram on `port` with `name`, until
+    /// dropped.
+    pub fn serve_name(&self, name: &str, port: u16) -> Proc {
+        let mut child = self
+            .command("python3")
+            .arg(testing_script("serve_name.py"))
+            .args([name, &port.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        Proc(child)
+    }
+
+    /// `n` TCP connections (or UDP exchanges) to addr:port, one after the other: what
+    /// each answered, or `refused`, `timeout`, `error`.
+    pub fn connect(&self, addr: &str, port: u16, n: usize, udp: bool) -> Vec<String> {
+        let mut cmd = self.command("python3");
+        cmd.arg(testing_script("connect.py"))
+            .args([addr, &port.to_string(), &n.to_string()]);
+        if udp {
+            cmd.arg("udp");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Names of the links in the namespace that start with `prefix`.
     pub fn links(&self, prefix: &str) -> Vec<String> {
         self.netlink()
@@ -81,6 +122,13 @@ impl Drop for Ns {
     fn drop(&mut self) {
         let _ = Netns::delete_path(&self.path);
     }
+}
+
+/// A helper script of the workspace's `scripts/testing`.
+pub fn testing_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts/testing")
+        .join(name)
 }
 
 /// A child process killed on drop.

@@ -1,0 +1,152 @@
+//! Load balancers made through the controller's Octavia API are served by the agents on
+//! both simulated hosts: pods reach the VIP's members on either host, and from the public
+//! side (the lan namespace) a floating IP on the VIP reaches them too. Runs as root, in
+//! namespaces only.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use cluster::ns::wait_until;
+use cluster::{cni_result, result_ip, Cluster};
+use corvid_api::{FloatingIp, Network, Subnet};
+use serde_json::{json, Value};
+
+fn post(cluster: &Cluster, path: &str, body: Value) -> Value {
+    let (status, v, _) = cluster
+        .api(|c| c.request("POST", path, Some(&body)))
+        .unwrap();
+    assert_eq!(status, 201, "{path}: {v}");
+    v
+}
+
+fn answered(answers: &[String]) -> BTreeSet<&str> {
+    answers.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
+    let mut cluster = Cluster::new("sv");
+    // Host 1 answers for floating IPs on its underlay interface, the public side here.
+    cluster.agents[0].take();
+    cluster.start_agent_with(0, &["--public-interface", "eth0"]);
+    cluster.network("blue", "10.51.0.0/24", false);
+    let pods: Vec<_> = ["a1", "a2", "b1", "client"]
+        .iter()
+        .map(|n| cluster.pod(n))
+        .collect();
+    let hosts = [0, 0, 1, 0];
+    let ips: Vec<String> = pods
+        .iter()
+        .zip(hosts)
+        .map(|(p, h)| result_ip(&cni_result(&cluster.add(h, "blue", p))))
+        .collect();
+    let _servers: Vec<_> = pods[..3]
+        .iter()
+        .zip(["a1", "a2", "b1"])
+        .map(|(p, n)| p.serve_name(n, 8080))
+        .collect();
+
+    let (svc_net, svc_subnet): (Network, Subnet) = cluster.api(|c| {
+        let n: Network = c.create(json!({"name": "services"})).unwrap();
+        let s: Subnet = c
+            .create(json!({"network_id": n.id, "cidr": "10.97.0.0/24", "ip_version": 4, "gateway_ip": null}))
+            .unwrap();
+        (n, s)
+    });
+    let lb = post(
+        &cluster,
+        "/v2/lbaas/loadbalancers",
+        json!({"loadbalancer": {"name": "web", "vip_subnet_id": svc_subnet.id, "vip_address": "10.97.0.10"}}),
+    );
+    let lb = &lb["loadbalancer"];
+    assert_eq!(lb["vip_network_id"], svc_net.id.as_str());
+    let listener = post(
+        &cluster,
+        "/v2/lbaas/listeners",
+        json!({"listener": {"loadbalancer_id": lb["id"], "protocol": "TCP", "protocol_port": 80}}),
+    );
+    let pool = post(
+        &cluster,
+        "/v2/lbaas/pools",
+        json!({"pool": {"listener_id": listener["listener"]["id"], "loadbalancer_id": lb["id"],
+            "protocol": "TCP", "lb_algorithm": "ROUND_ROBIN"}}),
+    );
+    let pool_id = pool["pool"]["id"].as_str().unwrap().to_string();
+    for ip in &ips[..3] {
+        post(
+            &cluster,
+            "/v2/lbaas/members",
+            json!({"member": {"pool_id": pool_id, "address": ip, "protocol_port": 8080}}),
+        );
+    }
+
+    // From a pod on host 1 and from one on host 2: every member answers, wherever it is.
+    let all = BTreeSet::from(["a1", "a2", "b1"]);
+    for client in [&pods[3], &pods[2]] {
+        wait_until("the VIP to answer", Duration::from_secs(10), || {
+            answered(&client.connect("10.97.0.10", 80, 1, false))
+                .iter()
+                .all(|a| all.contains(a))
+        });
+        let answers = client.connect("10.97.0.10", 80, 40, false);
+        assert_eq!(answered(&answers), all, "{answers:?}");
+    }
+
+    // A floating IP on the VIP: from the public side, outside the overlay.
+    let public: Network = cluster.api(|c| {
+        let n: Network = c
+            .create(json!({"name": "public", "router:external": true}))
+            .unwrap();
+        let _: Subnet = c
+            .create(
+                json!({"network_id": n.id, "cidr": "10.99.0.0/24", "ip_version": 4,
+                "gateway_ip": null,
+                "allocation_pools": [{"start": "10.99.0.100", "end": "10.99.0.150"}]}),
+            )
+            .unwrap();
+        n
+    });
+    let fip: FloatingIp = cluster.api(|c| {
+        c.create(json!({"floating_network_id": public.id, "port_id": lb["vip_port_id"]}))
+            .unwrap()
+    });
+    let fip_addr = fip.floating_ip_address.to_string();
+    wait_until("the floating IP to answer", Duration::from_secs(10), || {
+        answered(&cluster.lan.connect(&fip_addr, 80, 1, false))
+            .iter()
+            .all(|a| all.contains(a))
+    });
+    let answers = cluster.lan.connect(&fip_addr, 80, 40, false);
+    assert_eq!(answered(&answers), all, "{answers:?}");
+
+    // Deleting the load balancer (the floating IP first) stops both, on both hosts.
+    cluster.api(|c| c.delete::<FloatingIp>(&fip.id)).unwrap();
+    let path = format!(
+        "/v2/lbaas/loadbalancers/{}?cascade=true",
+        lb["id"].as_str().unwrap()
+    );
+    assert_eq!(
+        cluster.api(|c| c.request("DELETE", &path, None)).unwrap().0,
+        204
+    );
+    wait_until("the VIP to stop answering", Duration::from_secs(10), || {
+        !pods[3].connect("10.97.0.10", 80, 1, false)[0].starts_with(['a', 'b'])
+    });
+    for host in &cluster.hosts {
+        let chains = host
+            .open()
+            .run(|| corvid_net::nftables::Nftables::open()?.chains())
+            .unwrap()
+            .unwrap();
+        assert!(chains.contains(&"services".to_string()), "{chains:?}");
+        assert!(!chains.iter().any(|c| c.starts_with("svc-")), "{chains:?}");
+    }
+    let addrs = cluster.hosts[0].netlink().addresses(None).unwrap();
+    assert!(
+        !addrs.iter().any(|(_, a)| a.addr().to_string() == fip_addr),
+        "{addrs:?}"
+    );
+}

@@ -1,0 +1,27 @@
+"""N connections (or UDP exchanges with `udp`) to ADDR:PORT, one after the other.
+
+usage: connect.py ADDR PORT N [udp]; prints what each answered, or refused, timeout, error.
+"""
+import socket
+import sys
+
+addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+udp = sys.argv[4:] == ["udp"]
+out = []
+for _ in range(n):
+    try:
+        if udp:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.settimeout(2)
+            s.connect((addr, port))
+            s.send(b"x")
+            out.append(s.recv(100).decode())
+        else:
+            s = socket.create_connection((addr, port), timeout=2)
+            out.append(s.recv(100).decode())
+        s.close()
+    except ConnectionRefusedError:
+        out.append("refused")
+    except OSError as e:
+        out.append("timeout" if "timed out" in str(e) else "error")
+print(" ".join(out))
