@@ -37,6 +37,35 @@ pub fn service_network() -> (String, String) {
     (derive("network", "services"), derive("subnet", "services"))
 }
 
+/// The load balancer of the service with UID `service_uid`.
+pub fn load_balancer(service_uid: &str) -> String {
+    derive("loadbalancer", service_uid)
+}
+
+/// The listener of one port (`TCP/80`) of a service, and its pool.
+pub fn listener(service_uid: &str, port: &str) -> (String, String) {
+    let key = format!("{service_uid}/{port}");
+    (derive("listener", &key), derive("pool", &key))
+}
+
+/// The member of a pool that sends to `target` (`10.1.0.5:8080`).
+pub fn member(pool: &str, target: &str) -> String {
+    derive("member", &format!("{pool}/{target}"))
+}
+
+/// The floating IP of a `type: LoadBalancer` service.
+pub fn floating_ip(service_uid: &str) -> String {
+    derive("floatingip", service_uid)
+}
+
+/// The tag on every load balancer and floating IP the watcher makes.
+pub const SERVICE_TAG: &str = "corvid:k8s-service";
+
+/// Tag carrying a service's UID on its load balancer.
+pub fn service_uid_tag(uid: &str) -> String {
+    format!("service-uid:{uid}")
+}
+
 /// `device_owner` of the ports the watcher makes.
 pub const POD_OWNER: &str = "corvid:k8s-pod";
 

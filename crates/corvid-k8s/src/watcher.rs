@@ -1,5 +1,5 @@
-//! `corvid kube-watch`: namespaces to networks, pods to ports, and each pod's port written
-//! back onto it as the `corvid.io/port` annotation.
+//! `corvid kube-watch`: namespaces to networks, pods to ports, each pod's port written
+//! back onto it as the `corvid.io/port` annotation, and services to load balancers.
 //!
 //! One loop takes the namespace and pod watch streams in turn and reconciles each object
 //! on its own (idempotent: IDs derive from UIDs, a create that finds its object done
@@ -15,7 +15,7 @@ use std::time::Duration;
 use corvid_api::{ApiError, Client, Network, Port, Subnet, SubnetPool};
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event as K8sEvent, Namespace, Pod, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Event};
@@ -25,6 +25,7 @@ use serde_json::json;
 use crate::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
 use crate::ids;
 use crate::leader::{Candidate, Election};
+use crate::services::{self, Made, PodView, Trouble};
 
 /// What `corvid kube-watch` is told.
 #[derive(Debug, Clone)]
@@ -101,12 +102,15 @@ struct NamespaceNetwork {
 enum Retry {
     Pod(Box<Pod>),
     Namespace(Box<Namespace>),
+    /// A service, by UID.
+    Service(String),
 }
 
 /// One event from either watch, or a timer.
 enum Input {
     Namespace(Box<Event<Namespace>>),
     Pod(Box<Event<Pod>>),
+    Service(Box<Event<Service>>),
     WatchFailed(&'static str, String),
     Retry(Retry),
     Resync,
@@ -131,6 +135,18 @@ struct Watcher {
     inflight: HashMap<String, tokio::task::JoinHandle<()>>,
     /// How many pods' ports are made at once.
     permits: Arc<tokio::sync::Semaphore>,
+    /// Services by UID, as listed and watched.
+    services: HashMap<String, Service>,
+    services_listing: Option<HashMap<String, Service>>,
+    services_listed: bool,
+    /// What each pod offers a service, by pod UID.
+    pod_views: HashMap<String, PodView>,
+    /// What the controller holds for each service, by service UID.
+    made: HashMap<String, Made>,
+    /// The last trouble reported for each service, so that it is reported once.
+    troubles: HashMap<String, &'static str>,
+    /// The public network's ID, once looked up.
+    public_network: Option<String>,
 }
 
 /// How many pods' ports are made at once: enough for the controller to commit them in
@@ -162,6 +178,13 @@ impl Watcher {
             retry_rx: Some(retry_rx),
             inflight: HashMap::new(),
             permits: Arc::new(tokio::sync::Semaphore::new(PARALLEL_PODS)),
+            services: HashMap::new(),
+            services_listing: None,
+            services_listed: false,
+            pod_views: HashMap::new(),
+            made: HashMap::new(),
+            troubles: HashMap::new(),
+            public_network: None,
         }
     }
 
@@ -194,6 +217,13 @@ impl Watcher {
                     |e| Input::Pod(Box::new(e)),
                 )
             });
+        let services = watcher::watcher(Api::<Service>::all(self.kube.clone()), Default::default())
+            .map(|e| {
+                e.map_or_else(
+                    |e| Input::WatchFailed("services", e.to_string()),
+                    |e| Input::Service(Box::new(e)),
+                )
+            });
         let retries = self
             .retry_rx
             .take()
@@ -203,6 +233,7 @@ impl Watcher {
         let mut inputs = futures::stream::select_all([
             namespaces.boxed(),
             pods.boxed(),
+            services.boxed(),
             retries.map(Input::Retry).boxed(),
             resync.boxed(),
         ]);
@@ -210,9 +241,14 @@ impl Watcher {
             match input {
                 Input::Namespace(e) => self.namespace_event(*e).await,
                 Input::Pod(e) => self.pod_event(*e).await,
+                Input::Service(e) => self.service_event(*e).await,
                 Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
                 Input::Retry(Retry::Namespace(n)) => self.namespace(&n).await,
-                Input::Resync => self.sweep().await,
+                Input::Retry(Retry::Service(uid)) => self.service(&uid).await,
+                Input::Resync => {
+                    self.sweep().await;
+                    self.sweep_services().await;
+                }
                 // The watcher retries by itself (with backoff); say so once per failure.
                 Input::WatchFailed(what, e) => tracing::warn!("watching {what}: {e}"),
             }
@@ -236,7 +272,10 @@ impl Watcher {
                     Err(e) => Err(e),
                 })
                 .await?;
-            if by_name.is_empty() && by_id.is_none() {
+            self.public_network = by_id
+                .map(|n| n.id)
+                .or_else(|| by_name.first().map(|n| n.id.clone()));
+            if self.public_network.is_none() {
                 return Err(Error::Setup(format!(
                     "the public network {public:?} does not exist: create it first, e.g. \
                      POST /v2.0/networks {{\"network\": {{\"name\": \"{public}\", \"router:external\": true}}}} \
@@ -375,6 +414,7 @@ impl Watcher {
     }
 
     async fn pod_event(&mut self, e: Event<Pod>) {
+        self.pod_view(&e).await;
         match e {
             Event::Init => self.pods_listing = Some(HashSet::new()),
             Event::InitApply(p) => {
@@ -401,6 +441,224 @@ impl Watcher {
                     self.remove_port(&uid).await;
                 }
             }
+        }
+    }
+
+    /// Keeps what pods offer services, and brings the services of a pod's namespace up to
+    /// date when that changed.
+    async fn pod_view(&mut self, e: &Event<Pod>) {
+        let (uid, view) = match e {
+            Event::InitApply(p) | Event::Apply(p) => (p.uid(), Some(PodView::of(p))),
+            Event::Delete(p) => (p.uid(), None),
+            _ => return,
+        };
+        let Some(uid) = uid else { return };
+        let old = match &view {
+            Some(v) => self.pod_views.insert(uid, v.clone()),
+            None => self.pod_views.remove(&uid),
+        };
+        if old == view {
+            return;
+        }
+        let namespaces: HashSet<String> = old
+            .iter()
+            .chain(view.iter())
+            .map(|v| v.namespace.clone())
+            .collect();
+        let affected: Vec<String> = self
+            .services
+            .iter()
+            .filter(|(_, s)| namespaces.contains(&s.namespace().unwrap_or_default()))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in affected {
+            self.service(&uid).await;
+        }
+    }
+
+    async fn service_event(&mut self, e: Event<Service>) {
+        match e {
+            Event::Init => self.services_listing = Some(HashMap::new()),
+            Event::InitApply(s) => {
+                if let (Some(l), Some(uid)) = (&mut self.services_listing, s.uid()) {
+                    l.insert(uid, s);
+                }
+            }
+            Event::InitDone => {
+                self.services = self.services_listing.take().unwrap_or_default();
+                self.services_listed = true;
+                let all: Vec<String> = self.services.keys().cloned().collect();
+                for uid in all {
+                    self.service(&uid).await;
+                }
+                self.sweep_services().await;
+            }
+            Event::Apply(s) => {
+                if let Some(uid) = s.uid() {
+                    self.services.insert(uid.clone(), s);
+                    self.service(&uid).await;
+                }
+            }
+            Event::Delete(s) => {
+                if let Some(uid) = s.uid() {
+                    self.services.remove(&uid);
+                    self.service(&uid).await;
+                }
+            }
+        }
+    }
+
+    /// Makes the controller hold what the service with UID `uid` should be (nothing once
+    /// it is gone), and its status show its floating IP.
+    async fn service(&mut self, uid: &str) {
+        let svc = self.services.get(uid).cloned();
+        let want = svc
+            .as_ref()
+            .and_then(|s| services::wanted(s, self.pod_views.values()));
+        let name = svc
+            .as_ref()
+            .map(|s| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()))
+            .unwrap_or_default();
+        let known = self.made.get(uid).cloned();
+        let (service_uid, public) = (uid.to_string(), self.public_network.clone());
+        let (want2, name2) = (want.clone(), name.clone());
+        let result = self
+            .call(move |c| {
+                let mut made = match known {
+                    Some(m) => m,
+                    None => services::load(c, &service_uid)?,
+                };
+                let nets = services::Networks {
+                    service_subnet: &ids::service_network().1,
+                    public: public.as_deref(),
+                };
+                let r = services::apply(c, &service_uid, &name2, want2.as_ref(), &nets, &mut made);
+                Ok((made, r))
+            })
+            .await;
+        let trouble = match result {
+            Ok((made, r)) => {
+                let floating = made.floating;
+                let done = made == Made::default() && want.is_none();
+                if done {
+                    self.made.remove(uid);
+                } else {
+                    self.made.insert(uid.to_string(), made);
+                }
+                match r {
+                    Ok(t) => {
+                        if let (Some(s), Some(ip)) = (&svc, floating) {
+                            self.ingress(s, ip).await;
+                        }
+                        t
+                    }
+                    Err(e) => {
+                        tracing::warn!(service = %name, "making the service's load balancer: {e}");
+                        self.retry(Retry::Service(uid.to_string()));
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(service = %name, "reading the service's load balancer: {e}");
+                self.retry(Retry::Service(uid.to_string()));
+                None
+            }
+        };
+        match (trouble, &svc) {
+            (Some(t), Some(s)) => self.report(s, t).await,
+            (None, _) => {
+                self.troubles.remove(uid);
+            }
+            _ => {}
+        }
+    }
+
+    /// Writes the floating IP into the service's status, unless it is there.
+    async fn ingress(&self, svc: &Service, ip: std::net::IpAddr) {
+        let shown = svc.status.as_ref().and_then(|s| {
+            s.load_balancer
+                .as_ref()?
+                .ingress
+                .as_ref()?
+                .first()?
+                .ip
+                .clone()
+        });
+        if shown.as_deref() == Some(ip.to_string().as_str()) {
+            return;
+        }
+        let api =
+            Api::<Service>::namespaced(self.kube.clone(), &svc.namespace().unwrap_or_default());
+        let patch = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}});
+        if let Err(e) = api
+            .patch_status(
+                &svc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            tracing::warn!(service = %svc.name_any(), "writing the load balancer's address: {e}");
+        }
+    }
+
+    /// Says once, as a warning event on the service and in the log, what could not be done.
+    async fn report(&mut self, svc: &Service, t: Trouble) {
+        let uid = svc.uid().unwrap_or_default();
+        if self.troubles.get(&uid) == Some(&t.reason) {
+            return;
+        }
+        self.troubles.insert(uid.clone(), t.reason);
+        let ns = svc.namespace().unwrap_or_default();
+        tracing::warn!(service = %format!("{ns}/{}", svc.name_any()), reason = t.reason, "{}", t.message);
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let built = serde_json::from_value::<K8sEvent>(json!({
+            "metadata": {"generateName": format!("{}.", svc.name_any())},
+            "involvedObject": {"apiVersion": "v1", "kind": "Service", "name": svc.name_any(),
+                "namespace": ns, "uid": uid},
+            "reason": t.reason, "message": t.message, "type": "Warning", "count": 1,
+            "source": {"component": "corvid-kube-watch"},
+        }));
+        let Ok(mut event) = built else { return };
+        event.first_timestamp = Some(now.clone());
+        event.last_timestamp = Some(now);
+        if let Err(e) = Api::<K8sEvent>::namespaced(self.kube.clone(), &ns)
+            .create(&Default::default(), &event)
+            .await
+        {
+            tracing::warn!("recording an event: {e}");
+        }
+    }
+
+    /// Deletes the load balancers and floating IPs of services that are gone (deleted
+    /// while the watcher was down).
+    async fn sweep_services(&mut self) {
+        if !self.services_listed {
+            return;
+        }
+        let listed = self
+            .call(|c| c.list::<corvid_api::LoadBalancer>(&[("tags", ids::SERVICE_TAG)]))
+            .await;
+        let lbs = match listed {
+            Ok((lbs, _)) => lbs,
+            Err(e) => {
+                tracing::warn!("sweeping load balancers: {e}");
+                return;
+            }
+        };
+        let gone: Vec<String> = lbs
+            .iter()
+            .filter_map(|lb| lb.tags.iter().find_map(|t| t.strip_prefix("service-uid:")))
+            .filter(|uid| !self.services.contains_key(*uid))
+            .map(str::to_string)
+            .collect();
+        for uid in gone {
+            tracing::info!(service_uid = %uid, "load balancer of a gone service deleted");
+            self.made.remove(&uid);
+            self.service(&uid).await;
         }
     }
 

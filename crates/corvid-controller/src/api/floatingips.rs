@@ -29,6 +29,7 @@ pub(super) const FLOATING_IP: Attributes = Attributes {
     plural: "floatingips",
     common: &NEUTRON,
     own: &[
+        Attribute::create("id", Type::Text),
         Attribute::create("floating_network_id", Type::Text),
         Attribute::both("port_id", Type::Text),
         Attribute::both("fixed_ip_address", Type::Text),
@@ -109,10 +110,16 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
     let net_id: String = attr(&obj, "floating_network_id")?
         .ok_or_else(|| NeutronError::bad_request("Missing floating_network_id"))?;
     let want: Option<IpAddr> = attr(&obj, "floating_ip_address")?;
-    let id = new_id();
+    let id: String = attr(&obj, "id")?.unwrap_or_else(new_id);
     let (fip, _pending) = c
         .transact(|v| {
             let mut pending = c.pending();
+            if v.floatingips.contains_key(id.as_str()) {
+                return Err(NeutronError::conflict(
+                    "FloatingIPExists",
+                    format!("Floating IP {id} already exists."),
+                ));
+            }
             let net = lookup::<Network>(v, &net_id)?;
             if !net.obj.router_external {
                 return Err(NeutronError::bad_request(format!(

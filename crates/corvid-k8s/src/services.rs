@@ -1,0 +1,544 @@
+//! Services as load balancers: what a Service should be on the controller (pure, from
+//! the Service and the pods the watcher knows), and the calls that make the controller
+//! match it, sending only what changed since the watcher last looked.
+//!
+//! A Service with a cluster IP is a load balancer whose VIP port holds that IP on the
+//! service network; each service port is a listener with one pool, whose members are
+//! the ready pods the selector matches, on their target port (a number, or a name looked
+//! up in each pod's container ports). A `type: LoadBalancer` service also gets a
+//! floating IP from the public network, associated with the VIP port, and written into
+//! `status.loadBalancer.ingress`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use corvid_api::{
+    ApiError, Client, FloatingIp, LbProtocol, Listener, LoadBalancer, Member, Pool, NODE_PORT_TAG,
+};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::annotation::{PortAnnotation, KEY};
+use crate::ids;
+
+/// What the watcher needs of a pod to make it a member.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodView {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its address: from corvid's port annotation, else `status.podIP`.
+    pub ip: Option<IpAddr>,
+    /// Its Ready condition is true, and it is not being deleted.
+    pub ready: bool,
+    /// Its containers' ports by name, with their protocol.
+    pub ports: Vec<(String, u16, String)>,
+}
+
+impl PodView {
+    /// The view of `pod`.
+    pub fn of(pod: &Pod) -> PodView {
+        let annotated = pod
+            .annotations()
+            .get(KEY)
+            .and_then(|a| PortAnnotation::parse(a).ok())
+            .filter(|a| Some(&a.pod_uid) == pod.metadata.uid.as_ref())
+            .and_then(|a| a.addresses.first().map(|n| n.addr()));
+        let status = pod.status.as_ref();
+        let ip = annotated.or_else(|| status?.pod_ip.as_deref()?.parse().ok());
+        let ready = pod.metadata.deletion_timestamp.is_none()
+            && status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let ports = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| {
+                Some((
+                    p.name.clone()?,
+                    u16::try_from(p.container_port).ok()?,
+                    p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                ))
+            })
+            .collect();
+        PodView {
+            namespace: pod.namespace().unwrap_or_default(),
+            labels: pod.labels().clone(),
+            ip,
+            ready,
+            ports,
+        }
+    }
+}
+
+/// One service port as a listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WantedListener {
+    /// TCP, UDP or SCTP.
+    pub protocol: LbProtocol,
+    /// The port on the cluster IP.
+    pub port: u16,
+    /// The node port the API server gave it, if any.
+    pub node_port: Option<u16>,
+    /// Client affinity timeout in seconds (`sessionAffinity: ClientIP`).
+    pub affinity: Option<u64>,
+    /// Members: address and port.
+    pub members: BTreeSet<(IpAddr, u16)>,
+}
+
+impl WantedListener {
+    /// The listener's key among the service's: `TCP/80`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", protocol_name(self.protocol), self.port)
+    }
+}
+
+/// What a Service should be on the controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// The cluster IP: the VIP.
+    pub vip: IpAddr,
+    /// By key (`TCP/80`).
+    pub listeners: BTreeMap<String, WantedListener>,
+    /// `type: LoadBalancer`: a floating IP, this one if `loadBalancerIP` asks for it.
+    pub floating: Option<Option<IpAddr>>,
+}
+
+fn protocol_name(p: LbProtocol) -> &'static str {
+    match p {
+        LbProtocol::Tcp => "TCP",
+        LbProtocol::Udp => "UDP",
+        LbProtocol::Sctp => "SCTP",
+        LbProtocol::Other => "OTHER",
+    }
+}
+
+fn protocol_of(name: Option<&str>) -> LbProtocol {
+    match name.unwrap_or("TCP") {
+        "TCP" => LbProtocol::Tcp,
+        "UDP" => LbProtocol::Udp,
+        "SCTP" => LbProtocol::Sctp,
+        _ => LbProtocol::Other,
+    }
+}
+
+/// Kubernetes' default for `sessionAffinityConfig.clientIP.timeoutSeconds`.
+const DEFAULT_AFFINITY_SECONDS: u64 = 10800;
+
+/// What `svc` should be, given the pods of its namespace; none for a service that gets
+/// no load balancer (headless, ExternalName, no cluster IP yet).
+pub fn wanted<'a>(svc: &Service, pods: impl Iterator<Item = &'a PodView>) -> Option<Wanted> {
+    let spec = svc.spec.as_ref()?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return None;
+    }
+    let vip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
+    let selector = spec.selector.as_ref().filter(|s| !s.is_empty());
+    let namespace = svc.namespace().unwrap_or_default();
+    let chosen: Vec<&PodView> = match selector {
+        Some(sel) => pods
+            .filter(|p| p.namespace == namespace && p.ready && p.ip.is_some())
+            .filter(|p| sel.iter().all(|(k, v)| p.labels.get(k) == Some(v)))
+            .collect(),
+        None => Vec::new(),
+    };
+    let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref()?.timeout_seconds)
+            .and_then(|t| u64::try_from(t).ok())
+            .unwrap_or(DEFAULT_AFFINITY_SECONDS)
+    });
+    let mut listeners = BTreeMap::new();
+    for p in spec.ports.iter().flatten() {
+        let protocol = protocol_of(p.protocol.as_deref());
+        let Ok(port) = u16::try_from(p.port) else {
+            continue;
+        };
+        let members = chosen
+            .iter()
+            .filter_map(|pod| {
+                let ip = pod.ip.filter(|ip| ip.is_ipv4() == vip.is_ipv4())?;
+                let target = match &p.target_port {
+                    None => port,
+                    Some(IntOrString::Int(n)) => u16::try_from(*n).ok()?,
+                    Some(IntOrString::String(name)) => match name.parse() {
+                        Ok(n) => n,
+                        Err(_) => {
+                            pod.ports
+                                .iter()
+                                .find(|(n, _, proto)| {
+                                    n == name && protocol_of(Some(proto)) == protocol
+                                })?
+                                .1
+                        }
+                    },
+                };
+                Some((ip, target))
+            })
+            .collect();
+        let listener = WantedListener {
+            protocol,
+            port,
+            node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
+            affinity,
+            members,
+        };
+        listeners.insert(listener.key(), listener);
+    }
+    let floating = (spec.type_.as_deref() == Some("LoadBalancer")).then(|| {
+        spec.load_balancer_ip
+            .as_deref()
+            .and_then(|ip| ip.parse().ok())
+    });
+    Some(Wanted {
+        vip,
+        listeners,
+        floating,
+    })
+}
+
+/// What the controller holds for one service, as far as the watcher knows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Made {
+    /// The load balancer exists.
+    pub load_balancer: bool,
+    /// The listeners by key.
+    pub listeners: BTreeMap<String, WantedListener>,
+    /// The floating IP's address, when there is one.
+    pub floating: Option<IpAddr>,
+}
+
+/// Why a service is not (entirely) what it should be, for its event.
+#[derive(Debug)]
+pub struct Trouble {
+    /// The event's reason (`LoadBalancerIPTaken`, ...).
+    pub reason: &'static str,
+    /// What happened and what to do.
+    pub message: String,
+}
+
+/// Where the watcher's load balancers live.
+pub struct Networks<'a> {
+    /// The service network's subnet.
+    pub service_subnet: &'a str,
+    /// The public network floating IPs come from, if there is one.
+    pub public: Option<&'a str>,
+}
+
+fn tags(service_uid: &str) -> serde_json::Value {
+    json!([ids::SERVICE_TAG, ids::service_uid_tag(service_uid)])
+}
+
+fn listener_tags(service_uid: &str, l: &WantedListener) -> serde_json::Value {
+    let mut t = vec![
+        ids::SERVICE_TAG.to_string(),
+        ids::service_uid_tag(service_uid),
+    ];
+    if let Some(n) = l.node_port {
+        t.push(format!("{NODE_PORT_TAG}{n}"));
+    }
+    json!(t)
+}
+
+fn persistence(l: &WantedListener) -> serde_json::Value {
+    match l.affinity {
+        Some(t) => json!({"type": "SOURCE_IP", "persistence_timeout": t}),
+        None => serde_json::Value::Null,
+    }
+}
+
+fn gone_ok(r: Result<bool, ApiError>) -> Result<(), ApiError> {
+    r.map(drop)
+}
+
+/// Reads back what the controller holds for a service the watcher has not looked at since
+/// it started.
+pub fn load(ctl: &Client, service_uid: &str) -> Result<Made, ApiError> {
+    let lb_id = ids::load_balancer(service_uid);
+    match ctl.get::<LoadBalancer>(&lb_id) {
+        Err(ApiError::Neutron { status: 404, .. }) => return Ok(Made::default()),
+        r => r?,
+    };
+    let mut made = Made {
+        load_balancer: true,
+        ..Made::default()
+    };
+    let (listeners, _) = ctl.list::<Listener>(&[("loadbalancer_id", &lb_id)])?;
+    for l in listeners {
+        let (_, pool_id) = ids::listener(
+            service_uid,
+            &format!("{}/{}", protocol_name(l.protocol), l.protocol_port),
+        );
+        let pool = match ctl.get::<Pool>(&pool_id) {
+            Err(ApiError::Neutron { status: 404, .. }) => None,
+            r => Some(r?),
+        };
+        let (members, _) = ctl.list::<Member>(&[("pool_id", &pool_id)])?;
+        let wanted = WantedListener {
+            protocol: l.protocol,
+            port: l.protocol_port,
+            node_port: l
+                .tags
+                .iter()
+                .find_map(|t| t.strip_prefix(NODE_PORT_TAG)?.parse().ok()),
+            affinity: pool
+                .and_then(|p| p.session_persistence)
+                .map(|s| s.persistence_timeout.unwrap_or(DEFAULT_AFFINITY_SECONDS)),
+            members: members
+                .iter()
+                .map(|m| (m.address, m.protocol_port))
+                .collect(),
+        };
+        made.listeners.insert(wanted.key(), wanted);
+    }
+    made.floating = match ctl.get::<FloatingIp>(&ids::floating_ip(service_uid)) {
+        Err(ApiError::Neutron { status: 404, .. }) => None,
+        r => Some(r?.floating_ip_address),
+    };
+    Ok(made)
+}
+
+/// Makes the controller hold `want` for the service (none: nothing), starting from
+/// `made`, which is updated as each call succeeds. Returns what could not be done and is
+/// not worth retrying (a taken or exhausted floating IP).
+pub fn apply(
+    ctl: &Client,
+    service_uid: &str,
+    name: &str,
+    want: Option<&Wanted>,
+    nets: &Networks,
+    made: &mut Made,
+) -> Result<Option<Trouble>, ApiError> {
+    let lb_id = ids::load_balancer(service_uid);
+    let Some(want) = want else {
+        if made.floating.is_some() || made.load_balancer {
+            gone_ok(ctl.delete_if_present::<FloatingIp>(&ids::floating_ip(service_uid)))?;
+            made.floating = None;
+            let path = format!("/v2/lbaas/loadbalancers/{lb_id}?cascade=true");
+            match ctl.request("DELETE", &path, None) {
+                Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        *made = Made::default();
+        return Ok(None);
+    };
+    if !made.load_balancer {
+        ctl.create_or_get::<LoadBalancer>(
+            &lb_id,
+            json!({"id": lb_id, "name": name, "vip_subnet_id": nets.service_subnet,
+                "vip_address": want.vip.to_string(), "tags": tags(service_uid)}),
+        )?;
+        made.load_balancer = true;
+    }
+    let stale: Vec<String> = made
+        .listeners
+        .keys()
+        .filter(|k| !want.listeners.contains_key(*k))
+        .cloned()
+        .collect();
+    for key in stale {
+        let (listener, pool) = ids::listener(service_uid, &key);
+        gone_ok(ctl.delete_if_present::<Pool>(&pool))?;
+        gone_ok(ctl.delete_if_present::<Listener>(&listener))?;
+        made.listeners.remove(&key);
+    }
+    for (key, l) in &want.listeners {
+        let (listener_id, pool_id) = ids::listener(service_uid, key);
+        let had = made.listeners.get(key).cloned();
+        match &had {
+            None => {
+                ctl.create_or_get::<Listener>(
+                    &listener_id,
+                    json!({"id": listener_id, "loadbalancer_id": lb_id,
+                        "protocol": protocol_name(l.protocol), "protocol_port": l.port,
+                        "default_pool_id": null, "tags": listener_tags(service_uid, l)}),
+                )?;
+                ctl.create_or_get::<Pool>(
+                    &pool_id,
+                    json!({"id": pool_id, "listener_id": listener_id, "loadbalancer_id": lb_id,
+                        "protocol": protocol_name(l.protocol), "lb_algorithm": "ROUND_ROBIN",
+                        "session_persistence": persistence(l)}),
+                )?;
+            }
+            Some(h) => {
+                if h.node_port != l.node_port {
+                    ctl.update::<Listener>(
+                        &listener_id,
+                        json!({"tags": listener_tags(service_uid, l)}),
+                    )?;
+                }
+                if h.affinity != l.affinity {
+                    ctl.update::<Pool>(&pool_id, json!({"session_persistence": persistence(l)}))?;
+                }
+            }
+        }
+        let before = had.map(|h| h.members).unwrap_or_default();
+        let mut now = WantedListener {
+            members: before.clone(),
+            ..l.clone()
+        };
+        for (ip, port) in before.difference(&l.members) {
+            let id = ids::member(&pool_id, &format!("{ip}:{port}"));
+            gone_ok(ctl.delete_if_present::<Member>(&id))?;
+            now.members.remove(&(*ip, *port));
+            made.listeners.insert(key.clone(), now.clone());
+        }
+        for (ip, port) in l.members.difference(&before) {
+            let id = ids::member(&pool_id, &format!("{ip}:{port}"));
+            ctl.create_or_get::<Member>(
+                &id,
+                json!({"id": id, "pool_id": pool_id, "address": ip.to_string(),
+                    "protocol_port": port, "tags": tags(service_uid)}),
+            )?;
+            now.members.insert((*ip, *port));
+            made.listeners.insert(key.clone(), now.clone());
+        }
+        made.listeners.insert(key.clone(), now);
+    }
+    floating(ctl, service_uid, want, nets, made)
+}
+
+fn floating(
+    ctl: &Client,
+    service_uid: &str,
+    want: &Wanted,
+    nets: &Networks,
+    made: &mut Made,
+) -> Result<Option<Trouble>, ApiError> {
+    let fip_id = ids::floating_ip(service_uid);
+    let asked = match want.floating {
+        None => {
+            if made.floating.take().is_some() {
+                gone_ok(ctl.delete_if_present::<FloatingIp>(&fip_id))?;
+            }
+            return Ok(None);
+        }
+        Some(asked) => asked,
+    };
+    if let (Some(have), Some(asked)) = (made.floating, asked) {
+        if have != asked {
+            gone_ok(ctl.delete_if_present::<FloatingIp>(&fip_id))?;
+            made.floating = None;
+        }
+    }
+    if made.floating.is_some() {
+        return Ok(None);
+    }
+    let Some(public) = nets.public else {
+        return Ok(Some(Trouble {
+            reason: "NoPublicNetwork",
+            message: "type LoadBalancer needs a public network: start corvid kube-watch with --public-network".into(),
+        }));
+    };
+    let lb: LoadBalancer = ctl.get(&ids::load_balancer(service_uid))?;
+    let mut attrs = json!({"id": fip_id, "floating_network_id": public,
+        "port_id": lb.vip_port_id, "tags": tags(service_uid)});
+    if let Some(ip) = asked {
+        attrs["floating_ip_address"] = json!(ip.to_string());
+    }
+    match ctl.create_or_get::<FloatingIp>(&fip_id, attrs) {
+        Ok(f) => {
+            made.floating = Some(f.floating_ip_address);
+            Ok(None)
+        }
+        Err(ApiError::Neutron {
+            status: 409,
+            kind,
+            message,
+        }) => Ok(Some(Trouble {
+            reason: if kind == "IpAddressAlreadyAllocated" {
+                "LoadBalancerIPTaken"
+            } else {
+                "NoPublicAddress"
+            },
+            message: format!("no floating IP for the service: {message}"),
+        })),
+        Err(ApiError::Neutron {
+            status: 400,
+            message,
+            ..
+        }) => Ok(Some(Trouble {
+            reason: "LoadBalancerIPInvalid",
+            message: format!("no floating IP for the service: {message}"),
+        })),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(spec: serde_json::Value) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "s1"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str, ip: &str, ready: bool, labels: serde_json::Value) -> PodView {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": name, "labels": labels},
+            "spec": {"containers": [{"name": "c", "ports": [
+                {"name": "http", "containerPort": 8081, "protocol": "TCP"}]}]},
+            "status": {"podIP": ip, "conditions": [
+                {"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+        }))
+        .unwrap();
+        PodView::of(&p)
+    }
+
+    #[test]
+    fn ready_pods_the_selector_matches_are_members_on_their_target_port() {
+        let pods = [
+            pod("a", "10.1.0.5", true, json!({"app": "web", "tier": "x"})),
+            pod("b", "10.1.0.6", false, json!({"app": "web"})),
+            pod("c", "10.1.0.7", true, json!({"app": "db"})),
+        ];
+        let s = svc(
+            json!({"clusterIP": "10.96.0.10", "selector": {"app": "web"},
+            "sessionAffinity": "ClientIP",
+            "ports": [{"port": 80, "targetPort": "http"}, {"port": 53, "protocol": "UDP", "targetPort": 5353}]}),
+        );
+        let w = wanted(&s, pods.iter()).unwrap();
+        let tcp = &w.listeners["TCP/80"];
+        assert_eq!(
+            tcp.members,
+            BTreeSet::from([("10.1.0.5".parse().unwrap(), 8081)])
+        );
+        assert_eq!(tcp.affinity, Some(10800));
+        // A named port is looked up with its protocol: the UDP port is a number here.
+        assert_eq!(
+            w.listeners["UDP/53"].members,
+            BTreeSet::from([("10.1.0.5".parse().unwrap(), 5353)])
+        );
+        assert_eq!(w.floating, None);
+    }
+
+    #[test]
+    fn headless_and_external_name_services_get_no_load_balancer() {
+        let none = svc(json!({"clusterIP": "None", "ports": [{"port": 80}]}));
+        assert_eq!(wanted(&none, [].iter()), None);
+        let ext = svc(json!({"type": "ExternalName", "externalName": "example.org"}));
+        assert_eq!(wanted(&ext, [].iter()), None);
+    }
+
+    #[test]
+    fn a_load_balancer_service_asks_for_its_ip_and_keeps_its_node_ports() {
+        let s = svc(json!({"clusterIP": "10.96.0.11", "type": "LoadBalancer",
+            "loadBalancerIP": "192.0.2.7", "selector": {"app": "none"},
+            "ports": [{"port": 80, "nodePort": 30080}]}));
+        let w = wanted(&s, [].iter()).unwrap();
+        assert_eq!(w.floating, Some(Some("192.0.2.7".parse().unwrap())));
+        assert_eq!(w.listeners["TCP/80"].node_port, Some(30080));
+        assert!(w.listeners["TCP/80"].members.is_empty());
+    }
+}
