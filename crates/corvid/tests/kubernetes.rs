@@ -843,3 +843,208 @@ fn the_watchers_role_lists_services_and_patches_their_status_on_this_api_server(
     );
     assert_eq!(status.as_deref(), Some("203.0.113.7"));
 }
+
+/// A service's pods: made, annotated, plugged on their nodes, serving their name on 8080
+/// (TCP) and 5353 (UDP), and Ready.
+struct ServedPods {
+    /// (name, node index, UID, namespace, address).
+    pods: Vec<(String, usize, String, support::cluster::ns::Ns, String)>,
+    _servers: Vec<support::cluster::ns::Proc>,
+}
+
+fn served_pods(
+    cluster: &Cluster,
+    kube: &KubeApi,
+    ns: &str,
+    pods: &[(&str, usize, &str)],
+) -> ServedPods {
+    let mut out = Vec::new();
+    let mut servers = Vec::new();
+    for (name, host, app) in pods {
+        let (n, nsn, app2) = (name.to_string(), ns.to_string(), app.to_string());
+        let node = format!("h{}", host + 1);
+        let uid = kube.admin(|c| async move {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": n, "labels": {"app": app2}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cvt-pause",
+                    "ports": [{"name": "http", "containerPort": 8080}]}]},
+            }))
+            .unwrap();
+            Api::<Pod>::namespaced(c, &nsn)
+                .create(&PostParams::default(), &p)
+                .await
+                .unwrap()
+                .metadata
+                .uid
+                .unwrap()
+        });
+        let a = wait_annotation(kube, ns, name);
+        let netns = cluster.pod(&format!("{ns}{name}"));
+        let call = K8sCall {
+            host: *host,
+            command: "ADD",
+            ns,
+            name,
+            uid: &uid,
+            netns: Some(&netns.path),
+        };
+        cni_result(&run_plugin(cluster, kube, &call));
+        servers.push(netns.serve_name(name, 8080));
+        servers.push(netns.serve_name(name, 5353));
+        set_ready(kube, ns, name, true);
+        out.push((
+            name.to_string(),
+            *host,
+            uid,
+            netns,
+            a.addresses[0].addr().to_string(),
+        ));
+    }
+    ServedPods {
+        pods: out,
+        _servers: servers,
+    }
+}
+
+/// Sets the pod's Ready condition, as its kubelet would.
+fn set_ready(kube: &KubeApi, ns: &str, name: &str, ready: bool) {
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        let patch = json!({"status": {"conditions": [
+            {"type": "Ready", "status": if ready { "True" } else { "False" }}]}});
+        Api::<Pod>::namespaced(c, &ns)
+            .patch_status(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    });
+}
+
+/// Creates (or with `patch`, merge-patches) a service; returns it as the API server has it.
+fn service(
+    kube: &KubeApi,
+    ns: &str,
+    name: &str,
+    body: Value,
+    patch: bool,
+) -> k8s_openapi::api::core::v1::Service {
+    use k8s_openapi::api::core::v1::Service;
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        let api = Api::<Service>::namespaced(c, &ns);
+        if patch {
+            api.patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .await
+            .unwrap()
+        } else {
+            let mut body = body;
+            body["metadata"] = json!({"name": name});
+            api.create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+            .unwrap()
+        }
+    })
+}
+
+fn answers_of(answers: &[String]) -> std::collections::BTreeSet<&str> {
+    answers.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn services_spread_over_ready_pods_and_follow_them() {
+    let (cluster, kube) = setup("ks");
+    let _watcher = start_watcher(&cluster, &kube, &[]);
+    namespace(&kube, "shop");
+    let served = served_pods(
+        &cluster,
+        &kube,
+        "shop",
+        &[
+            ("p0", 0, "web"),
+            ("p1", 1, "web"),
+            ("p2", 0, "web"),
+            ("client", 0, "client"),
+        ],
+    );
+    let client = &served.pods[3].3;
+    let svc = service(
+        &kube,
+        "shop",
+        "web",
+        json!({"spec": {"selector": {"app": "web"}, "ports": [
+            {"name": "http", "port": 80, "targetPort": "http"},
+            {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}}),
+        false,
+    );
+    let vip = svc.spec.unwrap().cluster_ip.unwrap();
+    let web = std::collections::BTreeSet::from(["p0", "p1", "p2"]);
+    wait_until(
+        "every member to answer on the VIP",
+        Duration::from_secs(20),
+        || answers_of(&client.connect(&vip, 80, 20, false)) == web,
+    );
+    // 60 connections from a client pod reach all three, across both nodes; UDP too.
+    let answers = client.connect(&vip, 80, 60, false);
+    assert_eq!(answers_of(&answers), web, "{answers:?}");
+    let answers = client.connect(&vip, 53, 30, true);
+    assert_eq!(answers_of(&answers), web, "{answers:?}");
+    // A pod through the VIP to itself and the others.
+    let answers = served.pods[0].3.connect(&vip, 80, 30, false);
+    assert_eq!(answers_of(&answers), web, "hairpin: {answers:?}");
+
+    // ClientIP affinity: one member.
+    service(
+        &kube,
+        "shop",
+        "web",
+        json!({"spec": {"sessionAffinity": "ClientIP"}}),
+        true,
+    );
+    wait_until("affinity", Duration::from_secs(20), || {
+        answers_of(&client.connect(&vip, 80, 10, false)).len() == 1
+    });
+    service(
+        &kube,
+        "shop",
+        "web",
+        json!({"spec": {"sessionAffinity": "None"}}),
+        true,
+    );
+
+    // A deleted pod stops receiving connections at once.
+    delete_pod(&kube, "shop", "p1");
+    let deleted = std::time::Instant::now();
+    wait_until("p1 to be left out", Duration::from_secs(20), || {
+        !client
+            .connect(&vip, 80, 10, false)
+            .contains(&"p1".to_string())
+    });
+    let left_out = deleted.elapsed();
+    let answers = client.connect(&vip, 80, 30, false);
+    assert_eq!(
+        answers_of(&answers),
+        std::collections::BTreeSet::from(["p0", "p2"]),
+        "{answers:?}"
+    );
+    eprintln!("a deleted member left out after {left_out:?}");
+
+    // No ready pod: refused at once, not a timeout.
+    set_ready(&kube, "shop", "p0", false);
+    set_ready(&kube, "shop", "p2", false);
+    wait_until("refusal", Duration::from_secs(20), || {
+        client.connect(&vip, 80, 1, false) == ["refused"]
+    });
+    let start = std::time::Instant::now();
+    assert_eq!(client.connect(&vip, 80, 5, false), ["refused"; 5]);
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
