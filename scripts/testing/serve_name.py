@@ -1,4 +1,5 @@
-"""Answers every TCP connection and UDP datagram on PORT with NAME (tests' service member).
+"""Answers every TCP connection and UDP datagram on PORT with NAME (tests' service member);
+a TCP client that goes on sending gets its bytes echoed until it closes.
 
 usage: serve_name.py NAME PORT; prints "ready" once listening.
 """
@@ -17,6 +18,13 @@ def udp():
         u.sendto(name, peer)
 
 
+def answer(c):
+    with c:
+        c.sendall(name)
+        while data := c.recv(100):
+            c.sendall(data)
+
+
 threading.Thread(target=udp, daemon=True).start()
 t = socket.socket()
 t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -25,5 +33,4 @@ t.listen(64)
 print("ready", flush=True)
 while True:
     c, _ = t.accept()
-    c.sendall(name)
-    c.close()
+    threading.Thread(target=answer, args=(c,), daemon=True).start()

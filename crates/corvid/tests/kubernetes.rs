@@ -1048,3 +1048,220 @@ fn services_spread_over_ready_pods_and_follow_them() {
     assert_eq!(client.connect(&vip, 80, 5, false), ["refused"; 5]);
     assert!(start.elapsed() < Duration::from_secs(2));
 }
+
+/// The public network floating IPs come from: the lan's 10.99.0.100-10.99.0.102.
+fn public_network(cluster: &Cluster) {
+    cluster.api(|c| {
+        let n: Network = c
+            .create(json!({"name": "public", "router:external": true}))
+            .unwrap();
+        let _: Subnet = c
+            .create(
+                json!({"network_id": n.id, "cidr": "10.99.0.0/24", "ip_version": 4,
+                "gateway_ip": null,
+                "allocation_pools": [{"start": "10.99.0.100", "end": "10.99.0.102"}]}),
+            )
+            .unwrap();
+    });
+}
+
+fn service_status_ip(kube: &KubeApi, ns: &str, name: &str) -> Option<String> {
+    use k8s_openapi::api::core::v1::Service;
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        let s = Api::<Service>::namespaced(c, &ns).get(&name).await.unwrap();
+        s.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+}
+
+fn events(kube: &KubeApi, ns: &str) -> Vec<(String, String)> {
+    use k8s_openapi::api::core::v1::Event;
+    let ns = ns.to_string();
+    kube.admin(|c| async move {
+        Api::<Event>::namespaced(c, &ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.reason.unwrap_or_default(),
+                    e.involved_object.name.unwrap_or_default(),
+                )
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
+    let (mut cluster, kube) = setup("kl");
+    public_network(&cluster);
+    // Node 1 is on the public side (its underlay interface, here).
+    cluster.agents[0].take();
+    cluster.start_agent_with(0, &["--public-interface", "eth0"]);
+    let mut watcher = start_watcher(&cluster, &kube, &["--public-network", "public"]);
+    namespace(&kube, "shop");
+    let served = served_pods(
+        &cluster,
+        &kube,
+        "shop",
+        &[("p0", 0, "web"), ("p1", 1, "web")],
+    );
+    let web = std::collections::BTreeSet::from(["p0", "p1"]);
+    let svc = service(
+        &kube,
+        "shop",
+        "web",
+        json!({"spec": {"type": "LoadBalancer", "loadBalancerIP": "10.99.0.101",
+            "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}),
+        false,
+    );
+    let spec = svc.spec.unwrap();
+    let node_port = spec.ports.unwrap()[0].node_port.unwrap() as u16;
+    wait_until(
+        "the ingress IP in the status",
+        Duration::from_secs(20),
+        || service_status_ip(&kube, "shop", "web").as_deref() == Some("10.99.0.101"),
+    );
+    // From the public side, outside the overlay: the floating IP, and the node port on
+    // each node's address.
+    wait_until("the floating IP to answer", Duration::from_secs(20), || {
+        answers_of(&cluster.lan.connect("10.99.0.101", 80, 20, false)) == web
+    });
+    for node in ["10.99.0.1", "10.99.0.2"] {
+        let answers = cluster.lan.connect(node, node_port, 20, false);
+        assert_eq!(
+            answers_of(&answers),
+            web,
+            "node port on {node}: {answers:?}"
+        );
+    }
+
+    // An agent restarted keeps an open connection working and repairs a deleted rule.
+    let vip = spec.cluster_ip.unwrap();
+    let client = &served.pods[0].3;
+    let mut held = client
+        .command("python3")
+        .arg(support::cluster::ns::testing_script("hold.py"))
+        .args([vip.as_str(), "80"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut held_out = std::io::BufReader::new(held.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::{BufRead, Write};
+    held_out.read_line(&mut line).unwrap();
+    assert!(web.contains(line.trim()), "{line}");
+    cluster.agents[0].take();
+    let mut nft = cluster.hosts[0]
+        .open()
+        .run(corvid_net::nftables::Nftables::open)
+        .unwrap()
+        .unwrap();
+    let mut batch = corvid_net::nftables::Batch::new();
+    batch.flush_chain("services");
+    nft.commit(batch).unwrap();
+    let answers = client.connect(&vip, 80, 3, false);
+    assert!(
+        !answers.iter().any(|a| a.starts_with('p')),
+        "the rule is gone: {answers:?}"
+    );
+    cluster.start_agent_with(0, &["--public-interface", "eth0"]);
+    wait_until(
+        "the agent to repair the rule",
+        Duration::from_secs(20),
+        || answers_of(&client.connect(&vip, 80, 10, false)) == web,
+    );
+    writeln!(held.stdin.as_mut().unwrap(), "again").unwrap();
+    line.clear();
+    held_out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "again", "the open connection survived");
+    let _ = held.kill();
+    let _ = held.wait();
+
+    // Bad input: a loadBalancerIP that another service holds; an exhausted public
+    // network. Both are reported as events, and neither leaves a floating IP.
+    service(
+        &kube,
+        "shop",
+        "taken",
+        json!({"spec": {"type": "LoadBalancer", "loadBalancerIP": "10.99.0.101",
+            "selector": {"app": "web"}, "ports": [{"port": 81, "targetPort": 8080}]}}),
+        false,
+    );
+    for name in ["more1", "more2", "more3"] {
+        service(
+            &kube,
+            "shop",
+            name,
+            json!({"spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                "ports": [{"port": 82, "targetPort": 8080}]}}),
+            false,
+        );
+    }
+    wait_until("the events", Duration::from_secs(20), || {
+        let e = events(&kube, "shop");
+        e.contains(&("LoadBalancerIPTaken".into(), "taken".into()))
+            && e.iter().any(|(r, _)| r == "NoPublicAddress")
+    });
+    assert_eq!(service_status_ip(&kube, "shop", "taken"), None);
+    let fips: Vec<corvid_api::FloatingIp> = cluster.api(|c| c.list(&[])).unwrap().0;
+    assert_eq!(
+        fips.len(),
+        3,
+        "two free addresses taken by two of more1..3, and web's"
+    );
+
+    // The watcher down while services are deleted: its restart sweeps them.
+    watcher.kill9();
+    for name in ["web", "taken", "more1", "more2", "more3"] {
+        let name = name.to_string();
+        kube.admin(|c| async move {
+            Api::<k8s_openapi::api::core::v1::Service>::namespaced(c, "shop")
+                .delete(&name, &DeleteParams::default())
+                .await
+                .unwrap();
+        });
+    }
+    let _watcher = start_watcher(&cluster, &kube, &["--public-network", "public"]);
+    // The API server's own `kubernetes` service keeps its load balancer; no other is left.
+    let names = || {
+        let lbs: Vec<corvid_api::LoadBalancer> = cluster.api(|c| c.list(&[])).unwrap().0;
+        lbs.into_iter().map(|l| l.name).collect::<Vec<_>>()
+    };
+    wait_until("the sweep", Duration::from_secs(30), || {
+        names() == ["default/kubernetes"]
+    });
+    let fips: Vec<corvid_api::FloatingIp> = cluster.api(|c| c.list(&[])).unwrap().0;
+    assert_eq!(fips, []);
+    let vip_ports = cluster
+        .ports()
+        .into_iter()
+        .filter(|p| p.device_owner == "Octavia")
+        .count();
+    assert_eq!(vip_ports, 1);
+    for (i, host) in cluster.hosts.iter().enumerate() {
+        wait_until(
+            "the hosts' service chains to go",
+            Duration::from_secs(10),
+            || {
+                let chains = host
+                    .open()
+                    .run(|| corvid_net::nftables::Nftables::open()?.chains())
+                    .unwrap()
+                    .unwrap();
+                chains.iter().filter(|c| c.starts_with("svc-")).count() == 1
+            },
+        );
+        let addrs = host.netlink().addresses(None).unwrap();
+        assert!(
+            !addrs
+                .iter()
+                .any(|(_, a)| a.addr().to_string().starts_with("10.99.0.10")),
+            "host {i}: {addrs:?}"
+        );
+    }
+}
