@@ -1049,22 +1049,6 @@ fn services_spread_over_ready_pods_and_follow_them() {
     assert!(start.elapsed() < Duration::from_secs(2));
 }
 
-/// The public network floating IPs come from: the lan's 10.99.0.100-10.99.0.102.
-fn public_network(cluster: &Cluster) {
-    cluster.api(|c| {
-        let n: Network = c
-            .create(json!({"name": "public", "router:external": true}))
-            .unwrap();
-        let _: Subnet = c
-            .create(
-                json!({"network_id": n.id, "cidr": "10.99.0.0/24", "ip_version": 4,
-                "gateway_ip": null,
-                "allocation_pools": [{"start": "10.99.0.100", "end": "10.99.0.102"}]}),
-            )
-            .unwrap();
-    });
-}
-
 fn service_status_ip(kube: &KubeApi, ns: &str, name: &str) -> Option<String> {
     use k8s_openapi::api::core::v1::Service;
     let (ns, name) = (ns.to_string(), name.to_string());
@@ -1097,7 +1081,7 @@ fn events(kube: &KubeApi, ns: &str) -> Vec<(String, String)> {
 #[test]
 fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
     let (mut cluster, kube) = setup("kl");
-    public_network(&cluster);
+    cluster.public_network(102);
     // Node 1 is on the public side (its underlay interface, here).
     cluster.agents[0].take();
     cluster.start_agent_with(0, &["--public-interface", "eth0"]);

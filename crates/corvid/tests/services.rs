@@ -96,19 +96,7 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     }
 
     // A floating IP on the VIP: from the public side, outside the overlay.
-    let public: Network = cluster.api(|c| {
-        let n: Network = c
-            .create(json!({"name": "public", "router:external": true}))
-            .unwrap();
-        let _: Subnet = c
-            .create(
-                json!({"network_id": n.id, "cidr": "10.99.0.0/24", "ip_version": 4,
-                "gateway_ip": null,
-                "allocation_pools": [{"start": "10.99.0.100", "end": "10.99.0.150"}]}),
-            )
-            .unwrap();
-        n
-    });
+    let public = cluster.public_network(150);
     let fip: FloatingIp = cluster.api(|c| {
         c.create(json!({"floating_network_id": public.id, "port_id": lb["vip_port_id"]}))
             .unwrap()

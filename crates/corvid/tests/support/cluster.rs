@@ -188,6 +188,21 @@ impl Cluster {
         self.lan.open().run(|| f(&client)).unwrap()
     }
 
+    /// The public network floating IPs come from: the lan's 10.99.0.100 to `.last`.
+    pub fn public_network(&self, last: u8) -> Network {
+        self.api(|c| {
+            let n: Network = c
+                .create(json!({"name": "public", "router:external": true}))
+                .unwrap();
+            let _: Subnet = c
+                .create(json!({"network_id": n.id, "cidr": "10.99.0.0/24", "ip_version": 4,
+                    "gateway_ip": null,
+                    "allocation_pools": [{"start": "10.99.0.100", "end": format!("10.99.0.{last}")}]}))
+                .unwrap();
+            n
+        })
+    }
+
     /// A network with one /24 subnet, and its CNI configuration list in the conf dir.
     pub fn network(&self, name: &str, cidr: &str, masquerade: bool) -> (Network, Subnet) {
         let (net, subnet) = self.api(|c| {
