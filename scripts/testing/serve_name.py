@@ -1,5 +1,6 @@
 """Answers every TCP connection and UDP datagram on PORT with NAME (tests' service member);
-a TCP client that goes on sending gets its bytes echoed until it closes.
+a TCP client that goes on sending gets its bytes echoed until it closes. NAME `@peer`
+answers with the client's address instead (what a NAT made of it).
 
 usage: serve_name.py NAME PORT; prints "ready" once listening.
 """
@@ -10,17 +11,21 @@ import threading
 name, port = sys.argv[1].encode(), int(sys.argv[2])
 
 
+def reply(peer):
+    return peer[0].encode() if name == b"@peer" else name
+
+
 def udp():
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     u.bind(("0.0.0.0", port))
     while True:
         _, peer = u.recvfrom(100)
-        u.sendto(name, peer)
+        u.sendto(reply(peer), peer)
 
 
-def answer(c):
+def answer(c, peer):
     with c:
-        c.sendall(name)
+        c.sendall(reply(peer))
         while data := c.recv(100):
             c.sendall(data)
 
@@ -32,5 +37,5 @@ t.bind(("0.0.0.0", port))
 t.listen(64)
 print("ready", flush=True)
 while True:
-    c, _ = t.accept()
-    threading.Thread(target=answer, args=(c,), daemon=True).start()
+    c, peer = t.accept()
+    threading.Thread(target=answer, args=(c, peer), daemon=True).start()

@@ -330,12 +330,30 @@ pub fn apply(
         return Ok(None);
     };
     if !made.load_balancer {
-        ctl.create_or_get::<LoadBalancer>(
+        let made_lb = ctl.create_or_get::<LoadBalancer>(
             &lb_id,
             json!({"id": lb_id, "name": name, "vip_subnet_id": nets.service_subnet,
                 "vip_address": want.vip.to_string(), "tags": tags(service_uid)}),
-        )?;
-        made.load_balancer = true;
+        );
+        match made_lb {
+            Ok(_) => made.load_balancer = true,
+            // The cluster IP is not the controller's to give: nothing is made, and trying
+            // again will not help until someone frees it.
+            Err(ApiError::Neutron {
+                status: 400 | 409,
+                message,
+                ..
+            }) => {
+                return Ok(Some(Trouble {
+                    reason: "ClusterIPUnavailable",
+                    message: format!(
+                        "the cluster IP {} cannot be the load balancer's VIP: {message}",
+                        want.vip
+                    ),
+                }))
+            }
+            Err(e) => return Err(e),
+        }
     }
     let stale: Vec<String> = made
         .listeners

@@ -565,6 +565,19 @@ impl Watcher {
                 None
             }
         };
+        let trouble = trouble.or_else(|| {
+            let want = want.as_ref()?;
+            let selector = svc.as_ref()?.spec.as_ref()?.selector.as_ref()?;
+            let empty =
+                !want.listeners.is_empty() && want.listeners.values().all(|l| l.members.is_empty());
+            empty.then(|| Trouble {
+                reason: "NoReadyPods",
+                message: format!(
+                    "no ready pod matches the selector {selector:?}: connections to {} are refused",
+                    want.vip
+                ),
+            })
+        });
         match (trouble, &svc) {
             (Some(t), Some(s)) => self.report(s, t).await,
             (None, _) => {

@@ -1047,6 +1047,48 @@ fn services_spread_over_ready_pods_and_follow_them() {
     let start = std::time::Instant::now();
     assert_eq!(client.connect(&vip, 80, 5, false), ["refused"; 5]);
     assert!(start.elapsed() < Duration::from_secs(2));
+    wait_until("the event", Duration::from_secs(10), || {
+        events(&kube, "shop").contains(&("NoReadyPods".into(), "web".into()))
+    });
+
+    // A selector that matches nothing is said so; a cluster IP the controller already
+    // gave away gets no load balancer, and says so.
+    service(
+        &kube,
+        "shop",
+        "nobody",
+        json!({"spec": {"selector": {"app": "nobody"}, "ports": [{"port": 80}]}}),
+        false,
+    );
+    cluster.api(|c| {
+        c.request(
+            "POST",
+            "/v2/lbaas/loadbalancers",
+            Some(&json!({"loadbalancer": {"name": "squatter",
+                "vip_subnet_id": corvid_k8s::ids::service_network().1, "vip_address": "10.0.0.200"}})),
+        )
+    })
+    .unwrap();
+    service(
+        &kube,
+        "shop",
+        "clash",
+        json!({"spec": {"clusterIP": "10.0.0.200", "selector": {"app": "web"}, "ports": [{"port": 80}]}}),
+        false,
+    );
+    wait_until("the events", Duration::from_secs(10), || {
+        let e = events(&kube, "shop");
+        e.contains(&("NoReadyPods".into(), "nobody".into()))
+            && e.contains(&("ClusterIPUnavailable".into(), "clash".into()))
+    });
+    let lbs: Vec<corvid_api::LoadBalancer> = cluster.api(|c| c.list(&[])).unwrap().0;
+    assert_eq!(
+        lbs.iter()
+            .filter(|l| l.vip_address.map(|a| a.to_string()).as_deref() == Some("10.0.0.200"))
+            .count(),
+        1,
+        "only the squatter holds 10.0.0.200"
+    );
 }
 
 fn service_status_ip(kube: &KubeApi, ns: &str, name: &str) -> Option<String> {

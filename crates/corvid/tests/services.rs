@@ -110,6 +110,36 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     let answers = cluster.lan.connect(&fip_addr, 80, 40, false);
     assert_eq!(answered(&answers), all, "{answers:?}");
 
+    // A floating IP of a plain port: reached from the public side, and what the pod
+    // opens towards it leaves from the floating IP.
+    let a1_port = cluster
+        .ports()
+        .into_iter()
+        .find(|p| {
+            p.fixed_ips
+                .iter()
+                .any(|f| f.ip_address.to_string() == ips[0])
+        })
+        .unwrap();
+    let pod_fip: FloatingIp = cluster.api(|c| {
+        c.create(json!({"floating_network_id": public.id, "port_id": a1_port.id}))
+            .unwrap()
+    });
+    let pod_fip_addr = pod_fip.floating_ip_address.to_string();
+    wait_until(
+        "the pod's floating IP to answer",
+        Duration::from_secs(10),
+        || cluster.lan.connect(&pod_fip_addr, 8080, 1, false) == ["a1"],
+    );
+    let _peer = cluster.lan.serve_name("@peer", 7070);
+    assert_eq!(
+        pods[0].connect("10.99.0.254", 7070, 1, false),
+        [pod_fip_addr.clone()]
+    );
+    cluster
+        .api(|c| c.delete::<FloatingIp>(&pod_fip.id))
+        .unwrap();
+
     // Deleting the load balancer (the floating IP first) stops both, on both hosts.
     cluster.api(|c| c.delete::<FloatingIp>(&fip.id)).unwrap();
     let path = format!(

@@ -703,7 +703,16 @@ pub(crate) fn comments(nft: &mut Nftables, sets: &[&str]) -> Result<Vec<String>>
 /// A netfilter netlink socket bound to the namespace it was opened in.
 pub struct Nftables {
     channel: Channel,
+    /// The receive buffer asked for so far, in bytes.
+    receive_buffer: usize,
 }
+
+/// What one acknowledgement takes of a socket's receive buffer: a small message in a
+/// buffer of its own, as the kernel counts it (its true size).
+const ACK_COST: usize = 1024;
+
+/// The receive buffer the socket starts with (the kernel's usual default).
+const RECEIVE_BUFFER: usize = 212_992;
 
 fn nft_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
     let op = op.into();
@@ -713,9 +722,36 @@ fn nft_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
 impl Nftables {
     /// Opens a socket in the calling thread's namespace.
     pub fn open() -> Result<Nftables> {
-        Channel::open(NETLINK_NETFILTER)
-            .map(|channel| Nftables { channel })
-            .map_err(nft_err("open a netfilter netlink socket"))
+        let channel =
+            Channel::open(NETLINK_NETFILTER).map_err(nft_err("open a netfilter netlink socket"))?;
+        // Acknowledgements without a copy of the request: a batch gets one per message.
+        channel
+            .socket
+            .set_cap_ack(true)
+            .map_err(nft_err("ask for short acknowledgements"))?;
+        Ok(Nftables {
+            channel,
+            receive_buffer: RECEIVE_BUFFER,
+        })
+    }
+
+    /// Makes room for `acks` acknowledgements: the kernel answers a whole batch inside
+    /// the send, and what does not fit is lost (ENOBUFS).
+    fn room_for(&mut self, acks: usize) -> Result<()> {
+        let want = acks * ACK_COST + RECEIVE_BUFFER;
+        if want <= self.receive_buffer {
+            return Ok(());
+        }
+        // SO_RCVBUFFORCE passes over net.core.rmem_max (CAP_NET_ADMIN, which nftables
+        // needs anyway).
+        let fd = &self.channel.socket;
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(fd, want)
+            .or_else(|_| rustix::net::sockopt::set_socket_recv_buffer_size(fd, want))
+            .map_err(|e| {
+                nft_err("grow the receive buffer for a batch's answers")(io::Error::from(e))
+            })?;
+        self.receive_buffer = want;
+        Ok(())
     }
 
     /// Opens a socket inside `ns`; it keeps working there from any thread.
@@ -758,6 +794,7 @@ impl Nftables {
         if batch.is_empty() {
             return Ok(());
         }
+        self.room_for(batch.messages.len() + 2)?;
         let mut out = Vec::with_capacity(1024);
         let unspec = NetfilterProtoFamily::Unspec;
         let begin = self.serialize(ControlMessage::BatchBegin.into(), 0, unspec, &mut out);
