@@ -61,6 +61,49 @@ fn post(cluster: &Cluster, path: &str, body: Value) -> Value {
     v
 }
 
+/// A service network with a subnet for VIPs.
+fn service_subnet(cluster: &Cluster) -> String {
+    cluster.api(|c| {
+        let n: corvid_api::Network = c.create(json!({"name": "services"})).unwrap();
+        let s: corvid_api::Subnet = c
+            .create(json!({"network_id": n.id, "cidr": "10.98.0.0/24", "ip_version": 4, "gateway_ip": null}))
+            .unwrap();
+        s.id
+    })
+}
+
+/// A load balancer on `vip`:80 with `members` on 8080, through the API; the members' IDs.
+fn load_balancer(cluster: &Cluster, subnet: &str, vip: &str, members: &[String]) -> Vec<String> {
+    let lb = post(
+        cluster,
+        "/v2/lbaas/loadbalancers",
+        json!({"loadbalancer": {"vip_subnet_id": subnet, "vip_address": vip}}),
+    );
+    let lb_id = lb["loadbalancer"]["id"].clone();
+    let l = post(
+        cluster,
+        "/v2/lbaas/listeners",
+        json!({"listener": {"loadbalancer_id": lb_id, "protocol": "TCP", "protocol_port": 80}}),
+    );
+    let pool = post(
+        cluster,
+        "/v2/lbaas/pools",
+        json!({"pool": {"listener_id": l["listener"]["id"], "loadbalancer_id": lb_id,
+            "protocol": "TCP", "lb_algorithm": "ROUND_ROBIN"}}),
+    );
+    members
+        .iter()
+        .map(|ip| {
+            let m = post(
+                cluster,
+                "/v2/lbaas/members",
+                json!({"member": {"pool_id": pool["pool"]["id"], "address": ip, "protocol_port": 8080}}),
+            );
+            m["member"]["id"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
 /// Part 1: the controller's API to the VIP, and back out.
 fn end_to_end(trials: usize) {
     let cluster = Cluster::new("bs");
@@ -79,44 +122,13 @@ fn end_to_end(trials: usize) {
         .zip(["a", "b"])
         .map(|(p, n)| p.serve_name(n, 8080))
         .collect();
-    let subnet: corvid_api::Subnet = cluster.api(|c| {
-        let n: corvid_api::Network = c.create(json!({"name": "services"})).unwrap();
-        c.create(json!({"network_id": n.id, "cidr": "10.98.0.0/24", "ip_version": 4, "gateway_ip": null}))
-            .unwrap()
-    });
+    let subnet = service_subnet(&cluster);
     let (mut reachable, mut left_out) = (Vec::new(), Vec::new());
     for t in 0..trials {
         let vip = format!("10.98.0.{}", 10 + t);
         let to: SocketAddr = format!("{vip}:80").parse().unwrap();
         let start = Instant::now();
-        let lb = post(
-            &cluster,
-            "/v2/lbaas/loadbalancers",
-            json!({"loadbalancer": {"vip_subnet_id": subnet.id, "vip_address": vip}}),
-        );
-        let lb_id = lb["loadbalancer"]["id"].clone();
-        let l = post(
-            &cluster,
-            "/v2/lbaas/listeners",
-            json!({"listener": {"loadbalancer_id": lb_id, "protocol": "TCP", "protocol_port": 80}}),
-        );
-        let pool = post(
-            &cluster,
-            "/v2/lbaas/pools",
-            json!({"pool": {"listener_id": l["listener"]["id"], "loadbalancer_id": lb_id,
-                "protocol": "TCP", "lb_algorithm": "ROUND_ROBIN"}}),
-        );
-        let pool_id = pool["pool"]["id"].clone();
-        let members: Vec<Value> = ips[..2]
-            .iter()
-            .map(|ip| {
-                post(
-                    &cluster,
-                    "/v2/lbaas/members",
-                    json!({"member": {"pool_id": pool_id, "address": ip, "protocol_port": 8080}}),
-                )
-            })
-            .collect();
+        let members = load_balancer(&cluster, &subnet, &vip, &ips[..2]);
         while ask(&pods[2], to).is_none() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
@@ -124,7 +136,7 @@ fn end_to_end(trials: usize) {
             );
         }
         reachable.push(start.elapsed());
-        let gone = members[1]["member"]["id"].as_str().unwrap().to_string();
+        let gone = &members[1];
         let start = Instant::now();
         let path = format!("/v2/lbaas/members/{gone}");
         assert_eq!(
@@ -242,33 +254,8 @@ fn datapath(connections: usize) {
     let ip = result_ip(&cni_result(&cluster.add(0, "blue", &member)));
     cni_result(&cluster.add(0, "blue", &client));
     let _server = member.serve_name("m", 8080);
-    let subnet: corvid_api::Subnet = cluster.api(|c| {
-        let n: corvid_api::Network = c.create(json!({"name": "services"})).unwrap();
-        c.create(json!({"network_id": n.id, "cidr": "10.98.0.0/24", "ip_version": 4, "gateway_ip": null}))
-            .unwrap()
-    });
-    let lb = post(
-        &cluster,
-        "/v2/lbaas/loadbalancers",
-        json!({"loadbalancer": {"vip_subnet_id": subnet.id, "vip_address": "10.98.0.5"}}),
-    );
-    let lb_id = lb["loadbalancer"]["id"].clone();
-    let l = post(
-        &cluster,
-        "/v2/lbaas/listeners",
-        json!({"listener": {"loadbalancer_id": lb_id, "protocol": "TCP", "protocol_port": 80}}),
-    );
-    let pool = post(
-        &cluster,
-        "/v2/lbaas/pools",
-        json!({"pool": {"listener_id": l["listener"]["id"], "loadbalancer_id": lb_id,
-            "protocol": "TCP", "lb_algorithm": "ROUND_ROBIN"}}),
-    );
-    post(
-        &cluster,
-        "/v2/lbaas/members",
-        json!({"member": {"pool_id": pool["pool"]["id"], "address": ip, "protocol_port": 8080}}),
-    );
+    let subnet = service_subnet(&cluster);
+    load_balancer(&cluster, &subnet, "10.98.0.5", std::slice::from_ref(&ip));
     let vip: SocketAddr = "10.98.0.5:80".parse().unwrap();
     let direct: SocketAddr = format!("{ip}:8080").parse().unwrap();
     let start = Instant::now();

@@ -134,7 +134,7 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     let _peer = cluster.lan.serve_name("@peer", 7070);
     assert_eq!(
         pods[0].connect("10.99.0.254", 7070, 1, false),
-        [pod_fip_addr.clone()]
+        vec![pod_fip_addr]
     );
     cluster
         .api(|c| c.delete::<FloatingIp>(&pod_fip.id))
