@@ -224,3 +224,36 @@ fn a_new_owner_rebuilds_the_table_and_keeps_serving() {
     assert_eq!(site.client.connect(VIP, 80, 5, false), ["m2"; 5]);
     assert_eq!(site.client.connect(UDP_VIP, 53, 2, true), ["m0"; 2]);
 }
+
+#[test]
+fn a_thousand_services_go_in_one_transaction_and_out_again() {
+    let tag = format!("cvt{}big", std::process::id());
+    let host = Ns::new(&tag, "h");
+    let mut services = host
+        .open()
+        .run(|| Services::open(None, None))
+        .unwrap()
+        .unwrap();
+    let want: BTreeMap<String, Service> = (0..1000u32)
+        .map(|i| {
+            let vip = format!("10.96.{}.{}", i / 256, i % 256);
+            let mut s = service(&vip, Protocol::Tcp, 80, &[0, 1, 2]);
+            s.affinity = (i % 2 == 0).then(|| Duration::from_secs(60));
+            (format!("s{i}"), s)
+        })
+        .collect();
+    // Far more than a socket's default buffers hold, as one batch and its answers.
+    assert_eq!(services.sync(&want, &no_floating()).unwrap().added, 1000);
+    let mut nft = host.open().run(Nftables::open).unwrap().unwrap();
+    assert_eq!(nft.elements("service-ips4").unwrap().len(), 1000);
+    assert_eq!(nft.elements("service-members4").unwrap().len(), 3000);
+    assert_eq!(
+        services
+            .sync(&BTreeMap::new(), &no_floating())
+            .unwrap()
+            .removed,
+        1000
+    );
+    assert_eq!(nft.elements("service-ips4").unwrap(), []);
+    assert!(!nft.chains().unwrap().iter().any(|c| c.starts_with("svc-")));
+}

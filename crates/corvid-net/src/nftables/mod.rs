@@ -703,16 +703,16 @@ pub(crate) fn comments(nft: &mut Nftables, sets: &[&str]) -> Result<Vec<String>>
 /// A netfilter netlink socket bound to the namespace it was opened in.
 pub struct Nftables {
     channel: Channel,
-    /// The receive buffer asked for so far, in bytes.
-    receive_buffer: usize,
+    /// The receive and send buffers asked for so far, in bytes.
+    buffers: (usize, usize),
 }
 
 /// What one acknowledgement takes of a socket's receive buffer: a small message in a
 /// buffer of its own, as the kernel counts it (its true size).
 const ACK_COST: usize = 1024;
 
-/// The receive buffer the socket starts with (the kernel's usual default).
-const RECEIVE_BUFFER: usize = 212_992;
+/// The buffers a socket starts with (the kernel's usual default).
+const SOCKET_BUFFER: usize = 212_992;
 
 fn nft_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
     let op = op.into();
@@ -731,26 +731,32 @@ impl Nftables {
             .map_err(nft_err("ask for short acknowledgements"))?;
         Ok(Nftables {
             channel,
-            receive_buffer: RECEIVE_BUFFER,
+            buffers: (SOCKET_BUFFER, SOCKET_BUFFER),
         })
     }
 
-    /// Makes room for `acks` acknowledgements: the kernel answers a whole batch inside
-    /// the send, and what does not fit is lost (ENOBUFS).
-    fn room_for(&mut self, acks: usize) -> Result<()> {
-        let want = acks * ACK_COST + RECEIVE_BUFFER;
-        if want <= self.receive_buffer {
-            return Ok(());
-        }
-        // SO_RCVBUFFORCE passes over net.core.rmem_max (CAP_NET_ADMIN, which nftables
-        // needs anyway).
+    /// Makes room for a batch of `bytes` (sent in one message, which must fit the send
+    /// buffer) and its `acks` acknowledgements (the kernel answers the whole batch inside
+    /// the send, and what does not fit the receive buffer is lost, ENOBUFS).
+    fn room_for(&mut self, bytes: usize, acks: usize) -> Result<()> {
+        use rustix::net::sockopt;
         let fd = &self.channel.socket;
-        rustix::net::sockopt::set_socket_recv_buffer_size_force(fd, want)
-            .or_else(|_| rustix::net::sockopt::set_socket_recv_buffer_size(fd, want))
-            .map_err(|e| {
-                nft_err("grow the receive buffer for a batch's answers")(io::Error::from(e))
-            })?;
-        self.receive_buffer = want;
+        // The FORCE options pass over net.core.[rw]mem_max (CAP_NET_ADMIN, which
+        // nftables needs anyway).
+        let receive = acks * ACK_COST + SOCKET_BUFFER;
+        if receive > self.buffers.0 {
+            sockopt::set_socket_recv_buffer_size_force(fd, receive)
+                .or_else(|_| sockopt::set_socket_recv_buffer_size(fd, receive))
+                .map_err(|e| nft_err("grow the receive buffer for a batch's answers")(e.into()))?;
+            self.buffers.0 = receive;
+        }
+        let send = bytes + SOCKET_BUFFER;
+        if send > self.buffers.1 {
+            sockopt::set_socket_send_buffer_size_force(fd, send)
+                .or_else(|_| sockopt::set_socket_send_buffer_size(fd, send))
+                .map_err(|e| nft_err("grow the send buffer for a batch")(e.into()))?;
+            self.buffers.1 = send;
+        }
         Ok(())
     }
 
@@ -794,7 +800,6 @@ impl Nftables {
         if batch.is_empty() {
             return Ok(());
         }
-        self.room_for(batch.messages.len() + 2)?;
         let mut out = Vec::with_capacity(1024);
         let unspec = NetfilterProtoFamily::Unspec;
         let begin = self.serialize(ControlMessage::BatchBegin.into(), 0, unspec, &mut out);
@@ -804,6 +809,7 @@ impl Nftables {
             steps.push((seq, what));
         }
         let end = self.serialize(ControlMessage::BatchEnd.into(), 0, unspec, &mut out);
+        self.room_for(out.len(), steps.len() + 2)?;
         self.channel
             .socket
             .send(&out, 0)
