@@ -163,6 +163,25 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
     assert!(!answers.contains(&kept), "{kept} still chosen: {answers:?}");
     assert_eq!(distinct(&answers).len(), 1, "{answers:?}");
 
+    // The same number of members, one replaced: its elements change, not the chain's
+    // rules, and nobody stays with the one that went.
+    let chosen = answers[0].clone();
+    let index = |name: &str| name[1..].parse::<usize>().unwrap();
+    let other = rest
+        .iter()
+        .copied()
+        .find(|i| format!("m{i}") != chosen)
+        .unwrap();
+    let swapped = [other, index(&kept)];
+    want.get_mut("web").unwrap().members = service(VIP, Protocol::Tcp, 80, &swapped).members;
+    assert_eq!(services.sync(&want, &no_floating()).unwrap().changed, 1);
+    let answers = site.client.connect(VIP, 80, 20, false);
+    assert!(
+        !answers.contains(&chosen),
+        "{chosen} still chosen: {answers:?}"
+    );
+    assert_eq!(distinct(&answers).len(), 1, "{answers:?}");
+
     // No member: refused at once, never a black hole.
     want.get_mut("web").unwrap().members.clear();
     want.get_mut("dns").unwrap().members.clear();

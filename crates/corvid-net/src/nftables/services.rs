@@ -626,7 +626,33 @@ impl Services {
                 batch.delete_element(set, key);
             }
         }
-        if s.members != new.members || s.affinity != new.affinity || s.vip != new.vip {
+        let (was, now): (Vec<_>, Vec<_>) =
+            (Self::members(s).collect(), Self::members(new).collect());
+        let same_rules = was.len() == now.len()
+            && s.affinity == new.affinity
+            && s.vip.is_ipv6() == new.vip.is_ipv6();
+        if same_rules && was != now {
+            // Only whom the indexes name changed: the elements, not the chain. A new rule
+            // would make the kernel check the whole table at commit (its nat expression
+            // asks for validation), a cost that grows with the services.
+            let f = family(new.vip.is_ipv6());
+            for (i, (old_target, new_target)) in was.iter().zip(&now).enumerate() {
+                if old_target != new_target {
+                    let key = member_key(old.number, i as u32);
+                    batch.delete_element(f.members, &key);
+                    batch.add_element(
+                        f.members,
+                        &key,
+                        Some(target(new_target.0, new_target.1)),
+                        id,
+                    );
+                }
+            }
+            if s.affinity.is_some() {
+                // Nobody may stay with a member that is gone.
+                batch.flush_set(&affinity);
+            }
+        } else if !same_rules {
             let f = family(s.vip.is_ipv6());
             for i in 0..Self::members(s).count() {
                 batch.delete_element(f.members, &member_key(old.number, i as u32));
