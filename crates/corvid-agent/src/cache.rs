@@ -33,8 +33,71 @@ pub struct Cache {
     pub members: HashMap<String, Member>,
     /// Floating IPs.
     pub floatingips: HashMap<String, FloatingIp>,
-    /// Whether a change since the last look concerned services or floating IPs.
-    pub services_changed: bool,
+    /// Which listeners (services) changed since the last look.
+    pub services_changed: Changed,
+    /// Listeners by load balancer, pools by listener, members by pool.
+    pub index: ServiceIndex,
+}
+
+/// Which services changed since the agent last served them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub enum Changed {
+    /// None.
+    #[default]
+    Nothing,
+    /// These listeners.
+    Listeners(BTreeSet<String>),
+    /// Any of them, and the floating IPs: plan everything.
+    All,
+}
+
+impl Changed {
+    fn listener(&mut self, id: &str) {
+        match self {
+            Changed::All => {}
+            Changed::Listeners(set) => {
+                set.insert(id.to_string());
+            }
+            Changed::Nothing => *self = Changed::Listeners(BTreeSet::from([id.to_string()])),
+        }
+    }
+}
+
+/// The children of load balancers by parent, kept with the cache so that planning one
+/// service does not scan them all.
+#[derive(Debug, Default, Clone)]
+pub struct ServiceIndex {
+    /// Listener IDs by load balancer.
+    pub listeners: HashMap<String, BTreeSet<String>>,
+    /// Pool IDs by the listener they were made with.
+    pub pools: HashMap<String, BTreeSet<String>>,
+    /// Member IDs by pool.
+    pub members: HashMap<String, BTreeSet<String>>,
+    /// Floating IP IDs by the port they map to.
+    pub floating: HashMap<String, BTreeSet<String>>,
+}
+
+/// Moves `id` from `old` parent's set to `new` parent's.
+fn reindex(
+    index: &mut HashMap<String, BTreeSet<String>>,
+    id: &str,
+    old: Option<&str>,
+    new: Option<&str>,
+) {
+    if let Some(o) = old {
+        if let Some(set) = index.get_mut(o) {
+            set.remove(id);
+            if set.is_empty() {
+                index.remove(o);
+            }
+        }
+    }
+    if let Some(n) = new {
+        index
+            .entry(n.to_string())
+            .or_default()
+            .insert(id.to_string());
+    }
 }
 
 /// Which networks a batch of changes touched.
@@ -108,7 +171,7 @@ impl Cache {
         let (pools, r7) = list(client)?;
         let (members, r8) = list(client)?;
         let (floatingips, r9) = list(client)?;
-        Ok(Cache {
+        let mut cache = Cache {
             revision: [r1, r2, r3, r4, r5, r6, r7, r8, r9]
                 .into_iter()
                 .min()
@@ -122,8 +185,11 @@ impl Cache {
             pools,
             members,
             floatingips,
-            services_changed: true,
-        })
+            services_changed: Changed::All,
+            index: ServiceIndex::default(),
+        };
+        cache.reindex();
+        Ok(cache)
     }
 
     /// Applies watch events and reports what they touched.
@@ -157,11 +223,64 @@ impl Cache {
                     upsert(&mut self.hosts, e);
                     dirty = Dirty::All;
                 }
-                "loadbalancers" => self.service_event(|c| upsert(&mut c.loadbalancers, e)),
-                "listeners" => self.service_event(|c| upsert(&mut c.listeners, e)),
-                "pools" => self.service_event(|c| upsert(&mut c.pools, e)),
-                "members" => self.service_event(|c| upsert(&mut c.members, e)),
-                "floatingips" => self.service_event(|c| upsert(&mut c.floatingips, e)),
+                "loadbalancers" => {
+                    upsert(&mut self.loadbalancers, e);
+                    for l in self.index.listeners.get(&e.id).cloned().unwrap_or_default() {
+                        self.services_changed.listener(&l);
+                    }
+                }
+                "listeners" => {
+                    let old = upsert(&mut self.listeners, e);
+                    let new = self.listeners.get(&e.id);
+                    reindex(
+                        &mut self.index.listeners,
+                        &e.id,
+                        old.as_ref().map(|l| l.loadbalancer_id.as_str()),
+                        new.map(|l| l.loadbalancer_id.as_str()),
+                    );
+                    self.services_changed.listener(&e.id);
+                }
+                "pools" => {
+                    let old = upsert(&mut self.pools, e);
+                    let new = self.pools.get(&e.id).cloned();
+                    let (was, is) = (
+                        old.as_ref().and_then(|p| p.listener_id.clone()),
+                        new.as_ref().and_then(|p| p.listener_id.clone()),
+                    );
+                    reindex(&mut self.index.pools, &e.id, was.as_deref(), is.as_deref());
+                    for pool in [old, new].into_iter().flatten() {
+                        self.pool_changed(pool.listener_id.as_deref());
+                    }
+                }
+                "members" => {
+                    let old = upsert(&mut self.members, e);
+                    let new = self.members.get(&e.id).map(|m| m.pool_id.clone());
+                    let was = old.map(|m| m.pool_id);
+                    reindex(
+                        &mut self.index.members,
+                        &e.id,
+                        was.as_deref(),
+                        new.as_deref(),
+                    );
+                    for pool in [was, new].into_iter().flatten() {
+                        // A member of a pool not known (yet) serves nothing.
+                        if let Some(listener) = self.pools.get(&pool).map(|p| p.listener_id.clone())
+                        {
+                            self.pool_changed(listener.as_deref());
+                        }
+                    }
+                }
+                "floatingips" => {
+                    let old = upsert(&mut self.floatingips, e).and_then(|f| f.port_id);
+                    let new = self.floatingips.get(&e.id).and_then(|f| f.port_id.clone());
+                    reindex(
+                        &mut self.index.floating,
+                        &e.id,
+                        old.as_deref(),
+                        new.as_deref(),
+                    );
+                    self.services_changed = Changed::All;
+                }
                 _ => {}
             }
         }
@@ -170,9 +289,40 @@ impl Cache {
 }
 
 impl Cache {
-    fn service_event<T>(&mut self, apply: impl FnOnce(&mut Cache) -> T) {
-        apply(self);
-        self.services_changed = true;
+    /// A pool of `listener` changed; a pool made without a listener (named by a
+    /// listener's `default_pool_id`) may be any listener's.
+    fn pool_changed(&mut self, listener: Option<&str>) {
+        match listener {
+            Some(l) => self.services_changed.listener(l),
+            None => self.services_changed = Changed::All,
+        }
+    }
+
+    /// Builds the service index from the load balancers' children.
+    pub fn reindex(&mut self) {
+        self.index = ServiceIndex::default();
+        for l in self.listeners.values() {
+            reindex(
+                &mut self.index.listeners,
+                &l.id,
+                None,
+                Some(&l.loadbalancer_id),
+            );
+        }
+        for p in self.pools.values() {
+            reindex(&mut self.index.pools, &p.id, None, p.listener_id.as_deref());
+        }
+        for m in self.members.values() {
+            reindex(&mut self.index.members, &m.id, None, Some(&m.pool_id));
+        }
+        for f in self.floatingips.values() {
+            reindex(&mut self.index.floating, &f.id, None, f.port_id.as_deref());
+        }
+    }
+
+    /// What changed since the last call.
+    pub fn take_changed(&mut self) -> Changed {
+        std::mem::take(&mut self.services_changed)
     }
 }
 
@@ -209,17 +359,44 @@ mod tests {
         )]);
         assert_eq!(d, Dirty::All);
         assert!(c.hosts.contains_key("h"));
-        c.services_changed = false;
         assert_eq!(
             c.apply(&[event(
                 EventKind::Put,
-                "loadbalancers",
-                "x",
-                json!({"id": "x"})
+                "listeners",
+                "l",
+                json!({"id": "l", "loadbalancer_id": "x", "protocol": "TCP", "protocol_port": 80})
             )]),
             Dirty::None
         );
-        assert!(c.services_changed && c.loadbalancers.contains_key("x"));
+        let only_l = || Changed::Listeners(BTreeSet::from(["l".to_string()]));
+        assert_eq!(c.take_changed(), only_l());
+        // A load balancer's change is its listeners'; a member's, its pool's listener's.
+        c.apply(&[event(
+            EventKind::Put,
+            "loadbalancers",
+            "x",
+            json!({"id": "x"}),
+        )]);
+        assert_eq!(c.take_changed(), only_l());
+        c.apply(&[event(
+            EventKind::Put,
+            "pools",
+            "p",
+            json!({"id": "p", "listener_id": "l", "lb_algorithm": "ROUND_ROBIN"}),
+        )]);
+        assert_eq!(c.take_changed(), only_l());
+        c.apply(&[event(
+            EventKind::Put,
+            "members",
+            "m",
+            json!({"id": "m", "pool_id": "p", "address": "10.0.0.5", "protocol_port": 80}),
+        )]);
+        assert_eq!(c.take_changed(), only_l());
+        assert_eq!(c.index.members["p"], BTreeSet::from(["m".to_string()]));
+        c.apply(&[event(EventKind::Delete, "members", "m", json!({}))]);
+        assert_eq!(c.take_changed(), only_l());
+        assert!(!c.index.members.contains_key("p"));
+        assert_eq!(c.take_changed(), Changed::Nothing);
     }
 
     #[test]

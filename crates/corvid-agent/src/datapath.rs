@@ -51,7 +51,13 @@ impl Datapath {
     /// Makes the services' table serve `plan`, sending only what changed since the last
     /// call (the first one rebuilds what an earlier agent left), and gives the public
     /// interface the floating IPs so that this host answers ARP for them.
-    pub fn sync_services(&mut self, plan: &ServicePlan) -> Result<SyncReport> {
+    /// With `changed`, only those services are looked at (and the floating IPs, which
+    /// the caller leaves unchanged, are not).
+    pub fn sync_services(
+        &mut self,
+        plan: &ServicePlan,
+        changed: Option<&BTreeSet<String>>,
+    ) -> Result<SyncReport> {
         if self.services.is_none() {
             // Pods on one bridge reach a VIP through the host and get the answer over
             // the bridge: only with bridged traffic in conntrack is it translated back.
@@ -67,13 +73,20 @@ impl Datapath {
             self.services = Some(Services::open(public, Some(self.local))?);
         }
         let services = self.services.as_mut().expect("opened above");
-        let report = match services.sync(&plan.services, &plan.floating) {
+        let synced = match changed {
+            Some(ids) => services.sync_changed(&plan.services, ids, &plan.floating),
+            None => services.sync(&plan.services, &plan.floating),
+        };
+        let report = match synced {
             Ok(r) => r,
             Err(e) => {
                 services.reset();
                 return Err(e);
             }
         };
+        if changed.is_some() {
+            return Ok(report);
+        }
         if let Some((name, given)) = &mut self.public {
             let link = self
                 .nl

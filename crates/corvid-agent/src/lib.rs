@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use corvid_api::{ApiError, Client, Status, WatchFilter};
 
-use crate::cache::{Cache, Dirty};
+use crate::cache::{Cache, Changed, Dirty};
 use crate::datapath::Datapath;
 use corvid_net::binding::Plugged;
 use corvid_net::link::Link;
@@ -68,6 +68,8 @@ pub struct Agent {
     /// Ports whose namespace side was last found complete, with the revision then: a
     /// port is checked again when it changes and at every full pass.
     checked: HashMap<String, u64>,
+    /// The services and floating IPs last handed to the datapath.
+    services: services::ServicePlan,
 }
 
 /// The local address this host uses to reach `url`'s host (no packet is sent); the
@@ -122,6 +124,7 @@ impl Agent {
             underlay,
             failed: HashMap::new(),
             checked: HashMap::new(),
+            services: Default::default(),
         })
     }
 
@@ -180,8 +183,8 @@ impl Agent {
                         self.reconcile(Dirty::All);
                     } else if dirty != Dirty::None {
                         self.reconcile(dirty);
-                    } else if self.cache.services_changed {
-                        self.sync_services();
+                    } else if self.cache.services_changed != Changed::Nothing {
+                        self.sync_services(false);
                     }
                 }
                 Err(ApiError::Neutron { status: 410, .. }) => return,
@@ -196,12 +199,31 @@ impl Agent {
         }
     }
 
-    /// Makes the service datapath match the cache's load balancers and floating IPs.
-    fn sync_services(&mut self) {
-        let plan = services::plan(&self.cache);
-        match self.dp.sync_services(&plan) {
+    /// Makes the service datapath match the cache's load balancers and floating IPs:
+    /// everything when `full`, else the services that changed.
+    fn sync_services(&mut self, full: bool) {
+        let changed = match self.cache.take_changed() {
+            _ if full => Changed::All,
+            c => c,
+        };
+        let synced = match &changed {
+            Changed::Nothing => return,
+            Changed::All => {
+                self.services = services::plan(&self.cache);
+                self.dp.sync_services(&self.services, None)
+            }
+            Changed::Listeners(ids) => {
+                for id in ids {
+                    match services::plan_listener(&self.cache, id) {
+                        Some(s) => self.services.services.insert(id.clone(), s),
+                        None => self.services.services.remove(id),
+                    };
+                }
+                self.dp.sync_services(&self.services, Some(ids))
+            }
+        };
+        match synced {
             Ok(report) => {
-                self.cache.services_changed = false;
                 if report != Default::default() {
                     tracing::info!(
                         added = report.added,
@@ -211,7 +233,10 @@ impl Agent {
                     );
                 }
             }
-            Err(e) => tracing::error!("services: {e}"),
+            Err(e) => {
+                tracing::error!("services: {e}");
+                self.cache.services_changed = Changed::All;
+            }
         }
     }
 
@@ -329,9 +354,7 @@ impl Agent {
         if let Err(e) = self.dp.sync_masquerade(&all) {
             tracing::error!("masquerade: {e}");
         }
-        if self.cache.services_changed || full {
-            self.sync_services();
-        }
+        self.sync_services(full);
         self.failed
             .retain(|id, _| self.cache.ports.contains_key(id));
         self.checked

@@ -2,11 +2,11 @@
 //! unit-tested): every load balancer's listeners with their members, served on every
 //! host, and the floating IPs of ports that are not VIPs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use corvid_api::{LbProtocol, Member, Pool, NODE_PORT_TAG};
+use corvid_api::{LbProtocol, Pool, NODE_PORT_TAG};
 use corvid_net::nftables::portmap::Protocol;
 use corvid_net::nftables::services::Service;
 
@@ -66,71 +66,11 @@ fn affinity(pool: &Pool) -> Option<Duration> {
 
 /// The service datapath of every load balancer in the cache.
 pub fn plan(cache: &Cache) -> ServicePlan {
-    let mut members: HashMap<&str, Vec<&Member>> = HashMap::new();
-    for m in cache.members.values() {
-        members.entry(m.pool_id.as_str()).or_default().push(m);
-    }
-    let mut pools_of_listener: HashMap<&str, &Pool> = HashMap::new();
-    for p in cache.pools.values() {
-        if let Some(l) = &p.listener_id {
-            pools_of_listener.insert(l.as_str(), p);
-        }
-    }
-    let mut floating_of_port: HashMap<&str, Vec<IpAddr>> = HashMap::new();
-    for f in cache.floatingips.values() {
-        if let Some(port) = &f.port_id {
-            floating_of_port
-                .entry(port.as_str())
-                .or_default()
-                .push(f.floating_ip_address);
-        }
-    }
     let mut out = ServicePlan::default();
-    for l in cache.listeners.values().filter(|l| l.admin_state_up) {
-        let Some(lb) = cache.loadbalancers.get(&l.loadbalancer_id) else {
-            continue;
-        };
-        let (Some(vip), Some(protocol)) = (lb.vip_address, protocol(l.protocol)) else {
-            continue;
-        };
-        let pool = l
-            .default_pool_id
-            .as_ref()
-            .and_then(|p| cache.pools.get(p))
-            .or_else(|| pools_of_listener.get(l.id.as_str()).copied());
-        let serving = lb.admin_state_up && pool.is_some_and(|p| p.admin_state_up);
-        let mut chosen: Vec<(IpAddr, u16)> = pool
-            .filter(|_| serving)
-            .and_then(|p| members.get(p.id.as_str()))
-            .into_iter()
-            .flatten()
-            .filter(|m| m.admin_state_up && !m.backup)
-            .map(|m| (m.address, m.protocol_port))
-            .collect();
-        chosen.sort();
-        chosen.dedup();
-        let mut external = lb
-            .vip_port_id
-            .as_deref()
-            .and_then(|p| floating_of_port.get(p))
-            .cloned()
-            .unwrap_or_default();
-        external.sort();
-        out.services.insert(
-            l.id.clone(),
-            Service {
-                vip,
-                external,
-                protocol,
-                port: l.protocol_port,
-                node_port: l
-                    .tags
-                    .iter()
-                    .find_map(|t| t.strip_prefix(NODE_PORT_TAG)?.parse().ok()),
-                members: chosen,
-                affinity: pool.and_then(affinity),
-            },
-        );
+    for id in cache.listeners.keys() {
+        if let Some(s) = plan_listener(cache, id) {
+            out.services.insert(id.clone(), s);
+        }
     }
     let vip_ports: std::collections::HashSet<&str> = cache
         .loadbalancers
@@ -145,6 +85,57 @@ pub fn plan(cache: &Cache) -> ServicePlan {
         }
     }
     out
+}
+
+/// The service of one listener, from the cache's indexes (its cost does not grow with
+/// the other services); none when it serves nothing (gone, down, no VIP, not TCP, UDP
+/// or SCTP).
+pub fn plan_listener(cache: &Cache, id: &str) -> Option<Service> {
+    let l = cache.listeners.get(id).filter(|l| l.admin_state_up)?;
+    let lb = cache.loadbalancers.get(&l.loadbalancer_id)?;
+    let (vip, protocol) = (lb.vip_address?, protocol(l.protocol)?);
+    let pool = l
+        .default_pool_id
+        .as_ref()
+        .and_then(|p| cache.pools.get(p))
+        .or_else(|| {
+            let made_with = cache.index.pools.get(id)?;
+            made_with.iter().find_map(|p| cache.pools.get(p))
+        });
+    let serving = lb.admin_state_up && pool.is_some_and(|p| p.admin_state_up);
+    let mut members: Vec<(IpAddr, u16)> = pool
+        .filter(|_| serving)
+        .and_then(|p| cache.index.members.get(&p.id))
+        .into_iter()
+        .flatten()
+        .filter_map(|m| cache.members.get(m))
+        .filter(|m| m.admin_state_up && !m.backup)
+        .map(|m| (m.address, m.protocol_port))
+        .collect();
+    members.sort();
+    members.dedup();
+    let mut external: Vec<IpAddr> = lb
+        .vip_port_id
+        .as_ref()
+        .and_then(|p| cache.index.floating.get(p))
+        .into_iter()
+        .flatten()
+        .filter_map(|f| cache.floatingips.get(f))
+        .map(|f| f.floating_ip_address)
+        .collect();
+    external.sort();
+    Some(Service {
+        vip,
+        external,
+        protocol,
+        port: l.protocol_port,
+        node_port: l
+            .tags
+            .iter()
+            .find_map(|t| t.strip_prefix(NODE_PORT_TAG)?.parse().ok()),
+        members,
+        affinity: pool.and_then(affinity),
+    })
 }
 
 #[cfg(test)]
@@ -200,6 +191,7 @@ mod tests {
                 .unwrap(),
             );
         }
+        c.reindex();
         c
     }
 
@@ -242,6 +234,7 @@ mod tests {
             .insert("f1".into(), fip("f1", "192.0.2.10", "vip", "10.96.0.10"));
         c.floatingips
             .insert("f2".into(), fip("f2", "192.0.2.11", "pod", "10.1.0.5"));
+        c.reindex();
         let p = plan(&c);
         assert_eq!(
             p.services["l80"].external,

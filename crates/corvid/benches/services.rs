@@ -1,5 +1,8 @@
-//! Services, measured three ways. Needs root.
+//! Services, measured four ways. Needs root and what scripts/test.sh installs.
 //!
+//! 0. Through Kubernetes (a real kube-apiserver, `corvid kube-watch`, the agents): a
+//!    Service created until a pod's connection to its cluster IP is answered, and a
+//!    member pod deleted until ten connections in a row miss it (p50, p99).
 //! 1. End to end, controller and agents on two simulated hosts: a load balancer created
 //!    through the Octavia API until a pod's connection to its VIP is answered, and a
 //!    member deleted until ten connections in a row miss it (p50, p99).
@@ -14,16 +17,21 @@
 
 #[path = "../tests/support/cluster.rs"]
 mod cluster;
+#[path = "../tests/support/kube.rs"]
+mod kube_api;
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use cluster::ns::Ns;
+use cluster::ns::{Ns, Proc};
 use cluster::{cni_result, result_ip, Cluster};
-use corvid_agent::cache::Cache;
+use corvid_agent::cache::{Cache, Changed};
 use corvid_net::nftables::services::Services;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_api::{start_watcher, KubeApi};
 use serde_json::{json, Value};
 
 fn env(name: &str, default: usize) -> usize {
@@ -102,6 +110,146 @@ fn load_balancer(cluster: &Cluster, subnet: &str, vip: &str, members: &[String])
             m["member"]["id"].as_str().unwrap().to_string()
         })
         .collect()
+}
+
+/// A pod of the `bench` namespace on node `host`: annotated by the watcher, plugged by
+/// the node's agent (the port given its namespace, as the `corvid-k8s` plugin does),
+/// serving its name on 8080, and Ready.
+fn k8s_pod(cluster: &Cluster, kube: &KubeApi, name: &str, host: usize, app: &str) -> (Ns, Proc) {
+    let (n, app, node) = (name.to_string(), app.to_string(), format!("h{}", host + 1));
+    let port_id = kube.admin(|c| async move {
+        let api = Api::<Pod>::namespaced(c, "bench");
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": n, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cvt-pause"}]},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &p).await.unwrap();
+        loop {
+            let p = api.get(&n).await.unwrap();
+            let found = p
+                .metadata
+                .annotations
+                .and_then(|a| a.get(corvid_k8s::annotation::KEY).cloned());
+            if let Some(text) = found {
+                return corvid_k8s::annotation::PortAnnotation::parse(&text)
+                    .unwrap()
+                    .port_id;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let ns = cluster.pod(name);
+    let path = ns.path.display().to_string();
+    cluster
+        .api(|c| {
+            c.update::<corvid_api::Port>(&port_id, json!({"network_ns": path, "veth_name": "eth0"}))
+        })
+        .unwrap();
+    cluster::ns::wait_until("the agent to plug the pod", Duration::from_secs(10), || {
+        ns.netlink()
+            .addresses(None)
+            .unwrap()
+            .iter()
+            .any(|(_, a)| a.addr().is_ipv4() && !a.addr().is_loopback())
+    });
+    let server = ns.serve_name(name, 8080);
+    let n = name.to_string();
+    kube.admin(|c| async move {
+        let patch = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        Api::<Pod>::namespaced(c, "bench")
+            .patch_status(&n, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    });
+    (ns, server)
+}
+
+/// Part 0: through Kubernetes (the API server, `corvid kube-watch`, the agents): a Service
+/// created until a pod's connection to its cluster IP is answered, and a member pod
+/// deleted until ten connections in a row miss it.
+fn through_kubernetes(trials: usize) {
+    let cluster = Cluster::new("bk");
+    let kube = KubeApi::start(&cluster.lan.path, "10.99.0.254");
+    kube.apply_manifest(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/rbac.yaml"),
+    );
+    let _watcher = start_watcher(&cluster, &kube, &[]);
+    kube.admin(|c| async move {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "bench"}})).unwrap();
+        Api::<Namespace>::all(c)
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    });
+    let (client, _c) = k8s_pod(&cluster, &kube, "client", 0, "client");
+    let _resident = k8s_pod(&cluster, &kube, "resident", 0, "web");
+    let (mut reachable, mut left_out) = (Vec::new(), Vec::new());
+    for t in 0..trials {
+        let member = format!("m{t}");
+        let _pod = k8s_pod(&cluster, &kube, &member, 1, "web");
+        let name = format!("s{t}");
+        let start = Instant::now();
+        let vip = kube.admin(|c| async move {
+            let svc: Service = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+            }))
+            .unwrap();
+            let made = Api::<Service>::namespaced(c, "bench")
+                .create(&PostParams::default(), &svc)
+                .await
+                .unwrap();
+            made.spec.unwrap().cluster_ip.unwrap()
+        });
+        let to: SocketAddr = format!("{vip}:80").parse().unwrap();
+        while ask(&client, to).is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{vip} never answered"
+            );
+        }
+        reachable.push(start.elapsed());
+        let seen = Instant::now();
+        while ask(&client, to).as_deref() != Some(member.as_str()) {
+            assert!(
+                seen.elapsed() < Duration::from_secs(10),
+                "{member} never chosen"
+            );
+        }
+        let m = member.clone();
+        let start = Instant::now();
+        kube.admin(|c| async move {
+            Api::<Pod>::namespaced(c, "bench")
+                .delete(&m, &DeleteParams::default().grace_period(0))
+                .await
+                .unwrap();
+        });
+        let mut clean = 0;
+        while clean < 10 {
+            clean = if ask(&client, to).as_deref() == Some("resident") {
+                clean + 1
+            } else {
+                0
+            };
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{member} is still chosen"
+            );
+        }
+        left_out.push(start.elapsed());
+    }
+    println!("through Kubernetes, {trials} services (ms)     p50      p99");
+    println!(
+        "  Service created -> cluster IP answers {:>8.2} {:>8.2}",
+        pct(&reachable, 0.5),
+        pct(&reachable, 0.99)
+    );
+    println!(
+        "  member pod deleted -> not chosen      {:>8.2} {:>8.2}   (includes 10 connections)\n",
+        pct(&left_out, 0.5),
+        pct(&left_out, 0.99)
+    );
 }
 
 /// Part 1: the controller's API to the VIP, and back out.
@@ -210,6 +358,7 @@ fn at_scale(changes: usize) {
     for n in [100, 1000] {
         let ns = Ns::new(&format!("cvt{}bsa", std::process::id()), &n.to_string());
         let mut cache = cache_of(n);
+        cache.reindex();
         let (full, singles, plans) = ns
             .open()
             .run(|| {
@@ -220,14 +369,31 @@ fn at_scale(changes: usize) {
                 let full = start.elapsed();
                 let mut singles = Vec::new();
                 let mut plans = Vec::new();
+                let mut plan = plan;
                 for k in 0..changes {
+                    // What the agent does with a member's change from the watch feed.
                     let id = format!("m{}-0", (k * 7919) % n);
-                    let m = cache.members.get_mut(&id).unwrap();
-                    m.protocol_port = 8081 + (k % 2) as u16;
+                    let mut member = serde_json::to_value(&cache.members[&id]).unwrap();
+                    member["protocol_port"] = json!(8081 + (k % 2));
                     let start = Instant::now();
-                    let plan = corvid_agent::services::plan(&cache);
+                    cache.apply(&[corvid_api::WatchEvent {
+                        revision: k as i64,
+                        kind: corvid_api::EventKind::Put,
+                        resource: "members".into(),
+                        id: id.clone(),
+                        object: member,
+                    }]);
+                    let Changed::Listeners(ids) = cache.take_changed() else {
+                        panic!("one listener changed")
+                    };
+                    for l in &ids {
+                        let s = corvid_agent::services::plan_listener(&cache, l).unwrap();
+                        plan.services.insert(l.clone(), s);
+                    }
                     plans.push(start.elapsed());
-                    let report = services.sync(&plan.services, &plan.floating).unwrap();
+                    let report = services
+                        .sync_changed(&plan.services, &ids, &plan.floating)
+                        .unwrap();
                     singles.push(start.elapsed());
                     assert_eq!(report.changed, 1);
                 }
@@ -235,7 +401,7 @@ fn at_scale(changes: usize) {
             })
             .unwrap();
         println!(
-            "  {n:>5} services: full sync {:>8.2}; one change {:>8.2} {:>8.2} (of which the plan {:.2})",
+            "  {n:>5} services: full sync {:>8.2}; one change {:>8.2} {:>8.2} (of which the cache and plan {:.2})",
             full.as_secs_f64() * 1e3,
             pct(&singles, 0.5),
             pct(&singles, 0.99),
@@ -298,6 +464,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    through_kubernetes(env("CORVID_BENCH_TRIALS", 20));
     end_to_end(env("CORVID_BENCH_TRIALS", 20));
     at_scale(env("CORVID_BENCH_TRIALS", 20) * 5);
     datapath(env("CORVID_BENCH_CONNECTIONS", 2000));

@@ -216,48 +216,75 @@ impl Services {
         want: &BTreeMap<String, Service>,
         floating: &BTreeMap<IpAddr, IpAddr>,
     ) -> Result<SyncReport> {
-        let mut batch = Batch::new();
-        if !self.started {
-            self.rebuild(&mut batch)?;
-        }
-        let mut report = SyncReport::default();
-        let gone: Vec<String> = self
+        let gone: BTreeSet<String> = self
             .committed
             .keys()
             .filter(|id| !want.contains_key(*id))
             .cloned()
             .collect();
-        for id in gone {
-            let old = self.committed.remove(&id).expect("listed above");
-            self.remove(&mut batch, &id, &old);
-            self.free_numbers.push(old.number);
-            report.removed += 1;
+        let ids = gone.iter().chain(want.keys());
+        self.sync_some(want, ids, floating)
+    }
+
+    /// As [`Services::sync`], looking only at the services `changed` names (absent from
+    /// `want`: removed), so that one change costs the same among ten services or
+    /// thousands. Before the first full sync, it is one.
+    pub fn sync_changed(
+        &mut self,
+        want: &BTreeMap<String, Service>,
+        changed: &BTreeSet<String>,
+        floating: &BTreeMap<IpAddr, IpAddr>,
+    ) -> Result<SyncReport> {
+        if !self.started {
+            return self.sync(want, floating);
         }
-        for (id, service) in want {
-            match self.committed.get(id) {
-                Some(old) if old.service == *service => {}
-                Some(_) => {
-                    let old = self.committed.remove(id).expect("present");
-                    self.change(&mut batch, id, &old, service);
+        self.sync_some(want, changed.iter(), floating)
+    }
+
+    fn sync_some<'a>(
+        &mut self,
+        want: &BTreeMap<String, Service>,
+        ids: impl Iterator<Item = &'a String>,
+        floating: &BTreeMap<IpAddr, IpAddr>,
+    ) -> Result<SyncReport> {
+        let mut batch = Batch::new();
+        if !self.started {
+            self.rebuild(&mut batch)?;
+        }
+        let mut report = SyncReport::default();
+        for id in ids {
+            match (self.committed.remove(id), want.get(id)) {
+                (None, None) => {}
+                (Some(old), None) => {
+                    self.remove(&mut batch, id, &old);
+                    self.free_numbers.push(old.number);
+                    report.removed += 1;
+                }
+                (Some(old), Some(new)) if old.service == *new => {
+                    self.committed.insert(id.clone(), old);
+                }
+                (Some(old), Some(new)) => {
+                    self.change(&mut batch, id, &old, new);
+                    let number = old.number;
                     self.committed.insert(
                         id.clone(),
                         Committed {
-                            service: service.clone(),
-                            number: old.number,
+                            service: new.clone(),
+                            number,
                         },
                     );
                     report.changed += 1;
                 }
-                None => {
+                (None, Some(new)) => {
                     let number = self.free_numbers.pop().unwrap_or_else(|| {
                         self.next_number += 1;
                         self.next_number
                     });
-                    self.add(&mut batch, id, service, number);
+                    self.add(&mut batch, id, new, number);
                     self.committed.insert(
                         id.clone(),
                         Committed {
-                            service: service.clone(),
+                            service: new.clone(),
                             number,
                         },
                     );
@@ -265,7 +292,6 @@ impl Services {
                 }
             }
         }
-        self.sync_hairpins(&mut batch);
         self.sync_floating(&mut batch, floating);
         self.nft.commit(batch)?;
         self.started = true;
@@ -573,6 +599,7 @@ impl Services {
     }
 
     fn add(&mut self, batch: &mut Batch, id: &str, s: &Service, number: u32) {
+        self.hairpins(batch, &BTreeSet::new(), &Self::addresses(s));
         let (chain, affinity) = names(id);
         let v6 = s.vip.is_ipv6();
         batch.add_chain(&chain, None);
@@ -603,6 +630,7 @@ impl Services {
     fn remove(&mut self, batch: &mut Batch, id: &str, old: &Committed) {
         let (chain, affinity) = names(id);
         let s = &old.service;
+        self.hairpins(batch, &Self::addresses(s), &BTreeSet::new());
         for (set, key, _) in Self::frontends(s) {
             batch.delete_element(set, &key);
         }
@@ -620,6 +648,7 @@ impl Services {
     fn change(&mut self, batch: &mut Batch, id: &str, old: &Committed, new: &Service) {
         let (chain, affinity) = names(id);
         let s = &old.service;
+        self.hairpins(batch, &Self::addresses(s), &Self::addresses(new));
         let (before, after) = (Self::frontends(s), Self::frontends(new));
         for (set, key, serving) in &before {
             if !after.contains(&(*set, key.clone(), *serving)) {
@@ -696,24 +725,32 @@ impl Services {
         }
     }
 
-    /// Keeps one hairpin element per member address in use.
-    fn sync_hairpins(&mut self, batch: &mut Batch) {
-        let mut want: HashMap<IpAddr, usize> = HashMap::new();
-        for c in self.committed.values() {
-            let distinct: BTreeSet<IpAddr> = Self::members(&c.service).map(|(a, _)| *a).collect();
-            for a in distinct {
-                *want.entry(a).or_default() += 1;
+    /// Counts the services that send to each member address, keeping one hairpin
+    /// element per address in use: `gone` are a service's addresses before, `come`
+    /// after.
+    fn hairpins(&mut self, batch: &mut Batch, gone: &BTreeSet<IpAddr>, come: &BTreeSet<IpAddr>) {
+        for a in gone.difference(come) {
+            if let Some(n) = self.hairpins.get_mut(a) {
+                *n -= 1;
+                if *n == 0 {
+                    self.hairpins.remove(a);
+                    let (set, key) = hairpin_key(*a);
+                    batch.delete_element(set, &key);
+                }
             }
         }
-        for a in self.hairpins.keys().filter(|a| !want.contains_key(a)) {
-            let (set, key) = hairpin_key(*a);
-            batch.delete_element(set, &key);
+        for a in come.difference(gone) {
+            let n = self.hairpins.entry(*a).or_default();
+            *n += 1;
+            if *n == 1 {
+                let (set, key) = hairpin_key(*a);
+                batch.add_element(set, &key, None, "hairpin");
+            }
         }
-        for a in want.keys().filter(|a| !self.hairpins.contains_key(a)) {
-            let (set, key) = hairpin_key(*a);
-            batch.add_element(set, &key, None, "hairpin");
-        }
-        self.hairpins = want;
+    }
+
+    fn addresses(s: &Service) -> BTreeSet<IpAddr> {
+        Self::members(s).map(|(a, _)| *a).collect()
     }
 
     fn sync_floating(&mut self, batch: &mut Batch, want: &BTreeMap<IpAddr, IpAddr>) {
