@@ -48,17 +48,27 @@ fn pct(samples: &[Duration], p: f64) -> f64 {
     s[i].as_secs_f64() * 1e3
 }
 
-/// One connection from `pod` to `to`: what it answered, if anything.
-fn ask(pod: &Ns, to: SocketAddr) -> Option<String> {
+/// How long a poll waits for one connection: a SYN sent before the rules were there is
+/// lost, and the next one (another source port, another connection) is what counts.
+const POLL: Duration = Duration::from_millis(10);
+
+/// One connection from `pod` to `to`, given `wait` to connect: what it answered, if
+/// anything.
+fn ask_within(pod: &Ns, to: SocketAddr, wait: Duration) -> Option<String> {
     pod.open()
         .run(|| {
-            let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(500)).ok()?;
+            let mut s = TcpStream::connect_timeout(&to, wait).ok()?;
             s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
             let mut buf = [0u8; 64];
             let n = s.read(&mut buf).ok()?;
             Some(String::from_utf8_lossy(&buf[..n]).into_owned())
         })
         .unwrap()
+}
+
+/// One connection from `pod` to `to`: what it answered, if anything.
+fn ask(pod: &Ns, to: SocketAddr) -> Option<String> {
+    ask_within(pod, to, Duration::from_millis(500))
 }
 
 fn post(cluster: &Cluster, path: &str, body: Value) -> Value {
@@ -203,7 +213,7 @@ fn through_kubernetes(trials: usize) {
             made.spec.unwrap().cluster_ip.unwrap()
         });
         let to: SocketAddr = format!("{vip}:80").parse().unwrap();
-        while ask(&client, to).is_none() {
+        while ask_within(&client, to, POLL).is_none() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "{vip} never answered"
@@ -277,7 +287,7 @@ fn end_to_end(trials: usize) {
         let to: SocketAddr = format!("{vip}:80").parse().unwrap();
         let start = Instant::now();
         let members = load_balancer(&cluster, &subnet, &vip, &ips[..2]);
-        while ask(&pods[2], to).is_none() {
+        while ask_within(&pods[2], to, POLL).is_none() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "VIP {vip} never answered"

@@ -1291,3 +1291,133 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
         );
     }
 }
+
+/// A command run in the network namespace at `path` (a sandbox containerd made).
+fn in_netns(path: &str, program: &str) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net={path}")).arg(program);
+    c
+}
+
+#[test]
+fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
+    use k8s_cri::v1::{
+        PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+        StopPodSandboxRequest,
+    };
+    use support::cluster::ns::{testing_script, Proc};
+    use support::cri::Containerd;
+    let (cluster, kube) = setup("kr");
+    let _watcher = start_watcher(&cluster, &kube, &[]);
+    namespace(&kube, "web");
+    let nodes: Vec<Containerd> = (0..2)
+        .map(|h| {
+            let conflist = json!({
+                "cniVersion": "1.0.0", "name": "corvid",
+                "plugins": [plugin_conf(&kube, h, NODE_TOKEN, 30)],
+            });
+            Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
+        })
+        .collect();
+    let mut netns = Vec::new();
+    let mut sandboxes = Vec::new();
+    let mut servers = Vec::new();
+    for (name, h, app) in [("p0", 0, "web"), ("p1", 1, "web"), ("client", 0, "client")] {
+        let (n, nsn) = (name.to_string(), "web".to_string());
+        let node_name = format!("h{}", h + 1);
+        let uid = kube.admin(|c| async move {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": n, "labels": {"app": app}},
+                "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "cvt-pause"}]},
+            }))
+            .unwrap();
+            Api::<Pod>::namespaced(c, &nsn)
+                .create(&PostParams::default(), &p)
+                .await
+                .unwrap()
+                .metadata
+                .uid
+                .unwrap()
+        });
+        let config = nodes[h].sandbox_config("web", name, &uid);
+        let status = nodes[h].run(|mut c| async move {
+            let id = c
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(config),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+                .into_inner()
+                .pod_sandbox_id;
+            let status = c
+                .pod_sandbox_status(PodSandboxStatusRequest {
+                    pod_sandbox_id: id.clone(),
+                    verbose: true,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            (id, status)
+        });
+        let (id, status) = status;
+        sandboxes.push((h, id));
+        let path = sandbox_netns(&status);
+        if app == "web" {
+            let mut child = in_netns(&path, "python3")
+                .arg(testing_script("serve_name.py"))
+                .args([name, "8080"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            use std::io::BufRead;
+            std::io::BufReader::new(child.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            servers.push(Proc(child));
+            set_ready(&kube, "web", name, true);
+        }
+        netns.push(path);
+    }
+    let svc = service(
+        &kube,
+        "web",
+        "web",
+        json!({"spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}),
+        false,
+    );
+    let vip = svc.spec.unwrap().cluster_ip.unwrap();
+    let connect = |n: usize| -> Vec<String> {
+        let out = in_netns(&netns[2], "python3")
+            .arg(testing_script("connect.py"))
+            .args([vip.as_str(), "80", &n.to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let both = std::collections::BTreeSet::from(["p0", "p1"]);
+    wait_until(
+        "both sandboxes to answer on the VIP",
+        Duration::from_secs(20),
+        || answers_of(&connect(20)) == both,
+    );
+    drop(servers);
+    // As the kubelet ends pods: nothing of containerd's is left.
+    for (h, id) in sandboxes {
+        nodes[h].run(|mut c| async move {
+            c.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap();
+            c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await
+                .unwrap();
+        });
+    }
+}
