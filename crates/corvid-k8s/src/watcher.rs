@@ -580,7 +580,12 @@ impl Watcher {
         });
         match (trouble, &svc) {
             (Some(t), Some(s)) => self.report(s, t).await,
-            (None, _) => {
+            (None, Some(s)) => {
+                if self.troubles.remove(uid).is_some() {
+                    self.condition(s, None).await;
+                }
+            }
+            (None, None) => {
                 self.troubles.remove(uid);
             }
             _ => {}
@@ -616,7 +621,33 @@ impl Watcher {
         }
     }
 
-    /// Says once, as a warning event on the service and in the log, what could not be done.
+    /// Sets the service's `corvid.io/Serving` condition: false with the trouble's reason
+    /// and message, or true once it is gone.
+    async fn condition(&self, svc: &Service, trouble: Option<&Trouble>) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let (status, reason, message) = match trouble {
+            Some(t) => ("False", t.reason, t.message.as_str()),
+            None => ("True", "Serving", "the service is served on every node"),
+        };
+        let patch = json!({"status": {"conditions": [{"type": "corvid.io/Serving",
+            "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": now}]}});
+        let api =
+            Api::<Service>::namespaced(self.kube.clone(), &svc.namespace().unwrap_or_default());
+        if let Err(e) = api
+            .patch_status(
+                &svc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            tracing::warn!(service = %svc.name_any(), "writing the service's condition: {e}");
+        }
+    }
+
+    /// Says once, as a warning event on the service, its condition and in the log, what
+    /// could not be done.
     async fn report(&mut self, svc: &Service, t: Trouble) {
         let uid = svc.uid().unwrap_or_default();
         if self.troubles.get(&uid) == Some(&t.reason) {
@@ -644,6 +675,7 @@ impl Watcher {
         {
             tracing::warn!("recording an event: {e}");
         }
+        self.condition(svc, Some(&t)).await;
     }
 
     /// Deletes the load balancers and floating IPs of services that are gone (deleted

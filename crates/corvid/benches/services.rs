@@ -411,7 +411,7 @@ fn at_scale(changes: usize) {
             })
             .unwrap();
         println!(
-            "  {n:>5} services: full sync {:>8.2}; one change {:>8.2} {:>8.2} (of which the cache and plan {:.2})",
+            "  {n:>5} services: full sync {:>8.2}; one change {:>8.3} {:>8.3} (of which the cache and plan {:.3})",
             full.as_secs_f64() * 1e3,
             pct(&singles, 0.5),
             pct(&singles, 0.99),

@@ -1050,6 +1050,15 @@ fn services_spread_over_ready_pods_and_follow_them() {
     wait_until("the event", Duration::from_secs(10), || {
         events(&kube, "shop").contains(&("NoReadyPods".into(), "web".into()))
     });
+    assert_eq!(
+        serving_condition(&kube, "shop", "web"),
+        Some(("False".into(), "NoReadyPods".into()))
+    );
+    set_ready(&kube, "shop", "p0", true);
+    wait_until("the service served again", Duration::from_secs(10), || {
+        serving_condition(&kube, "shop", "web") == Some(("True".into(), "Serving".into()))
+    });
+    assert_eq!(client.connect(&vip, 80, 5, false), ["p0"; 5]);
 
     // A selector that matches nothing is said so; a cluster IP the controller already
     // gave away gets no load balancer, and says so.
@@ -1097,6 +1106,21 @@ fn service_status_ip(kube: &KubeApi, ns: &str, name: &str) -> Option<String> {
     kube.admin(|c| async move {
         let s = Api::<Service>::namespaced(c, &ns).get(&name).await.unwrap();
         s.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+}
+
+/// The status and reason of the service's `corvid.io/Serving` condition.
+fn serving_condition(kube: &KubeApi, ns: &str, name: &str) -> Option<(String, String)> {
+    use k8s_openapi::api::core::v1::Service;
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        let s = Api::<Service>::namespaced(c, &ns).get(&name).await.unwrap();
+        let c = s
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "corvid.io/Serving")?;
+        Some((c.status, c.reason))
     })
 }
 
@@ -1234,6 +1258,10 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
             && e.iter().any(|(r, _)| r == "NoPublicAddress")
     });
     assert_eq!(service_status_ip(&kube, "shop", "taken"), None);
+    assert_eq!(
+        serving_condition(&kube, "shop", "taken"),
+        Some(("False".into(), "LoadBalancerIPTaken".into()))
+    );
     let fips: Vec<corvid_api::FloatingIp> = cluster.api(|c| c.list(&[])).unwrap().0;
     assert_eq!(
         fips.len(),
