@@ -578,14 +578,14 @@ impl Watcher {
                 ),
             })
         });
+        let had_trouble = self.troubles.contains_key(uid);
         match (trouble, &svc) {
             (Some(t), Some(s)) => self.report(s, t).await,
-            (None, Some(s)) => {
-                if self.troubles.remove(uid).is_some() {
-                    self.condition(s, None).await;
-                }
+            (None, Some(s)) if had_trouble => {
+                self.troubles.remove(uid);
+                self.condition(s, None).await;
             }
-            (None, None) => {
+            (None, _) => {
                 self.troubles.remove(uid);
             }
             _ => {}
@@ -606,18 +606,25 @@ impl Watcher {
         if shown.as_deref() == Some(ip.to_string().as_str()) {
             return;
         }
+        let patch = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}});
+        self.patch_status(svc, &patch, "the load balancer's address")
+            .await;
+    }
+
+    /// Merge-patches the service's status; a failure is logged (the next reconcile
+    /// writes it again).
+    async fn patch_status(&self, svc: &Service, patch: &serde_json::Value, what: &str) {
         let api =
             Api::<Service>::namespaced(self.kube.clone(), &svc.namespace().unwrap_or_default());
-        let patch = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}});
         if let Err(e) = api
             .patch_status(
                 &svc.name_any(),
                 &PatchParams::default(),
-                &Patch::Merge(&patch),
+                &Patch::Merge(patch),
             )
             .await
         {
-            tracing::warn!(service = %svc.name_any(), "writing the load balancer's address: {e}");
+            tracing::warn!(service = %svc.name_any(), "writing {what}: {e}");
         }
     }
 
@@ -632,18 +639,8 @@ impl Watcher {
         let patch = json!({"status": {"conditions": [{"type": "corvid.io/Serving",
             "status": status, "reason": reason, "message": message,
             "lastTransitionTime": now}]}});
-        let api =
-            Api::<Service>::namespaced(self.kube.clone(), &svc.namespace().unwrap_or_default());
-        if let Err(e) = api
-            .patch_status(
-                &svc.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            tracing::warn!(service = %svc.name_any(), "writing the service's condition: {e}");
-        }
+        self.patch_status(svc, &patch, "the service's condition")
+            .await;
     }
 
     /// Says once, as a warning event on the service, its condition and in the log, what
