@@ -962,7 +962,7 @@ fn answers_of(answers: &[String]) -> std::collections::BTreeSet<&str> {
 
 #[test]
 fn services_spread_over_ready_pods_and_follow_them() {
-    let (cluster, kube) = setup("ks");
+    let (cluster, kube) = setup("kp");
     let _watcher = start_watcher(&cluster, &kube, &[]);
     namespace(&kube, "shop");
     let served = served_pods(
