@@ -1,0 +1,309 @@
+//! A Kurma configuration's networks (`pod_networks`, or `podNetworks` as later Kurma
+//! wrote it) and the interface names their `containerInterface` templates render to.
+
+use serde_json::{Map, Value};
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    /// Not JSON, or not an object.
+    #[error("the configuration is not a JSON object: {0}")]
+    NotJson(String),
+    /// A network entry lacks what it needs or repeats a name.
+    #[error("pod network {index}: {message}")]
+    Network {
+        /// Its place in the list.
+        index: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A template cannot give a name.
+    #[error("containerInterface {template:?}: {message}")]
+    Template {
+        /// The template.
+        template: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// One network a pod may join, with the plugin image that serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodNetwork {
+    /// Its unique name.
+    pub name: String,
+    /// Where its plugin image comes from (`file://`, `http(s)://`, `docker://`, or an
+    /// image name found by discovery).
+    pub aci: String,
+    /// Joined by pods that name no network.
+    pub default: bool,
+    /// The interface name or template inside the pod, if the plugin configures one.
+    pub container_interface: Option<String>,
+    /// The whole entry, which the plugin reads on stdin.
+    pub entry: Map<String, Value>,
+}
+
+/// The networks of a Kurma configuration, in order.
+pub fn pod_networks(text: &str) -> Result<Vec<PodNetwork>, ConfigError> {
+    let v: Value = serde_json::from_str(text).map_err(|e| ConfigError::NotJson(e.to_string()))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| ConfigError::NotJson("a JSON value that is not an object".into()))?;
+    let list = match obj.get("pod_networks").or_else(|| obj.get("podNetworks")) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(ConfigError::NotJson(
+                "pod_networks must be a list of networks".into(),
+            ))
+        }
+    };
+    let mut out: Vec<PodNetwork> = Vec::new();
+    for (index, item) in list.iter().enumerate() {
+        let bad = |message: String| ConfigError::Network { index, message };
+        let entry = item
+            .as_object()
+            .ok_or_else(|| bad("not an object".into()))?
+            .clone();
+        let text = |key: &str| -> Result<Option<String>, ConfigError> {
+            match entry.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(other) => Err(bad(format!("{key} must be a string, not {other}"))),
+            }
+        };
+        let name = text("name")?
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| bad("no name".into()))?;
+        if out.iter().any(|n| n.name == name) {
+            return Err(bad(format!("the name {name:?} is used twice")));
+        }
+        let aci = text("aci")?
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| bad(format!("{name} names no plugin image (aci)")))?;
+        let default = match entry.get("default") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => return Err(bad(format!("default must be true or false, not {other}"))),
+        };
+        let container_interface = text("containerInterface")?;
+        if let Some(t) = &container_interface {
+            parse(t)?;
+        }
+        out.push(PodNetwork {
+            name,
+            aci,
+            default,
+            container_interface,
+            entry,
+        });
+    }
+    Ok(out)
+}
+
+/// One piece of a `containerInterface` template.
+#[derive(Debug, Clone, PartialEq)]
+enum Piece {
+    Text(String),
+    /// The pod's UUID without dashes (as much as fits).
+    Uuid,
+    /// Its first 8 hex digits.
+    ShortUuid,
+    /// The lowest number that makes the name new.
+    Num,
+    /// N random hex digits.
+    Random(usize),
+}
+
+fn parse(template: &str) -> Result<Vec<Piece>, ConfigError> {
+    let bad = |message: &str| ConfigError::Template {
+        template: template.to_string(),
+        message: message.to_string(),
+    };
+    let mut pieces = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        if start > 0 {
+            pieces.push(Piece::Text(rest[..start].to_string()));
+        }
+        let end = rest[start..]
+            .find("}}")
+            .ok_or_else(|| bad("an unclosed {{"))?;
+        let inner = rest[start + 2..start + end].trim();
+        let mut words = inner.split_whitespace();
+        pieces.push(match (words.next(), words.next(), words.next()) {
+            (Some("uuid"), None, _) => Piece::Uuid,
+            (Some("shortuuid"), None, _) => Piece::ShortUuid,
+            (Some("num"), None, _) => Piece::Num,
+            (Some("random"), Some(n), None) => match n.parse::<usize>() {
+                Ok(n) if (1..=15).contains(&n) => Piece::Random(n),
+                _ => return Err(bad("random takes a length from 1 to 15")),
+            },
+            _ => return Err(bad(&format!("unknown {{{{{inner}}}}}"))),
+        });
+        rest = &rest[start + end + 2..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest.to_string()));
+    }
+    let fixed: usize = pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Text(t) => t.len(),
+            Piece::Random(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    if fixed > MAX_IFNAME || (fixed == 0 && pieces.iter().all(|p| matches!(p, Piece::Text(_)))) {
+        return Err(bad("gives no interface name of 1 to 15 bytes"));
+    }
+    Ok(pieces)
+}
+
+/// The longest interface name Linux takes.
+pub const MAX_IFNAME: usize = 15;
+
+/// Renders `template` for the pod `uuid` into a name none of `taken` has, at most 15
+/// bytes; `random` gives hex digits for `{{random N}}`.
+pub fn interface_name(
+    template: &str,
+    uuid: &str,
+    taken: &[String],
+    mut random: impl FnMut(usize) -> String,
+) -> Result<String, ConfigError> {
+    let pieces = parse(template)?;
+    let hex: String = uuid.chars().filter(char::is_ascii_hexdigit).collect();
+    let render = |num: usize, random: &mut dyn FnMut(usize) -> String| -> String {
+        let fixed: usize = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Text(t) => t.len(),
+                Piece::Random(n) => *n,
+                Piece::ShortUuid => 8.min(hex.len()),
+                Piece::Num => num.to_string().len(),
+                Piece::Uuid => 0,
+            })
+            .sum();
+        let mut out = String::new();
+        for p in &pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Uuid => {
+                    out.push_str(&hex[..MAX_IFNAME.saturating_sub(fixed).min(hex.len())])
+                }
+                Piece::ShortUuid => out.push_str(&hex[..8.min(hex.len())]),
+                Piece::Num => out.push_str(&num.to_string()),
+                Piece::Random(n) => out.push_str(&random(*n)),
+            }
+        }
+        out
+    };
+    let varies = pieces
+        .iter()
+        .any(|p| matches!(p, Piece::Num | Piece::Random(_)));
+    for attempt in 0..100 {
+        let name = render(attempt, &mut random);
+        if name.len() <= MAX_IFNAME && !name.is_empty() && !taken.contains(&name) {
+            return Ok(name);
+        }
+        if !varies {
+            break;
+        }
+    }
+    Err(ConfigError::Template {
+        template: template.to_string(),
+        message: format!("no name of at most 15 bytes that the pod's {taken:?} do not have"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UUID: &str = "146d7cef-fbf6-41da-a2f8-eba218597f9c";
+
+    fn counter() -> impl FnMut(usize) -> String {
+        let mut n = 0u64;
+        move |len| {
+            n += 1;
+            format!("{n:0len$x}")
+        }
+    }
+
+    #[test]
+    fn both_spellings_and_every_field_are_read_and_the_entry_kept_whole() {
+        let text = r#"{"podNetworks": [{"name": "mynet", "aci": "file:///x.aci", "default": true,
+            "containerInterface": "eth{{num}}", "type": "bridge", "ipam": {"type": "host-local"}}]}"#;
+        let nets = pod_networks(text).unwrap();
+        assert_eq!(nets[0].name, "mynet");
+        assert!(nets[0].default);
+        assert_eq!(nets[0].entry["type"], "bridge");
+        assert_eq!(nets[0].entry["ipam"]["type"], "host-local");
+        let snake = text.replace("podNetworks", "pod_networks");
+        assert_eq!(pod_networks(&snake).unwrap(), nets);
+        assert_eq!(pod_networks("{}").unwrap(), []);
+    }
+
+    #[test]
+    fn malformed_configurations_say_what_is_wrong() {
+        for (text, says) in [
+            ("[", "not a JSON object"),
+            ("[]", "not an object"),
+            (r#"{"pod_networks": {}}"#, "must be a list"),
+            (r#"{"pod_networks": [{"aci": "file:///x"}]}"#, "no name"),
+            (
+                r#"{"pod_networks": [{"name": "a"}]}"#,
+                "names no plugin image",
+            ),
+            (
+                r#"{"pod_networks": [{"name": "a", "aci": "x"}, {"name": "a", "aci": "y"}]}"#,
+                "used twice",
+            ),
+            (
+                r#"{"pod_networks": [{"name": "a", "aci": "x", "default": "yes"}]}"#,
+                "true or false",
+            ),
+            (
+                r#"{"pod_networks": [{"name": "a", "aci": "x", "containerInterface": "eth{{nope}}"}]}"#,
+                "unknown",
+            ),
+            (
+                r#"{"pod_networks": [{"name": "a", "aci": "x", "containerInterface": "a-very-long-interface"}]}"#,
+                "1 to 15 bytes",
+            ),
+        ] {
+            let err = pod_networks(text).unwrap_err().to_string();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn templates_render_new_names_of_at_most_15_bytes() {
+        let taken = vec!["eth0".to_string(), "eth1".to_string()];
+        assert_eq!(
+            interface_name("eth{{num}}", UUID, &taken, counter()).unwrap(),
+            "eth2"
+        );
+        assert_eq!(
+            interface_name("eth0", UUID, &[], counter()).unwrap(),
+            "eth0"
+        );
+        assert!(interface_name("eth0", UUID, &taken, counter()).is_err());
+        assert_eq!(
+            interface_name("veth{{shortuuid}}", UUID, &[], counter()).unwrap(),
+            "veth146d7cef"
+        );
+        let long = interface_name("k{{uuid}}", UUID, &[], counter()).unwrap();
+        assert_eq!(long, "k146d7ceffbf641");
+        // A random name that collides is drawn again.
+        let first = interface_name("r{{random 4}}", UUID, &[], counter()).unwrap();
+        let again = interface_name(
+            "r{{random 4}}",
+            UUID,
+            std::slice::from_ref(&first),
+            counter(),
+        )
+        .unwrap();
+        assert_eq!((first.as_str(), again.as_str()), ("r0001", "r0002"));
+    }
+}
