@@ -5,3 +5,4 @@
 
 pub mod aci;
 pub mod config;
+pub mod source;
