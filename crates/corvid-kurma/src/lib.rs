@@ -5,4 +5,5 @@
 
 pub mod aci;
 pub mod config;
+pub mod invoke;
 pub mod source;
