@@ -101,6 +101,30 @@ pub fn pod_networks(text: &str) -> Result<Vec<PodNetwork>, ConfigError> {
     Ok(out)
 }
 
+/// The networks a pod joins: those it names (each must exist), else the defaults.
+pub fn networks_for<'a>(
+    named: &[String],
+    all: &'a [PodNetwork],
+) -> Result<Vec<&'a PodNetwork>, ConfigError> {
+    if named.is_empty() {
+        return Ok(all.iter().filter(|n| n.default).collect());
+    }
+    named
+        .iter()
+        .map(|name| {
+            all.iter()
+                .find(|n| &n.name == name)
+                .ok_or_else(|| ConfigError::Network {
+                    index: all.len(),
+                    message: format!(
+                        "the pod asks for {name:?}, which is not among {:?}",
+                        all.iter().map(|n| n.name.as_str()).collect::<Vec<_>>()
+                    ),
+                })
+        })
+        .collect()
+}
+
 /// One piece of a `containerInterface` template.
 #[derive(Debug, Clone, PartialEq)]
 enum Piece {
@@ -275,6 +299,22 @@ mod tests {
             let err = pod_networks(text).unwrap_err().to_string();
             assert!(err.contains(says), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn a_pod_joins_what_it_names_or_else_the_defaults() {
+        let nets = pod_networks(
+            r#"{"pod_networks": [{"name": "a", "aci": "x", "default": true},
+                {"name": "b", "aci": "y"}, {"name": "c", "aci": "z", "default": true}]}"#,
+        )
+        .unwrap();
+        let names = |v: Vec<&PodNetwork>| v.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(networks_for(&[], &nets).unwrap()), ["a", "c"]);
+        assert_eq!(names(networks_for(&["b".into()], &nets).unwrap()), ["b"]);
+        let err = networks_for(&["nope".into()], &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"nope\", which is not among"), "{err}");
     }
 
     #[test]
