@@ -127,6 +127,17 @@ fn protocol_of(name: Option<&str>) -> LbProtocol {
     }
 }
 
+/// Whether `svc`'s selector picks `pod` (ready or not): same namespace, every label
+/// of a selector that has some.
+pub fn selects(svc: &Service, pod: &PodView) -> bool {
+    let selector = svc.spec.as_ref().and_then(|s| s.selector.as_ref());
+    selector.is_some_and(|sel| {
+        !sel.is_empty()
+            && pod.namespace == svc.namespace().unwrap_or_default()
+            && sel.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+    })
+}
+
 /// Kubernetes' default for `sessionAffinityConfig.clientIP.timeoutSeconds`.
 const DEFAULT_AFFINITY_SECONDS: u64 = 10800;
 
@@ -138,15 +149,9 @@ pub fn wanted<'a>(svc: &Service, pods: impl Iterator<Item = &'a PodView>) -> Opt
         return None;
     }
     let vip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
-    let selector = spec.selector.as_ref().filter(|s| !s.is_empty());
-    let namespace = svc.namespace().unwrap_or_default();
-    let chosen: Vec<&PodView> = match selector {
-        Some(sel) => pods
-            .filter(|p| p.namespace == namespace && p.ready && p.ip.is_some())
-            .filter(|p| sel.iter().all(|(k, v)| p.labels.get(k) == Some(v)))
-            .collect(),
-        None => Vec::new(),
-    };
+    let chosen: Vec<&PodView> = pods
+        .filter(|p| p.ready && p.ip.is_some() && selects(svc, p))
+        .collect();
     let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         spec.session_affinity_config
             .as_ref()

@@ -139,8 +139,8 @@ struct Watcher {
     services: HashMap<String, Service>,
     services_listing: Option<HashMap<String, Service>>,
     services_listed: bool,
-    /// What each pod offers a service, by pod UID.
-    pod_views: HashMap<String, PodView>,
+    /// What each pod offers a service, by namespace and pod UID.
+    pod_views: HashMap<String, HashMap<String, PodView>>,
     /// What the controller holds for each service, by service UID.
     made: HashMap<String, Made>,
     /// The last trouble reported for each service, so that it is reported once.
@@ -444,31 +444,36 @@ impl Watcher {
         }
     }
 
-    /// Keeps what pods offer services, and brings the services of a pod's namespace up to
-    /// date when that changed.
+    /// Keeps what pods offer services, and brings the services that select a pod (before
+    /// or after its change) up to date when that changed.
     async fn pod_view(&mut self, e: &Event<Pod>) {
-        let (uid, view) = match e {
-            Event::InitApply(p) | Event::Apply(p) => (p.uid(), Some(PodView::of(p))),
-            Event::Delete(p) => (p.uid(), None),
+        let (pod, view) = match e {
+            Event::InitApply(p) | Event::Apply(p) => (p, Some(PodView::of(p))),
+            Event::Delete(p) => (p, None),
             _ => return,
         };
-        let Some(uid) = uid else { return };
-        let old = match &view {
-            Some(v) => self.pod_views.insert(uid, v.clone()),
-            None => self.pod_views.remove(&uid),
+        let (Some(uid), ns) = (pod.uid(), pod.namespace().unwrap_or_default()) else {
+            return;
         };
+        let views = self.pod_views.entry(ns.clone()).or_default();
+        let old = match &view {
+            Some(v) => views.insert(uid, v.clone()),
+            None => views.remove(&uid),
+        };
+        if views.is_empty() {
+            self.pod_views.remove(&ns);
+        }
         if old == view {
             return;
         }
-        let namespaces: HashSet<String> = old
-            .iter()
-            .chain(view.iter())
-            .map(|v| v.namespace.clone())
-            .collect();
         let affected: Vec<String> = self
             .services
             .iter()
-            .filter(|(_, s)| namespaces.contains(&s.namespace().unwrap_or_default()))
+            .filter(|(_, s)| {
+                old.iter()
+                    .chain(view.iter())
+                    .any(|v| services::selects(s, v))
+            })
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in affected {
@@ -512,9 +517,10 @@ impl Watcher {
     /// it is gone), and its status show its floating IP.
     async fn service(&mut self, uid: &str) {
         let svc = self.services.get(uid).cloned();
-        let want = svc
-            .as_ref()
-            .and_then(|s| services::wanted(s, self.pod_views.values()));
+        let want = svc.as_ref().and_then(|s| {
+            let pods = self.pod_views.get(&s.namespace().unwrap_or_default());
+            services::wanted(s, pods.into_iter().flat_map(HashMap::values))
+        });
         let name = svc
             .as_ref()
             .map(|s| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()))

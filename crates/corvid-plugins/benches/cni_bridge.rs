@@ -263,6 +263,36 @@ fn main() {
     }
 }
 
+/// Prints one row of the table; returns the p50 of all, of the first and of the last
+/// `window` operations.
+fn row(
+    label: &str,
+    op: &str,
+    parallel: usize,
+    ph: &Phase,
+    window: usize,
+    rss: &str,
+) -> (f64, f64, f64) {
+    let last = ph.samples.len() - window;
+    let figures = (
+        ph.pct(0.5),
+        ph.window_p50(0, window),
+        ph.window_p50(last, window),
+    );
+    println!(
+        "{:<12} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {rss}",
+        label,
+        op,
+        parallel,
+        figures.0,
+        figures.1,
+        figures.2,
+        ph.pct(0.99),
+        ph.rate(),
+    );
+    figures
+}
+
 /// Every lane, one at a time and `parallel` at a time.
 fn run(lanes: &[Lane], n: usize, parallels: &[usize], window: usize) -> Figures {
     println!(
@@ -271,7 +301,6 @@ fn run(lanes: &[Lane], n: usize, parallels: &[usize], window: usize) -> Figures 
     );
     let mut p50 = Figures::new();
     let tag = format!("cvb{}", std::process::id());
-    let last = n - window;
     for &parallel in parallels {
         // Per lane: a private host namespace, a lease directory, N containers.
         let setups: Vec<_> = lanes
@@ -323,44 +352,14 @@ fn run(lanes: &[Lane], n: usize, parallels: &[usize], window: usize) -> Figures 
                 }
             }
             for (lane, ph) in lanes.iter().zip(phases) {
-                let figures = (
-                    ph.pct(0.5),
-                    ph.window_p50(0, window),
-                    ph.window_p50(last, window),
-                );
-                println!(
-                    "{:<12} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>6} KiB",
-                    lane.label,
-                    op,
-                    parallel,
-                    figures.0,
-                    figures.1,
-                    figures.2,
-                    ph.pct(0.99),
-                    ph.rate(),
-                    ph.max_rss_kib
-                );
+                let rss = format!("{:>6} KiB", ph.max_rss_kib);
+                let figures = row(lane.label, op, parallel, &ph, window, &rss);
                 p50.insert((lane.label, op, parallel), figures);
             }
         }
         if let Some(f) = floor {
             for (label, op, ph) in [("plug", "ADD", &f.added), ("ip link", "DEL", &f.phase)] {
-                let figures = (
-                    ph.pct(0.5),
-                    ph.window_p50(0, window),
-                    ph.window_p50(last, window),
-                );
-                println!(
-                    "{:<12} {:<4} {:>3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}",
-                    label,
-                    op.to_lowercase(),
-                    1,
-                    figures.0,
-                    figures.1,
-                    figures.2,
-                    ph.pct(0.99),
-                    ph.rate()
-                );
+                let figures = row(label, &op.to_lowercase(), 1, ph, window, "");
                 p50.insert((label, op, 1), figures);
             }
         }

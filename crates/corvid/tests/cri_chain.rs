@@ -9,14 +9,10 @@ mod support {
     pub mod cri;
 }
 
-use k8s_cri::v1::{
-    PodSandboxStatusRequest, PortMapping, Protocol, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StopPodSandboxRequest,
-};
+use k8s_cri::v1::{PortMapping, Protocol};
 use serde_json::json;
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use support::cluster::ns::Ns;
 use support::cri::Containerd;
 
@@ -71,57 +67,16 @@ fn cri_sandboxes_get_published_ports_and_shaping_from_corvid_plugins() {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let (id, ip, netns) = cri.run(|mut c| async move {
-        let id = c
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config),
-                runtime_handler: String::new(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        let status = c
-            .pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: id.clone(),
-                verbose: true,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let ip = status.status.unwrap().network.unwrap().ip;
-        let info: serde_json::Value = serde_json::from_str(&status.info["info"]).unwrap();
-        let netns = info["runtimeSpec"]["linux"]["namespaces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["type"] == "network")
-            .and_then(|n| n["path"].as_str())
-            .unwrap()
-            .to_string();
-        (id, ip, netns)
-    });
+    let (id, status) = cri.run_sandbox(config);
+    let ip = support::cri::sandbox_ip(&status);
+    let netns = support::cri::sandbox_netns(&status);
     assert!(ip.starts_with("10.74.0."), "{ip}");
     assert_eq!(table_tags(&node).len(), 2, "the mapping and its hairpin");
 
     // A server in the pod's network namespace answers on the node's published port.
-    let mut server = Command::new("nsenter")
-        .arg(format!("--net={netns}"))
-        .args([
-            "python3",
-            "-c",
-            "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-             s.bind(('0.0.0.0', 80)); s.listen(1); print('ready', flush=True)\n\
-             c, a = s.accept(); c.sendall(b'pod'); c.close()",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let mut python3 = Command::new("nsenter");
+    python3.arg(format!("--net={netns}")).arg("python3");
+    let server = support::cluster::ns::serve_name_with(python3, "pod", 80);
     let got = node
         .command("python3")
         .args([
@@ -130,7 +85,7 @@ fn cri_sandboxes_get_published_ports_and_shaping_from_corvid_plugins() {
         ])
         .output()
         .unwrap();
-    let _ = server.wait();
+    drop(server);
     assert_eq!(
         String::from_utf8_lossy(&got.stdout).trim(),
         "pod",
@@ -156,16 +111,7 @@ fn cri_sandboxes_get_published_ports_and_shaping_from_corvid_plugins() {
         "an ifb for the egress"
     );
 
-    cri.run(|mut c| async move {
-        c.stop_pod_sandbox(StopPodSandboxRequest {
-            pod_sandbox_id: id.clone(),
-        })
-        .await
-        .unwrap();
-        c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
-            .await
-            .unwrap();
-    });
+    cri.remove_sandbox(id);
     assert!(table_tags(&node).is_empty(), "mappings left");
     assert!(
         node.links(corvid_net::names::IFB_PREFIX).is_empty(),

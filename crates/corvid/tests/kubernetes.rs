@@ -674,24 +674,8 @@ fn two_watchers_one_acts_and_the_other_takes_over_when_it_is_killed() {
 }
 
 /// The network namespace of a CRI sandbox, from its verbose status.
-fn sandbox_netns(status: &k8s_cri::v1::PodSandboxStatusResponse) -> String {
-    let info: Value = serde_json::from_str(&status.info["info"]).unwrap();
-    info["runtimeSpec"]["linux"]["namespaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["type"] == "network")
-        .and_then(|n| n["path"].as_str())
-        .unwrap()
-        .to_string()
-}
-
 #[test]
 fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
-    use k8s_cri::v1::{
-        PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-        StopPodSandboxRequest,
-    };
     use support::cri::Containerd;
     let (cluster, kube) = setup("kc");
     let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
@@ -709,37 +693,9 @@ fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
     for (h, node) in nodes.iter().enumerate() {
         let name = format!("p{h}");
         let uid = pod(&kube, "web", &name, &format!("h{}", h + 1));
-        let config = node.sandbox_config("web", &name, &uid);
-        let (id, status) = node.run(|mut c| async move {
-            let id = c
-                .run_pod_sandbox(RunPodSandboxRequest {
-                    config: Some(config),
-                    runtime_handler: String::new(),
-                })
-                .await
-                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-                .into_inner()
-                .pod_sandbox_id;
-            let status = c
-                .pod_sandbox_status(PodSandboxStatusRequest {
-                    pod_sandbox_id: id.clone(),
-                    verbose: true,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            (id, status)
-        });
+        let (id, status) = node.run_sandbox(node.sandbox_config("web", &name, &uid));
         let a = annotation(&kube, "web", &name).expect("annotated");
-        let ip = status
-            .status
-            .as_ref()
-            .unwrap()
-            .network
-            .as_ref()
-            .unwrap()
-            .ip
-            .clone();
+        let ip = support::cri::sandbox_ip(&status);
         assert_eq!(
             ip,
             a.addresses[0].addr().to_string(),
@@ -750,7 +706,7 @@ fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
             Duration::from_secs(10),
             || port(&cluster, &a.port_id).is_some_and(|p| p.status == Status::Active),
         );
-        sandboxes.push((id, sandbox_netns(&status), a));
+        sandboxes.push((id, support::cri::sandbox_netns(&status), a));
     }
     // The two sandboxes, on two nodes, reach each other.
     let to = sandboxes[1].2.addresses[0].addr().to_string();
@@ -766,17 +722,7 @@ fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
     // StopPodSandbox (DEL with the namespace) and RemovePodSandbox (DEL without it) both
     // succeed and unplug.
     for (h, (id, _, a)) in sandboxes.iter().enumerate() {
-        let id = id.clone();
-        nodes[h].run(|mut c| async move {
-            c.stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}"));
-            c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await
-                .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
-        });
+        nodes[h].remove_sandbox(id.clone());
         assert!(
             cluster.hosts[h].links("cvp").is_empty(),
             "the pod's veth is gone from h{}",
@@ -1329,11 +1275,7 @@ fn in_netns(path: &str, program: &str) -> Command {
 
 #[test]
 fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
-    use k8s_cri::v1::{
-        PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-        StopPodSandboxRequest,
-    };
-    use support::cluster::ns::{testing_script, Proc};
+    use support::cluster::ns::{serve_name_with, testing_script};
     use support::cri::Containerd;
     let (cluster, kube) = setup("kr");
     let _watcher = start_watcher(&cluster, &kube, &[]);
@@ -1367,43 +1309,11 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
                 .uid
                 .unwrap()
         });
-        let config = nodes[h].sandbox_config("web", name, &uid);
-        let status = nodes[h].run(|mut c| async move {
-            let id = c
-                .run_pod_sandbox(RunPodSandboxRequest {
-                    config: Some(config),
-                    runtime_handler: String::new(),
-                })
-                .await
-                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-                .into_inner()
-                .pod_sandbox_id;
-            let status = c
-                .pod_sandbox_status(PodSandboxStatusRequest {
-                    pod_sandbox_id: id.clone(),
-                    verbose: true,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            (id, status)
-        });
-        let (id, status) = status;
+        let (id, status) = nodes[h].run_sandbox(nodes[h].sandbox_config("web", name, &uid));
         sandboxes.push((h, id));
-        let path = sandbox_netns(&status);
+        let path = support::cri::sandbox_netns(&status);
         if app == "web" {
-            let mut child = in_netns(&path, "python3")
-                .arg(testing_script("serve_name.py"))
-                .args([name, "8080"])
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut line = String::new();
-            use std::io::BufRead;
-            std::io::BufReader::new(child.stdout.as_mut().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            servers.push(Proc(child));
+            servers.push(serve_name_with(in_netns(&path, "python3"), name, 8080));
             set_ready(&kube, "web", name, true);
         }
         netns.push(path);
@@ -1437,15 +1347,6 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
     drop(servers);
     // As the kubelet ends pods: nothing of containerd's is left.
     for (h, id) in sandboxes {
-        nodes[h].run(|mut c| async move {
-            c.stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.clone(),
-            })
-            .await
-            .unwrap();
-            c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await
-                .unwrap();
-        });
+        nodes[h].remove_sandbox(id);
     }
 }

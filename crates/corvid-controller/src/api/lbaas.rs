@@ -308,7 +308,10 @@ async fn create(
         .transact(|v| {
             let mut pending = c.pending();
             let mut o = o.clone();
-            if get_obj(v, spec, &id).is_ok() {
+            if v.lbaas
+                .get(spec.attributes.plural)
+                .is_some_and(|t| t.contains_key(id.as_str()))
+            {
                 return Err(NeutronError::conflict(
                     &format!("{}Exists", spec.title),
                     format!("{} {id} already exists.", spec.title),

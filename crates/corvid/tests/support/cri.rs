@@ -13,7 +13,8 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
-    PodSandboxConfig, PodSandboxMetadata,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, PodSandboxStatusResponse,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -21,6 +22,25 @@ use super::cluster::ns::{wait_until, Ns, Proc};
 
 /// The sandbox image the CRI plugin is told to use.
 pub const PAUSE_IMAGE: &str = "cvt.local/pause:1";
+
+/// The path of a sandbox's network namespace, from its verbose status.
+pub fn sandbox_netns(status: &PodSandboxStatusResponse) -> String {
+    let info: serde_json::Value = serde_json::from_str(&status.info["info"]).unwrap();
+    info["runtimeSpec"]["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["type"] == "network")
+        .and_then(|n| n["path"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+/// A sandbox's address, from its status.
+pub fn sandbox_ip(status: &PodSandboxStatusResponse) -> String {
+    let network = status.status.as_ref().and_then(|s| s.network.as_ref());
+    network.expect("the sandbox's network status").ip.clone()
+}
 
 /// A private containerd with its CRI plugin.
 pub struct Containerd {
@@ -241,6 +261,45 @@ state = "{state}"
             .await
             .unwrap();
         RuntimeServiceClient::new(channel)
+    }
+
+    /// RunPodSandbox, then PodSandboxStatus (verbose) of the sandbox it made.
+    pub fn run_sandbox(&self, config: PodSandboxConfig) -> (String, PodSandboxStatusResponse) {
+        self.run(|mut c| async move {
+            let id = c
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(config),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+                .into_inner()
+                .pod_sandbox_id;
+            let status = c
+                .pod_sandbox_status(PodSandboxStatusRequest {
+                    pod_sandbox_id: id.clone(),
+                    verbose: true,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            (id, status)
+        })
+    }
+
+    /// StopPodSandbox (DEL with the namespace) then RemovePodSandbox (DEL without it), as
+    /// the kubelet ends a pod.
+    pub fn remove_sandbox(&self, id: String) {
+        self.run(|mut c| async move {
+            c.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}"));
+            c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await
+                .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+        })
     }
 
     /// Runs `f` with a CRI runtime client, on a runtime of its own.

@@ -68,20 +68,7 @@ impl Ns {
     /// Answers every TCP connection and UDP datagram on `port` with `name`, until
     /// dropped.
     pub fn serve_name(&self, name: &str, port: u16) -> Proc {
-        let mut child = self
-            .command("python3")
-            .arg(testing_script("serve_name.py"))
-            .args([name, &port.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready");
-        Proc(child)
+        serve_name_with(self.command("python3"), name, port)
     }
 
     /// `n` TCP connections (or UDP exchanges) to addr:port, one after the other: what
@@ -122,6 +109,24 @@ impl Drop for Ns {
     fn drop(&mut self) {
         let _ = Netns::delete_path(&self.path);
     }
+}
+
+/// `scripts/testing/serve_name.py` run by `python3` (a command already placed in its
+/// namespace), once it says it listens.
+pub fn serve_name_with(mut python3: Command, name: &str, port: u16) -> Proc {
+    let mut child = python3
+        .arg(testing_script("serve_name.py"))
+        .args([name, &port.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    Proc(child)
 }
 
 /// A helper script of the workspace's `scripts/testing`.
