@@ -1,6 +1,9 @@
 //! A Kurma configuration's networks (`pod_networks`, or `podNetworks` as later Kurma
 //! wrote it) and the interface names their `containerInterface` templates render to.
 
+use std::time::Duration;
+
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// Why a configuration was refused.
@@ -17,6 +20,9 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A runtime setting has a wrong value.
+    #[error("{0}")]
+    Setting(String),
     /// A template cannot give a name.
     #[error("containerInterface {template:?}: {message}")]
     Template {
@@ -39,32 +45,107 @@ pub struct PodNetwork {
     pub default: bool,
     /// The interface name or template inside the pod, if the plugin configures one.
     pub container_interface: Option<String>,
-    /// The whole entry, which the plugin reads on stdin.
+    /// The entry, parsed.
     pub entry: Map<String, Value>,
+    /// The whole entry as written, which the plugin reads on stdin (as Kurma passed it).
+    pub text: String,
+}
+
+/// What a pod's setup does when one of its networks fails to add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailurePolicy {
+    /// Log it and run the pod without that network, as Kurma did (the default).
+    #[default]
+    Continue,
+    /// Take the pod's other networks down again and fail the pod.
+    Fail,
+}
+
+/// The runtime's settings around its networks, from the configuration's top level.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `failurePolicy` (or `failure_policy`): `continue` or `fail`.
+    pub failure: FailurePolicy,
+    /// `restartPlugins` (or `restart_plugins`): start a plugin again when its main exits.
+    pub restart: bool,
+    /// `pluginTimeout` (or `plugin_timeout`), seconds: how long add or del may take.
+    pub timeout: Duration,
+}
+
+/// How long an add or del may run, as Kurma allowed.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A Kurma configuration: its networks and the runtime's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The networks, in order.
+    pub networks: Vec<PodNetwork>,
+    /// The settings.
+    pub settings: Settings,
+}
+
+impl Config {
+    /// Reads a whole configuration.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let networks = pod_networks(text)?;
+        let v: Map<String, Value> =
+            serde_json::from_str(text).map_err(|e| ConfigError::NotJson(e.to_string()))?;
+        let get = |camel: &str, snake: &str| v.get(camel).or_else(|| v.get(snake)).cloned();
+        let bad = |message: String| ConfigError::Setting(message);
+        let failure = match get("failurePolicy", "failure_policy") {
+            None | Some(Value::Null) => FailurePolicy::default(),
+            Some(p) => serde_json::from_value(p.clone())
+                .map_err(|_| bad(format!("failurePolicy is continue or fail, not {p}")))?,
+        };
+        let restart = match get("restartPlugins", "restart_plugins") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => b,
+            Some(other) => {
+                return Err(bad(format!("restartPlugins is true or false, not {other}")))
+            }
+        };
+        let timeout = match get("pluginTimeout", "plugin_timeout") {
+            None | Some(Value::Null) => DEFAULT_TIMEOUT,
+            Some(t) => t
+                .as_f64()
+                .filter(|s| *s > 0.0 && *s <= 86_400.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| bad(format!("pluginTimeout is seconds above 0, not {t}")))?,
+        };
+        Ok(Config {
+            networks,
+            settings: Settings {
+                failure,
+                restart,
+                timeout,
+            },
+        })
+    }
 }
 
 /// The networks of a Kurma configuration, in order.
 pub fn pod_networks(text: &str) -> Result<Vec<PodNetwork>, ConfigError> {
-    let v: Value = serde_json::from_str(text).map_err(|e| ConfigError::NotJson(e.to_string()))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| ConfigError::NotJson("a JSON value that is not an object".into()))?;
-    let list = match obj.get("pod_networks").or_else(|| obj.get("podNetworks")) {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(_) => {
-            return Err(ConfigError::NotJson(
-                "pod_networks must be a list of networks".into(),
-            ))
-        }
+    let top: Value = serde_json::from_str(text).map_err(|e| ConfigError::NotJson(e.to_string()))?;
+    if !top.is_object() {
+        return Err(ConfigError::NotJson(
+            "a JSON value that is not an object".into(),
+        ));
+    }
+    // Read again with the entries as written, so each plugin gets its entry's own text.
+    let obj: std::collections::HashMap<String, &RawValue> =
+        serde_json::from_str(text).map_err(|e| ConfigError::NotJson(e.to_string()))?;
+    let list: Vec<&RawValue> = match obj.get("pod_networks").or_else(|| obj.get("podNetworks")) {
+        None => return Ok(Vec::new()),
+        Some(raw) if raw.get() == "null" => return Ok(Vec::new()),
+        Some(raw) => serde_json::from_str(raw.get())
+            .map_err(|_| ConfigError::NotJson("pod_networks must be a list of networks".into()))?,
     };
     let mut out: Vec<PodNetwork> = Vec::new();
     for (index, item) in list.iter().enumerate() {
         let bad = |message: String| ConfigError::Network { index, message };
-        let entry = item
-            .as_object()
-            .ok_or_else(|| bad("not an object".into()))?
-            .clone();
+        let entry: Map<String, Value> =
+            serde_json::from_str(item.get()).map_err(|_| bad("not an object".into()))?;
         let text = |key: &str| -> Result<Option<String>, ConfigError> {
             match entry.get(key) {
                 None | Some(Value::Null) => Ok(None),
@@ -96,6 +177,7 @@ pub fn pod_networks(text: &str) -> Result<Vec<PodNetwork>, ConfigError> {
             default,
             container_interface,
             entry,
+            text: item.get().to_string(),
         });
     }
     Ok(out)

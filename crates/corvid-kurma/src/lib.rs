@@ -1,9 +1,11 @@
 //! Kurma's network plugins (`../shared/specs/kurma-network-plugins.md`): plugin images
-//! and, in time, the runtime that runs them and corvid's own plugin image (issue 20).
+//! and the runtime that runs them.
 
 #![deny(missing_docs)]
 
 pub mod aci;
 pub mod config;
+pub mod image;
 pub mod invoke;
+pub mod runtime;
 pub mod source;

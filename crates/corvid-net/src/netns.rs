@@ -174,7 +174,7 @@ fn setns(fd: BorrowedFd) -> io::Result<()> {
 /// Makes `dir` a shared mount point of its own, as iproute2 and podman do with
 /// /run/netns. A namespace mounted on a file of a plain directory is hidden, and can no
 /// longer be deleted, once another tool bind-mounts the directory onto itself.
-fn share_mount_point(dir: &Path) -> io::Result<()> {
+pub fn share_mount_point(dir: &Path) -> io::Result<()> {
     let shared = MountPropagationFlags::SHARED | MountPropagationFlags::REC;
     match rustix::mount::mount_change(dir, shared) {
         // Not a mount point yet.

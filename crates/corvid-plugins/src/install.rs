@@ -16,6 +16,12 @@ fn ctx(what: String) -> impl FnOnce(io::Error) -> io::Error {
 }
 
 /// Copies `binary` into `dir` and links every plugin name to it; returns the paths made.
+/// The plugin binary beside the running program: where `corvid` finds it by default.
+pub fn sibling_binary() -> io::Result<PathBuf> {
+    Ok(std::env::current_exe()?.with_file_name(BINARY_NAME))
+}
+
+/// Installs the plugin binary at `binary` into `dir`.
 pub fn install(binary: &Path, dir: &Path) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(ctx(format!("create {}", dir.display())))?;
     let target = dir.join(BINARY_NAME);

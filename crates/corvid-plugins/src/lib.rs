@@ -13,6 +13,7 @@ pub mod errors;
 pub mod firewall;
 pub mod host_local;
 pub mod install;
+pub mod kurma;
 pub mod loopback;
 pub mod portmap;
 pub mod tuning;

@@ -1,5 +1,6 @@
 //! The multi-call plugin binary: run as `bridge`, `host-local` or `loopback` (a link
-//! named so), or as `corvid-plugins NAME`.
+//! named so), or as `corvid-plugins NAME`; in corvid's Kurma plugin image also as
+//! `/opt/network/add`, `del` and `netplugin`.
 
 use std::path::Path;
 
@@ -31,6 +32,10 @@ fn main() {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if let Some(action) = corvid_plugins::kurma::action_for(&name) {
+        let args: Vec<String> = argv.collect();
+        std::process::exit(corvid_plugins::kurma::main(action, &args));
+    }
     if corvid_plugins::plugin_for(&name).is_none() {
         name = argv.next().unwrap_or_default();
     }

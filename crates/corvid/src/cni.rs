@@ -364,14 +364,12 @@ pub fn run(args: CniArgs) -> ExitCode {
 fn install(dir: &Path, from: Option<&Path>) -> Result<(), Error> {
     let from = match from {
         Some(f) => f.to_path_buf(),
-        None => std::env::current_exe()
-            .map_err(|e| {
-                Error::new(
-                    corvid_cni::ErrorCode::Io,
-                    format!("cannot find my own executable: {e}"),
-                )
-            })?
-            .with_file_name(corvid_plugins::install::BINARY_NAME),
+        None => corvid_plugins::install::sibling_binary().map_err(|e| {
+            Error::new(
+                corvid_cni::ErrorCode::Io,
+                format!("cannot find my own executable: {e}"),
+            )
+        })?,
     };
     let made = corvid_plugins::install::install(&from, dir)
         .map_err(|e| Error::new(corvid_cni::ErrorCode::Io, e.to_string()))?;

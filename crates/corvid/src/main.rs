@@ -2,6 +2,7 @@
 
 mod cni;
 mod kube_watch;
+mod kurma;
 mod signal;
 mod up;
 
@@ -72,6 +73,8 @@ enum Command {
     DockerPlugin(DockerPluginArgs),
     /// Run the Kubernetes watcher: namespaces to networks, pods to ports and annotations.
     KubeWatch(kube_watch::KubeWatchArgs),
+    /// Kurma network plugins: run the networking pod, set up pods, build corvid's image.
+    Kurma(kurma::KurmaArgs),
 }
 
 /// How a process reaches the controller.
@@ -187,6 +190,7 @@ fn main() -> ExitCode {
         }
         Command::Up(a) => up::run(a),
         Command::KubeWatch(a) => kube_watch::run(a),
+        Command::Kurma(a) => kurma::run(a),
         Command::DockerPlugin(a) => {
             let driver = corvid_docker::Driver::new(corvid_docker::Config {
                 controller: a.host.client.controller,
