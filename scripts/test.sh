@@ -52,6 +52,10 @@ fi
 # built from Debian's source package once, cached outside the checkout.
 scripts/build-kube-apiserver.sh
 
+# The Kurma tests (crates/corvid/tests/kurma.rs) put the static plugin binary in an image.
+CORVID_KURMA_PLUGINS=$(scripts/build-kurma-plugins.sh)
+export CORVID_KURMA_PLUGINS
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

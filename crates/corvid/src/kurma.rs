@@ -43,7 +43,7 @@ enum KurmaCommand {
         out: PathBuf,
         /// The image's version label and OCI tag.
         #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
-        version: String,
+        image_version: String,
     },
 }
 
@@ -124,14 +124,18 @@ pub fn run(args: KurmaArgs) -> ExitCode {
         KurmaCommand::BuildImage {
             plugins,
             out,
-            version,
+            image_version,
         } => {
             let binary = match plugins.map_or_else(corvid_plugins::install::sibling_binary, Ok) {
                 Ok(b) => b,
                 Err(e) => return fail(format!("cannot find my own executable: {e}")),
             };
-            match corvid_kurma::image::build(&binary, &corvid_plugins::PLUGIN_NAMES, &version, &out)
-            {
+            match corvid_kurma::image::build(
+                &binary,
+                &corvid_plugins::PLUGIN_NAMES,
+                &image_version,
+                &out,
+            ) {
                 Ok(built) => {
                     println!("{}", built.aci.display());
                     println!("{}", built.oci.display());

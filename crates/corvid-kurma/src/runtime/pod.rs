@@ -263,9 +263,13 @@ pub fn del(layout: &Layout, uuid: &str) -> Result<Vec<String>, PodError> {
     if let Some(record) = &record {
         let (state, config) = host(layout)?;
         let mut attachments = Vec::new();
+        let mut added = Vec::new();
         for a in &record.networks {
             match config.networks.iter().find(|n| n.name == a.network) {
-                Some(network) => attachments.push((network, a.interface.clone())),
+                Some(network) => {
+                    attachments.push((network, a.interface.clone()));
+                    added.push(!matches!(a.outcome, Outcome::Failed { .. }));
+                }
                 None => failures.push(format!(
                     "{}: no longer in the host's configuration",
                     a.network
@@ -273,9 +277,13 @@ pub fn del(layout: &Layout, uuid: &str) -> Result<Vec<String>, PodError> {
             }
         }
         let results = call_all(&state, &config, uuid, Action::Del, &attachments);
-        for ((network, _), result) in attachments.iter().zip(results) {
+        for (((network, _), result), added) in attachments.iter().zip(results).zip(added) {
             match result {
                 Ok(_) => tracing::info!(pod = uuid, network = %network.name, "network deleted"),
+                // What a failed add left is undone if its plugin can; nothing else is owed.
+                Err(error) if !added => {
+                    tracing::info!(pod = uuid, network = %network.name, %error, "del after a failed add")
+                }
                 Err(error) => {
                     tracing::warn!(pod = uuid, network = %network.name, %error, "network del failed");
                     failures.push(format!("{}: {error}", network.name));

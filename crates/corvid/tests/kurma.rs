@@ -1,0 +1,464 @@
+//! The Kurma runtime (`corvid kurma`) with real plugin containers, as root: corvid's own
+//! plugin image and one of Debian's reference plugins behind shell wrappers, two networks,
+//! 20 pods set up at once; hung, failing and malformed plugins; bad input.
+
+#[path = "support/kurma.rs"]
+mod kurma;
+#[path = "support/ns.rs"]
+mod ns;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use kurma::{
+    build_corvid_image, busybox, write_aci, write_reference_aci, Node, Runtime, WAIT_MAIN,
+};
+use ns::wait_until;
+use serde_json::{json, Value};
+
+fn uuid(i: usize) -> String {
+    format!("{:08x}-fbf6-41da-a2f8-eba218597f9c", 0x146d_7c00 + i)
+}
+
+/// The links of the host namespace other than loopback and `keep`.
+fn host_links(rt: &Runtime, keep: &[&str]) -> Vec<String> {
+    rt.host_ns
+        .links("")
+        .into_iter()
+        .filter(|l| l != "lo" && !keep.contains(&l.as_str()))
+        .collect()
+}
+
+/// The files host-local keeps for `network` under the plugin's volume, other than its
+/// lock and last-reserved marker: one per leased address.
+fn leases(rt: &Runtime, volume: &str, network: &str) -> Vec<String> {
+    let dir = rt
+        .dir
+        .path()
+        .join("volumes")
+        .join(volume)
+        .join("networks")
+        .join(network);
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The address (without prefix) a pod's record gives on `network`.
+fn address(record: &Value, network: &str) -> String {
+    let a = record["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["network"] == network)
+        .unwrap_or_else(|| panic!("{network} in {record}"));
+    assert_eq!(a["status"], "added", "{a}");
+    let ip = a["result"]["ip4"]["ip"].as_str().unwrap();
+    ip.split('/').next().unwrap().to_string()
+}
+
+#[test]
+fn twenty_pods_on_two_networks_from_two_images_ping_and_leave_nothing() {
+    let tag = format!("cvt{}kp", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let (corvid_aci, _) = build_corvid_image(&images);
+    let reference_aci = images.join("reference.aci");
+    write_reference_aci(&reference_aci);
+    let (bridge_a, bridge_b) = (format!("{tag}a"), format!("{tag}b"));
+    rt.start(&json!({
+        "pod_networks": [
+            {"name": "corvidnet", "aci": format!("file://{}", corvid_aci.display()),
+             "default": true, "containerInterface": "eth0",
+             "cniVersion": "1.0.0", "type": "bridge", "bridge": bridge_a,
+             "isGateway": true, "ipMasq": true,
+             "ipam": {"type": "host-local", "subnet": "10.91.0.0/24",
+                      "routes": [{"dst": "0.0.0.0/0"}]}},
+            {"name": "refnet", "aci": format!("file://{}", reference_aci.display()),
+             "default": true, "containerInterface": "eth{{num}}",
+             "cniVersion": "0.3.1", "type": "bridge", "bridge": bridge_b,
+             "isGateway": true,
+             "ipam": {"type": "host-local", "subnet": "10.92.0.0/24"}}
+        ]
+    }));
+    assert!(rt.plugin_pid("corvidnet").is_some() && rt.plugin_pid("refnet").is_some());
+
+    let pods: Vec<String> = (0..20).map(uuid).collect();
+    let records: Vec<Value> = std::thread::scope(|s| {
+        let calls: Vec<_> = pods.iter().map(|p| s.spawn(|| rt.add(p, &[]))).collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let mut seen = BTreeSet::new();
+    for record in &records {
+        let a = address(record, "corvidnet");
+        let b = address(record, "refnet");
+        assert!(
+            a.starts_with("10.91.0.") && b.starts_with("10.92.0."),
+            "{record}"
+        );
+        assert!(
+            seen.insert(a) && seen.insert(b),
+            "an address given twice: {record}"
+        );
+        // The fixed name and the template's next free one.
+        let ifaces: Vec<&str> = record["networks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["interface"].as_str().unwrap())
+            .collect();
+        assert_eq!(ifaces, ["eth0", "eth1"], "{record}");
+    }
+    assert_eq!(leases(&rt, "corvidnet", "corvidnet").len(), 20);
+    assert_eq!(leases(&rt, "refnet", "refnet").len(), 20);
+    let listed: Value =
+        serde_json::from_slice(&rt.corvid().arg("pods").output().unwrap().stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 20);
+
+    for (i, record) in records.iter().enumerate() {
+        let uuid = record["uuid"].as_str().unwrap();
+        let next = &records[(i + 1) % records.len()];
+        for target in [
+            "10.91.0.1".to_string(),
+            "10.92.0.1".to_string(),
+            address(next, "corvidnet"),
+            address(next, "refnet"),
+        ] {
+            assert!(rt.ping(uuid, &target), "{uuid} cannot reach {target}");
+        }
+    }
+    let masq_before = nft_ruleset(&rt);
+    assert!(
+        masq_before.contains("10.91.0."),
+        "no masquerade for the pods: {masq_before}"
+    );
+
+    std::thread::scope(|s| {
+        for p in &pods {
+            let rt = &rt;
+            s.spawn(move || {
+                let out = rt.pod_del(p);
+                assert!(
+                    out.status.success(),
+                    "del {p}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            });
+        }
+    });
+    assert_eq!(
+        host_links(&rt, &[&bridge_a, &bridge_b]),
+        Vec::<String>::new()
+    );
+    assert!(leases(&rt, "corvidnet", "corvidnet").is_empty());
+    assert!(leases(&rt, "refnet", "refnet").is_empty());
+    let after = nft_ruleset(&rt);
+    assert!(!after.contains("elements"), "masquerade left: {after}");
+    assert!(std::fs::read_dir(rt.dir.path().join("netns"))
+        .unwrap()
+        .next()
+        .is_none());
+    let listed: Value =
+        serde_json::from_slice(&rt.corvid().arg("pods").output().unwrap().stdout).unwrap();
+    assert_eq!(listed, json!([]));
+    // Deleting again has nothing to do.
+    assert!(rt.pod_del(&pods[0]).status.success());
+}
+
+/// The host namespace's nftables ruleset, as text.
+fn nft_ruleset(rt: &Runtime) -> String {
+    let out = rt
+        .host_ns
+        .command("nft")
+        .args(["list", "ruleset"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A busybox image whose add and del are `add` and `del`, main `main`.
+fn shell_image(path: &Path, add: &str, del: &str, main: &str) {
+    let mut files = busybox();
+    files.extend([
+        ("opt/network/add".to_string(), Node::Script(add.into())),
+        ("opt/network/del".to_string(), Node::Script(del.into())),
+        ("opt/network/main".to_string(), Node::Script(main.into())),
+    ]);
+    write_aci(
+        path,
+        "example.com/test/shell",
+        &["/opt/network/main"],
+        &files,
+    );
+}
+
+const OK_ADD: &str = "#!/bin/sh\ncat > /dev/null\necho '{\"ip4\": {\"ip\": \"10.93.0.2/24\"}}'\n";
+const OK_DEL: &str = "#!/bin/sh\ncat > /dev/null\n";
+
+#[test]
+fn hung_failing_and_exiting_plugins_are_reported_and_the_runtime_goes_on() {
+    let tag = format!("cvt{}kh", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    // add starts a child in its process group and both hang; each notes its PID on the
+    // plugin's volume, which the host sees.
+    let hang = "#!/bin/sh\ncat > /dev/null\nsleep 1000 &\necho $! > /var/lib/cni/child\necho $$ > /var/lib/cni/add\nsleep 1000\n";
+    shell_image(&images.join("hang.aci"), hang, OK_DEL, WAIT_MAIN);
+    shell_image(&images.join("ok.aci"), OK_ADD, OK_DEL, WAIT_MAIN);
+    shell_image(
+        &images.join("text.aci"),
+        "#!/bin/sh\ncat >/dev/null\necho hello\n",
+        OK_DEL,
+        WAIT_MAIN,
+    );
+    shell_image(
+        &images.join("fails.aci"),
+        "#!/bin/sh\ncat >/dev/null\necho 'no addresses left' >&2\nexit 7\n",
+        OK_DEL,
+        WAIT_MAIN,
+    );
+    shell_image(
+        &images.join("exits.aci"),
+        OK_ADD,
+        OK_DEL,
+        "#!/bin/sh\nexit 3\n",
+    );
+    let file = |n: &str| format!("file://{}", images.join(n).display());
+    rt.start(&json!({
+        "pluginTimeout": 1,
+        "podNetworks": [
+            {"name": "hang", "aci": file("hang.aci"), "type": "x"},
+            {"name": "ok", "aci": file("ok.aci"), "default": true, "containerInterface": "eth{{num}}", "type": "x"},
+            {"name": "ok2", "aci": file("ok.aci"), "default": true, "containerInterface": "eth{{num}}", "type": "x"},
+            {"name": "text", "aci": file("text.aci"), "type": "x"},
+            {"name": "fails", "aci": file("fails.aci"), "type": "x"},
+            {"name": "exits", "aci": file("exits.aci"), "type": "x"}
+        ]
+    }));
+    let hang_pid = rt.plugin_pid("hang").unwrap();
+
+    // No network named: the defaults, with names that do not collide.
+    let record = rt.add(&uuid(1), &[]);
+    let names: Vec<_> = record["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["network"].as_str().unwrap(),
+                a["interface"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(names, [("ok", "eth0"), ("ok2", "eth1")]);
+
+    // The hung add is killed at the limit with its child; the plugin stays.
+    let record = rt.add(&uuid(2), &["hang", "text", "fails", "ok"]);
+    let outcome = |n: &str| {
+        record["networks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["network"] == n)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(outcome("hang")["status"], "failed");
+    assert!(
+        outcome("hang")["error"]
+            .as_str()
+            .unwrap()
+            .contains("did not return within 1s"),
+        "{record}"
+    );
+    let volume = rt.dir.path().join("volumes/hang");
+    for who in ["add", "child"] {
+        let pid: u32 = std::fs::read_to_string(volume.join(who))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        wait_until(
+            &format!("the hung {who} ({pid}) gone"),
+            Duration::from_secs(5),
+            || !Path::new(&format!("/proc/{pid}")).exists(),
+        );
+    }
+    assert_eq!(
+        rt.plugin_pid("hang"),
+        Some(hang_pid),
+        "the plugin container was not kept"
+    );
+    assert!(
+        outcome("text")["error"]
+            .as_str()
+            .unwrap()
+            .contains("not JSON"),
+        "{record}"
+    );
+    let fails = outcome("fails")["error"].as_str().unwrap().to_string();
+    assert!(
+        fails.contains("exit status: 7") && fails.contains("no addresses left"),
+        "{fails}"
+    );
+    assert_eq!(outcome("ok")["status"], "added");
+
+    // A main that exits is reported; its network fails the pods that ask for it.
+    wait_until(
+        "the exited plugin reported",
+        Duration::from_secs(10),
+        || {
+            rt.state()["plugins"].as_array().unwrap().iter().any(|p| {
+                p["network"] == "exits"
+                    && p["status"] == "failed"
+                    && p["reason"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("exit status: 3")
+            })
+        },
+    );
+    let record = rt.add(&uuid(3), &["exits"]);
+    assert!(
+        record["networks"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("exits's plugin failed"),
+        "{record}"
+    );
+
+    // Unknown network: a clear error, no namespace, no record.
+    let out = rt.pod_add(&uuid(4), &["nope"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"nope\", which is not among"));
+    assert!(!rt.netns(&uuid(4)).exists());
+    // Bad UUID.
+    let out = rt.pod_add("../etc", &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("letters, digits and dashes"));
+
+    for i in 1..=3 {
+        let out = rt.pod_del(&uuid(i));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(std::fs::read_dir(rt.dir.path().join("netns"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+#[test]
+fn under_the_fail_policy_a_failed_network_takes_the_pod_down_whole() {
+    let tag = format!("cvt{}kf", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let (corvid_aci, _) = build_corvid_image(&images);
+    shell_image(
+        &images.join("fails.aci"),
+        "#!/bin/sh\ncat >/dev/null\nexit 1\n",
+        OK_DEL,
+        WAIT_MAIN,
+    );
+    let bridge = format!("{tag}a");
+    rt.start(&json!({
+        "failurePolicy": "fail",
+        "pod_networks": [
+            {"name": "good", "aci": format!("file://{}", corvid_aci.display()), "default": true,
+             "containerInterface": "eth0", "cniVersion": "1.0.0", "type": "bridge", "bridge": bridge,
+             "ipam": {"type": "host-local", "subnet": "10.94.0.0/24"}},
+            {"name": "fails", "aci": format!("file://{}", images.join("fails.aci").display()),
+             "default": true, "type": "x"}
+        ]
+    }));
+    let out = rt.pod_add(&uuid(1), &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("fails: /opt/network/add exited with exit status: 1"),
+        "{err}"
+    );
+    assert!(!rt.netns(&uuid(1)).exists());
+    assert!(leases(&rt, "good", "good").is_empty());
+    assert_eq!(host_links(&rt, &[&bridge]), Vec::<String>::new());
+    // The good network alone still works.
+    let record = rt.add(&uuid(2), &["good"]);
+    assert!(address(&record, "good").starts_with("10.94.0."), "{record}");
+    assert!(rt.pod_del(&uuid(2)).status.success());
+}
+
+#[test]
+fn bad_configurations_and_images_are_refused_and_leave_nothing() {
+    let tag = format!("cvt{}kb", std::process::id());
+    let rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::write(images.join("corrupt.aci"), b"\x1f\x8bnot really gzip").unwrap();
+    let mut climbing = busybox();
+    climbing.push(("../../escape".to_string(), Node::Script("x".into())));
+    write_aci(
+        &images.join("climbing.aci"),
+        "example.com/x",
+        &["/bin/sh"],
+        &climbing,
+    );
+    let file = |n: &str| format!("file://{}", images.join(n).display());
+    let config_path = rt.dir.path().join("bad.json");
+    for (config, says) in [
+        ("{\"pod_networks\": [".to_string(), "not a JSON object"),
+        (
+            json!({"pod_networks": [{"name": "a", "aci": "ftp://x/y.aci"}]}).to_string(),
+            "ftp",
+        ),
+        (
+            json!({"pod_networks": [{"name": "a", "aci": file("missing.aci")}]}).to_string(),
+            "missing.aci",
+        ),
+        (
+            json!({"pod_networks": [{"name": "a", "aci": file("corrupt.aci")}]}).to_string(),
+            "corrupt.aci",
+        ),
+        (
+            json!({"pod_networks": [{"name": "a", "aci": file("climbing.aci")}]}).to_string(),
+            "escape",
+        ),
+        (
+            json!({"failurePolicy": "sometimes", "pod_networks": []}).to_string(),
+            "continue or fail",
+        ),
+    ] {
+        std::fs::write(&config_path, &config).unwrap();
+        let out = rt
+            .corvid()
+            .arg("run-networks")
+            .arg("--config")
+            .arg(&config_path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{config}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{config}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!rt.dir.path().join("host.json").exists());
+        let left: Vec<_> = std::fs::read_dir(rt.dir.path().join("images"))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{config}: {left:?} left in the store");
+    }
+    // Without a host, pod add says so.
+    let out = rt.pod_add(&uuid(1), &[]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("start `corvid kurma run-networks` first")
+    );
+}

@@ -1,0 +1,332 @@
+//! Test support for the Kurma runtime: a host (`corvid kurma run-networks`) in a private
+//! host namespace over a private directory, plugin images built by the test, and a guard
+//! that stops the host and unmounts every namespace it bound.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::ns::{wait_until, Ns};
+
+/// corvid's static plugin binary, as scripts/test.sh builds it.
+pub fn static_plugins() -> PathBuf {
+    let path = std::env::var_os("CORVID_KURMA_PLUGINS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../target/x86_64-unknown-linux-gnu/release/corvid-plugins")
+        });
+    assert!(
+        path.is_file(),
+        "{}: build the static plugin binary first (scripts/test.sh does: see scripts/build-kurma-plugins.sh)",
+        path.display()
+    );
+    path
+}
+
+/// A runtime: its host namespace, its directory, and its running host.
+pub struct Runtime {
+    pub host_ns: Ns,
+    pub dir: tempfile::TempDir,
+    pub host: Option<Child>,
+}
+
+/// `corvid` in `ns` with the runtime's directory.
+fn corvid_in(ns: &Ns, dir: &Path) -> Command {
+    let mut cmd = ns.command(env!("CARGO_BIN_EXE_corvid"));
+    cmd.arg("kurma").arg("--dir").arg(dir);
+    cmd
+}
+
+impl Runtime {
+    /// A host namespace and directory, no host yet.
+    pub fn new(tag: &str) -> Runtime {
+        let host_ns = Ns::new(tag, "host");
+        host_ns.ip("link set lo up");
+        let dir = tempfile::Builder::new()
+            .prefix("cvt-kurma")
+            .tempdir()
+            .unwrap();
+        Runtime {
+            host_ns,
+            dir,
+            host: None,
+        }
+    }
+
+    /// `corvid kurma --dir DIR ...` in the host namespace.
+    pub fn corvid(&self) -> Command {
+        corvid_in(&self.host_ns, self.dir.path())
+    }
+
+    /// Writes `config` and starts the host on it; waits until it publishes its plugins.
+    pub fn start(&mut self, config: &Value) {
+        let path = self.dir.path().join("kurma.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+        let child = self
+            .corvid()
+            .arg("run-networks")
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        self.host = Some(child);
+        let state = self.dir.path().join("host.json");
+        wait_until("the host's state", Duration::from_secs(60), || {
+            state.exists()
+                || self
+                    .host
+                    .as_mut()
+                    .is_some_and(|h| h.try_wait().unwrap().is_some())
+        });
+        assert!(
+            state.exists(),
+            "the host stopped before it published its state"
+        );
+    }
+
+    /// The host's published state.
+    pub fn state(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.dir.path().join("host.json")).unwrap()).unwrap()
+    }
+
+    /// The main PID of `network`'s plugin, while it runs.
+    pub fn plugin_pid(&self, network: &str) -> Option<u64> {
+        self.state()["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["network"] == network && p["status"] == "running")
+            .and_then(|p| p["pid"].as_u64())
+    }
+
+    /// `pod add UUID [--network N]...`: its output.
+    pub fn pod_add(&self, uuid: &str, networks: &[&str]) -> Output {
+        let mut cmd = self.corvid();
+        cmd.args(["pod", "add", uuid]);
+        for n in networks {
+            cmd.args(["--network", n]);
+        }
+        cmd.output().unwrap()
+    }
+
+    /// `pod add`, which must succeed: the pod's record.
+    pub fn add(&self, uuid: &str, networks: &[&str]) -> Value {
+        let out = self.pod_add(uuid, networks);
+        assert!(
+            out.status.success(),
+            "pod add {uuid}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// `pod del UUID`: its output.
+    pub fn pod_del(&self, uuid: &str) -> Output {
+        self.corvid().args(["pod", "del", uuid]).output().unwrap()
+    }
+
+    /// The pod's namespace on the host.
+    pub fn netns(&self, uuid: &str) -> PathBuf {
+        self.dir.path().join("netns").join(uuid)
+    }
+
+    /// `cmd` run in pod `uuid`'s namespace.
+    pub fn in_pod(&self, uuid: &str, program: &str) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.netns(uuid).display()))
+            .arg(program);
+        cmd
+    }
+
+    /// Whether pod `uuid` reaches `addr`.
+    pub fn ping(&self, uuid: &str, addr: &str) -> bool {
+        self.in_pod(uuid, "ping")
+            .args(["-c1", "-W2", addr])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    /// Stops the host (SIGTERM) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut h) = self.host.take() {
+            let _ = Command::new("kill").arg(h.id().to_string()).status();
+            let _ = h.wait();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop();
+        let netns = self.dir.path().join("netns");
+        if let Ok(entries) = std::fs::read_dir(&netns) {
+            for e in entries.flatten() {
+                let _ = corvid_net::Netns::delete_path(&e.path());
+            }
+        }
+        while rustix::mount::unmount(&netns, rustix::mount::UnmountFlags::DETACH).is_ok() {}
+    }
+}
+
+/// One file of a test image's root filesystem.
+pub enum Node {
+    /// A copy of a host file, mode 0755.
+    Copy(PathBuf),
+    /// A script, mode 0755.
+    Script(String),
+    /// A symbolic link.
+    Link(String),
+}
+
+/// Writes a gzip ACI of `name` running `exec`, with the `os/linux/privileged` isolator
+/// Kurma's own images carried, and `files` (paths relative to the root filesystem).
+pub fn write_aci(path: &Path, name: &str, exec: &[&str], files: &[(String, Node)]) {
+    let manifest = serde_json::json!({
+        "acKind": "ImageManifest", "acVersion": "0.8.11", "name": name,
+        "labels": [{"name": "os", "value": "linux"}, {"name": "arch", "value": "amd64"}],
+        "app": {"exec": exec, "user": "0", "group": "0",
+            "isolators": [{"name": "os/linux/privileged", "value": true}]}
+    });
+    let gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(path).unwrap(),
+        flate2::Compression::fast(),
+    );
+    let mut tar = tar::Builder::new(gz);
+    let bytes = serde_json::to_vec(&manifest).unwrap();
+    let mut h = tar::Header::new_gnu();
+    h.set_size(bytes.len() as u64);
+    h.set_mode(0o644);
+    tar.append_data(&mut h, "manifest", bytes.as_slice())
+        .unwrap();
+    let mut dirs = std::collections::BTreeSet::new();
+    dirs.insert("rootfs".to_string());
+    for (p, _) in files.iter().filter(|(p, _)| !p.contains("..")) {
+        let mut d = Path::new(p).parent();
+        while let Some(dir) = d.filter(|d| !d.as_os_str().is_empty()) {
+            dirs.insert(format!("rootfs/{}", dir.display()));
+            d = dir.parent();
+        }
+    }
+    for d in dirs {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        tar.append_data(&mut h, format!("{d}/"), std::io::empty())
+            .unwrap();
+    }
+    for (p, node) in files {
+        let path = format!("rootfs/{p}");
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o755);
+        match node {
+            Node::Copy(from) => {
+                let bytes = std::fs::read(from).unwrap();
+                h.set_size(bytes.len() as u64);
+                tar.append_data(&mut h, &path, bytes.as_slice()).unwrap();
+            }
+            Node::Script(text) => {
+                h.set_size(text.len() as u64);
+                // Written raw: the tar crate refuses the unsafe paths the tests need.
+                h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+                h.set_cksum();
+                tar.append(&h, text.as_bytes()).unwrap();
+            }
+            Node::Link(target) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                tar.append_link(&mut h, &path, target).unwrap();
+            }
+        }
+    }
+    tar.into_inner().unwrap().finish().unwrap().flush().unwrap();
+}
+
+/// busybox as /bin/busybox with the applets the test scripts use.
+pub fn busybox() -> Vec<(String, Node)> {
+    let mut files = vec![("bin/busybox".to_string(), Node::Copy("/bin/busybox".into()))];
+    for applet in ["sh", "cat", "sed", "sleep", "echo", "mkdir", "tr"] {
+        files.push((format!("bin/{applet}"), Node::Link("busybox".into())));
+    }
+    files
+}
+
+/// The main process of the shell images: reads its configuration and waits.
+pub const WAIT_MAIN: &str = "#!/bin/sh\ncat > /tmp/config\nwhile :; do sleep 3600; done\n";
+
+/// The image Kurma's own cni-netplugin was: Debian's reference CNI plugins behind shell
+/// add/del wrappers (the plugin is the entry's top-level `type`, read past `ipam`'s).
+pub fn write_reference_aci(path: &Path) {
+    let wrapper = |command: &str| {
+        format!(
+            "#!/bin/sh\nset -e\npayload=$(cat)\n\
+             plugin=$(echo \"$payload\" | tr -d '\\n' | sed -n -e 's/\"ipam\" *: *{{[^{{}}]*\\({{[^{{}}]*}}[^{{}}]*\\)*}}//' -e 's/.*\"type\" *: *\"\\([^\"]*\\)\".*/\\1/p')\n\
+             [ -n \"$plugin\" ] || {{ echo 'No CNI plugin specified'; exit 1; }}\n\
+             export CNI_PATH=/usr/lib/cni CNI_COMMAND={command} CNI_NETNS=$1 CNI_CONTAINERID=$2 CNI_IFNAME=${{3:-eth0}}\n\
+             echo \"$payload\" | /usr/lib/cni/$plugin\n"
+        )
+    };
+    let mut files = busybox();
+    for p in ["bridge", "host-local", "loopback"] {
+        files.push((
+            format!("usr/lib/cni/{p}"),
+            Node::Copy(format!("/usr/lib/cni/{p}").into()),
+        ));
+    }
+    files.extend([
+        (
+            "lib/x86_64-linux-gnu/libc.so.6".to_string(),
+            Node::Copy("/lib/x86_64-linux-gnu/libc.so.6".into()),
+        ),
+        (
+            "lib64/ld-linux-x86-64.so.2".to_string(),
+            Node::Copy("/lib64/ld-linux-x86-64.so.2".into()),
+        ),
+        ("opt/network/add".to_string(), Node::Script(wrapper("ADD"))),
+        ("opt/network/del".to_string(), Node::Script(wrapper("DEL"))),
+        (
+            "opt/network/main".to_string(),
+            Node::Script(WAIT_MAIN.into()),
+        ),
+    ]);
+    write_aci(
+        path,
+        "example.com/kurma/cni-netplugin",
+        &["/opt/network/main"],
+        &files,
+    );
+}
+
+/// corvid's plugin image, built by `corvid kurma build-image` into `out`: (ACI, OCI dir).
+pub fn build_corvid_image(out: &Path) -> (PathBuf, PathBuf) {
+    let built = Command::new(env!("CARGO_BIN_EXE_corvid"))
+        .args([
+            "kurma",
+            "build-image",
+            "--image-version",
+            "0.1.0",
+            "--plugins",
+        ])
+        .arg(static_plugins())
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "build-image: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let text = String::from_utf8(built.stdout).unwrap();
+    let mut lines = text.lines();
+    (lines.next().unwrap().into(), lines.next().unwrap().into())
+}
