@@ -29,6 +29,9 @@ command -v openssl >/dev/null || need+=(openssl)
 # containerd's CRI plugin and runc for the Kubernetes node tests; protoc builds the CRI protos.
 command -v containerd >/dev/null || need+=(containerd)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+# The Kurma fetch tests pull from Debian's registry and sign images with gpg.
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v gpg >/dev/null || need+=(gnupg)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update

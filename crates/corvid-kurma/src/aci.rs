@@ -82,7 +82,7 @@ impl<R: Read> Read for Hashing<R> {
 }
 
 /// `path` as a list of normal components, or none when it climbs (`..`) or is absolute.
-fn contained(path: &Path) -> Option<PathBuf> {
+pub(crate) fn contained(path: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
     for c in path.components() {
         match c {
@@ -97,7 +97,7 @@ fn contained(path: &Path) -> Option<PathBuf> {
 /// Whether a symbolic link at `link` (inside the root filesystem) pointing to `target`
 /// stays inside it: an absolute target is the container's root, a relative one may not
 /// climb above it.
-fn link_stays_inside(link: &Path, target: &Path) -> bool {
+pub(crate) fn link_stays_inside(link: &Path, target: &Path) -> bool {
     if target.is_absolute() {
         return true;
     }
@@ -126,15 +126,20 @@ pub fn unpack(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
     result
 }
 
-fn unpack_checked(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
+/// The tar inside `archive`, however it is compressed.
+pub(crate) fn decompressed<'a>(archive: impl Read + 'a) -> io::Result<Box<dyn Read + 'a>> {
     let mut archive = io::BufReader::new(archive);
     let head = io::BufRead::fill_buf(&mut archive)?.to_vec();
-    let plain: Box<dyn Read> = match Compression::detect(&head) {
+    Ok(match Compression::detect(&head) {
         Compression::None => Box::new(archive),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(archive)),
         Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(archive)),
         Compression::Xz => Box::new(liblzma::read::XzDecoder::new_multi_decoder(archive)),
-    };
+    })
+}
+
+fn unpack_checked(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
+    let plain = decompressed(archive)?;
     let mut hashing = Hashing {
         inner: plain,
         hash: Sha512::new(),
@@ -201,6 +206,15 @@ fn unpack_checked(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
     std::fs::write(dest.join("manifest"), &text)?;
     let manifest: Value =
         serde_json::from_str(&text).map_err(|e| AciError::Manifest(format!("not JSON: {e}")))?;
+    image(
+        manifest,
+        format!("sha512-{:x}", hashing.hash.finalize()),
+        dest.join("rootfs"),
+    )
+}
+
+/// The image a manifest describes, once its root filesystem is in place.
+pub(crate) fn image(manifest: Value, id: String, rootfs: PathBuf) -> Result<Aci, AciError> {
     let name = manifest["name"]
         .as_str()
         .filter(|n| !n.is_empty())
@@ -220,11 +234,11 @@ fn unpack_checked(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
         )));
     }
     Ok(Aci {
-        id: format!("sha512-{:x}", hashing.hash.finalize()),
+        id,
         manifest,
         name,
         exec,
-        rootfs: dest.join("rootfs"),
+        rootfs,
     })
 }
 

@@ -71,6 +71,23 @@ pub struct Settings {
     pub restart: bool,
     /// `pluginTimeout` (or `plugin_timeout`), seconds: how long add or del may take.
     pub timeout: Duration,
+    /// How images are fetched.
+    pub fetch: FetchSettings,
+}
+
+/// How plugin images are fetched.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FetchSettings {
+    /// `insecureRegistries`: registries (`host:port`) spoken to over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    /// `discoveryBaseUrl`: replaces `https://<host>` of an image name in discovery (tests
+    /// and mirrors).
+    pub discovery_base_url: Option<String>,
+    /// `insecureDiscovery`: discovery, and the images it finds, may use plain HTTP.
+    pub insecure_discovery: bool,
+    /// `keyring`: armored OpenPGP public keys; when set, every image fetched must carry a
+    /// detached signature (`.asc`) one of them made.
+    pub keyring: Option<std::path::PathBuf>,
 }
 
 /// How long an add or del may run, as Kurma allowed.
@@ -98,13 +115,14 @@ impl Config {
             Some(p) => serde_json::from_value(p.clone())
                 .map_err(|_| bad(format!("failurePolicy is continue or fail, not {p}")))?,
         };
-        let restart = match get("restartPlugins", "restart_plugins") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => b,
-            Some(other) => {
-                return Err(bad(format!("restartPlugins is true or false, not {other}")))
+        let flag = |camel: &str, snake: &str| -> Result<bool, ConfigError> {
+            match get(camel, snake) {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(b)) => Ok(b),
+                Some(v) => Err(bad(format!("{camel} is true or false, not {v}"))),
             }
         };
+        let restart = flag("restartPlugins", "restart_plugins")?;
         let timeout = match get("pluginTimeout", "plugin_timeout") {
             None | Some(Value::Null) => DEFAULT_TIMEOUT,
             Some(t) => t
@@ -113,12 +131,33 @@ impl Config {
                 .map(Duration::from_secs_f64)
                 .ok_or_else(|| bad(format!("pluginTimeout is seconds above 0, not {t}")))?,
         };
+        let text_list = |camel: &str, snake: &str| -> Result<Vec<String>, ConfigError> {
+            match get(camel, snake) {
+                None | Some(Value::Null) => Ok(Vec::new()),
+                Some(v) => serde_json::from_value(v.clone())
+                    .map_err(|_| bad(format!("{camel} is a list of strings, not {v}"))),
+            }
+        };
+        let text = |camel: &str, snake: &str| -> Result<Option<String>, ConfigError> {
+            match get(camel, snake) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+                Some(v) => Err(bad(format!("{camel} is a string, not {v}"))),
+            }
+        };
+        let fetch = FetchSettings {
+            insecure_registries: text_list("insecureRegistries", "insecure_registries")?,
+            discovery_base_url: text("discoveryBaseUrl", "discovery_base_url")?,
+            insecure_discovery: flag("insecureDiscovery", "insecure_discovery")?,
+            keyring: text("keyring", "keyring")?.map(Into::into),
+        };
         Ok(Config {
             networks,
             settings: Settings {
                 failure,
                 restart,
                 timeout,
+                fetch,
             },
         })
     }

@@ -3,9 +3,13 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "runtime")]
 pub mod aci;
 pub mod config;
+#[cfg(feature = "runtime")]
 pub mod image;
 pub mod invoke;
+#[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "runtime")]
 pub mod source;

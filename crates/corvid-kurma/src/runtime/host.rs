@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::aci::Aci;
 use crate::config::{Config, ConfigError, PodNetwork};
 use crate::runtime::container::{self, Spec, Volume, NETNS_IN_CONTAINER, STATE_IN_CONTAINER};
+use crate::runtime::fetch::Fetcher;
 use crate::runtime::store::{Store, StoreError};
 use crate::runtime::{start_time, write_json, HostState, Layout, Plugin, PluginStatus};
 
@@ -214,9 +215,13 @@ pub fn run(layout: &Layout, text: &str, stop: &AtomicBool) -> Result<(), HostErr
     corvid_net::netns::share_mount_point(&netns)
         .map_err(io(format!("make {} a shared mount point", netns.display())))?;
     let store = Store::new(layout.images());
+    let fetcher = Fetcher {
+        store: &store,
+        settings: &config.settings.fetch,
+    };
     let mut plugins = Vec::new();
     for network in &config.networks {
-        let image = store
+        let image = fetcher
             .fetch(&network.aci)
             .map_err(|source| HostError::Image {
                 network: network.name.clone(),

@@ -3,8 +3,10 @@
 
 pub mod container;
 pub mod enter;
+pub mod fetch;
 pub mod host;
 pub mod pod;
+pub mod registry;
 pub mod store;
 
 use std::path::{Path, PathBuf};

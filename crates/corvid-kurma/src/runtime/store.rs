@@ -1,10 +1,10 @@
 //! The image store: each image unpacked once, under its ID.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::aci::{self, Aci, AciError};
-use crate::source::{Source, SourceError};
+use crate::source::SourceError;
 
 /// Why an image could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +53,16 @@ impl Store {
 
     /// Unpacks the ACI read from `archive` (for the `aci` field `aci`), once per ID.
     pub fn add(&self, aci: &str, archive: impl Read) -> Result<Aci, StoreError> {
+        self.place(aci, |dir| aci::unpack(archive, dir))
+    }
+
+    /// Lets `make` build an image (`manifest` and `rootfs/`) in a new directory of the
+    /// store, then keeps it under its ID; on failure nothing of it stays.
+    pub fn place(
+        &self,
+        aci: &str,
+        make: impl FnOnce(&Path) -> Result<Aci, AciError>,
+    ) -> Result<Aci, StoreError> {
         let io = |source| StoreError::Io {
             dir: self.dir.clone(),
             source,
@@ -61,47 +71,25 @@ impl Store {
         let tmp = tempfile::Builder::new()
             .prefix(".unpack-")
             .tempdir_in(&self.dir)
-            .map_err(io)?
-            .keep();
-        let unpacked = aci::unpack(archive, &tmp).map_err(|source| StoreError::Image {
+            .map_err(io)?;
+        let image = make(tmp.path()).map_err(|source| StoreError::Image {
             aci: aci.to_string(),
             source,
-        });
-        let image = match unpacked {
-            Ok(image) => image,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
-                return Err(e);
-            }
-        };
+        })?;
+        if image.id.is_empty() || image.id.contains('/') || image.id.starts_with('.') {
+            return Err(StoreError::Image {
+                aci: aci.to_string(),
+                source: AciError::Manifest(format!("no usable image ID ({:?})", image.id)),
+            });
+        }
         let home = self.dir.join(&image.id);
-        if home.join("rootfs").is_dir() {
-            let _ = std::fs::remove_dir_all(&tmp);
-        } else {
+        if !home.join("rootfs").is_dir() {
             let _ = std::fs::remove_dir_all(&home);
-            std::fs::rename(&tmp, &home).map_err(io)?;
+            std::fs::rename(tmp.keep(), &home).map_err(io)?;
         }
         Ok(Aci {
             rootfs: home.join("rootfs"),
             ..image
         })
-    }
-
-    /// Fetches and unpacks the image an `aci` field names.
-    pub fn fetch(&self, aci: &str) -> Result<Aci, StoreError> {
-        let fetch_err = |message: String| StoreError::Fetch {
-            aci: aci.to_string(),
-            message,
-        };
-        match Source::parse(aci)? {
-            Source::File(path) => {
-                let file = std::fs::File::open(&path)
-                    .map_err(|e| fetch_err(format!("{}: {e}", path.display())))?;
-                self.add(aci, file)
-            }
-            other => Err(fetch_err(format!(
-                "fetching {other:?} is not built yet (issue 20)"
-            ))),
-        }
     }
 }
