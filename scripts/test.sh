@@ -55,6 +55,17 @@ fi
 # built from Debian's source package once, cached outside the checkout.
 scripts/build-kube-apiserver.sh
 
+# The Kurma tests check corvid's plugin image with appc's actool: Debian's appc-spec,
+# unpacked (not installed: it depends on golang-go), cached outside the checkout.
+actool=/var/cache/corvid-appc/usr/bin/actool
+if [ ! -x "$actool" ]; then
+    deb=$(mktemp -d)
+    (cd "$deb" && { apt-get download appc-spec 2>/dev/null \
+        || { apt-get update && apt-get download appc-spec; }; })
+    dpkg-deb -x "$deb"/appc-spec_*.deb /var/cache/corvid-appc
+    rm -rf "$deb"
+fi
+export CORVID_ACTOOL=$actool
 # The Kurma tests (crates/corvid/tests/kurma.rs) put the static plugin binary in an image.
 CORVID_KURMA_PLUGINS=$(scripts/build-kurma-plugins.sh)
 export CORVID_KURMA_PLUGINS

@@ -462,3 +462,83 @@ fn bad_configurations_and_images_are_refused_and_leave_nothing() {
         String::from_utf8_lossy(&out.stderr).contains("start `corvid kurma run-networks` first")
     );
 }
+
+/// appc's actool, as scripts/test.sh unpacks it.
+fn actool() -> std::path::PathBuf {
+    let path = std::env::var_os("CORVID_ACTOOL")
+        .map(Into::into)
+        .unwrap_or_else(|| "/var/cache/corvid-appc/usr/bin/actool".into());
+    assert!(
+        Path::new(&path).is_file(),
+        "{path:?}: unpack Debian's appc-spec there (scripts/test.sh does)"
+    );
+    path
+}
+
+#[test]
+fn corvids_image_is_a_valid_aci_and_a_complete_oci_layout() {
+    let out = tempfile::tempdir().unwrap();
+    let (aci, oci) = build_corvid_image(out.path());
+    let check = std::process::Command::new(actool())
+        .args(["--debug", "validate"])
+        .arg(&aci)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout).into_owned()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(
+        check.status.success() && said.contains("valid app container image"),
+        "{said}"
+    );
+    // actool refuses Kurma's own privilege isolator, which the runtime accepts (the
+    // reference image of the tests above carries it).
+    let reference = out.path().join("reference.aci");
+    write_reference_aci(&reference);
+    let check = std::process::Command::new(actool())
+        .arg("validate")
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(!check.status.success());
+
+    let blob = |digest: &str| -> Vec<u8> {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        let bytes = std::fs::read(oci.join("blobs/sha256").join(hex)).unwrap();
+        let sum = <sha2::Sha256 as sha2::Digest>::digest(&bytes);
+        assert_eq!(
+            format!("{sum:x}"),
+            hex,
+            "blob {digest} does not match its digest"
+        );
+        bytes
+    };
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(oci.join("index.json")).unwrap()).unwrap();
+    assert_eq!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+        "0.1.0"
+    );
+    let manifest: Value =
+        serde_json::from_slice(&blob(index["manifests"][0]["digest"].as_str().unwrap())).unwrap();
+    let config: Value =
+        serde_json::from_slice(&blob(manifest["config"]["digest"].as_str().unwrap())).unwrap();
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        json!(["/opt/network/netplugin"])
+    );
+    let layer = blob(manifest["layers"][0]["digest"].as_str().unwrap());
+    let mut names = BTreeSet::new();
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(layer.as_slice()));
+    for e in tar.entries().unwrap() {
+        names.insert(e.unwrap().path().unwrap().display().to_string());
+    }
+    for want in [
+        "opt/network/add",
+        "opt/network/del",
+        "opt/network/netplugin",
+        "opt/cni/bin/bridge",
+        "opt/cni/bin/host-local",
+    ] {
+        assert!(names.contains(want), "{want} not in the layer: {names:?}");
+    }
+}
