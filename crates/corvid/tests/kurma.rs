@@ -542,3 +542,56 @@ fn corvids_image_is_a_valid_aci_and_a_complete_oci_layout() {
         assert!(names.contains(want), "{want} not in the layer: {names:?}");
     }
 }
+
+#[test]
+fn plugins_restart_with_backoff_and_pods_outlive_the_host() {
+    let tag = format!("cvt{}kr", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let (corvid_aci, _) = build_corvid_image(&images);
+    shell_image(
+        &images.join("flaky.aci"),
+        OK_ADD,
+        OK_DEL,
+        "#!/bin/sh\ncat >/dev/null\nsleep 0.2\nexit 1\n",
+    );
+    let bridge = format!("{tag}a");
+    let config = json!({
+        "restartPlugins": true,
+        "pod_networks": [
+            {"name": "good", "aci": format!("file://{}", corvid_aci.display()), "default": true,
+             "containerInterface": "eth0", "cniVersion": "1.0.0", "type": "bridge", "bridge": bridge,
+             "isGateway": true, "ipam": {"type": "host-local", "subnet": "10.98.0.0/24"}},
+            {"name": "flaky", "aci": format!("file://{}", images.join("flaky.aci").display()), "type": "x"}
+        ]
+    });
+    rt.start(&config);
+    // The flaky main exits again and again; each time it is started anew.
+    let mut pids = BTreeSet::new();
+    wait_until(
+        "three starts of the flaky plugin",
+        Duration::from_secs(15),
+        || {
+            pids.extend(rt.plugin_pid("flaky"));
+            pids.len() >= 3
+        },
+    );
+    let record = rt.add(&uuid(1), &[]);
+    let addr = address(&record, "good");
+    // The host goes; the pod keeps its network, and a new host takes it down.
+    rt.stop();
+    assert!(rt.ping(&uuid(1), "10.98.0.1"));
+    rt.start(&config);
+    let out = rt.pod_del(&uuid(1));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        leases(&rt, "good", "good").is_empty(),
+        "the lease of {addr} stayed"
+    );
+    assert_eq!(host_links(&rt, &[&bridge]), Vec::<String>::new());
+}
