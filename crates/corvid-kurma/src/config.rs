@@ -390,6 +390,62 @@ mod tests {
     }
 
     #[test]
+    fn settings_have_kurmas_defaults_and_both_spellings() {
+        let plain = Config::parse(r#"{"pod_networks": []}"#).unwrap().settings;
+        assert_eq!(plain.failure, FailurePolicy::Continue);
+        assert!(!plain.restart);
+        assert_eq!(plain.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(plain.fetch, FetchSettings::default());
+        let camel = Config::parse(
+            r#"{"failurePolicy": "fail", "restartPlugins": true, "pluginTimeout": 2.5,
+                "insecureRegistries": ["127.0.0.1:5000"], "discoveryBaseUrl": "http://127.0.0.1:8",
+                "insecureDiscovery": true, "keyring": "/k.asc"}"#,
+        )
+        .unwrap()
+        .settings;
+        assert_eq!(camel.failure, FailurePolicy::Fail);
+        assert!(camel.restart);
+        assert_eq!(camel.timeout, Duration::from_millis(2500));
+        assert_eq!(camel.fetch.insecure_registries, ["127.0.0.1:5000"]);
+        assert_eq!(
+            camel.fetch.discovery_base_url.as_deref(),
+            Some("http://127.0.0.1:8")
+        );
+        assert!(camel.fetch.insecure_discovery);
+        assert_eq!(camel.fetch.keyring, Some("/k.asc".into()));
+        let snake = Config::parse(
+            r#"{"failure_policy": "fail", "restart_plugins": true, "plugin_timeout": 2.5,
+                "insecure_registries": ["127.0.0.1:5000"], "discovery_base_url": "http://127.0.0.1:8",
+                "insecure_discovery": true, "keyring": "/k.asc"}"#,
+        )
+        .unwrap()
+        .settings;
+        assert_eq!(snake, camel);
+        for (text, says) in [
+            (r#"{"failurePolicy": "maybe"}"#, "continue or fail"),
+            (r#"{"restartPlugins": "yes"}"#, "true or false"),
+            (r#"{"pluginTimeout": 0}"#, "seconds above 0"),
+            (r#"{"insecureRegistries": "x"}"#, "list of strings"),
+            (r#"{"keyring": 3}"#, "is a string"),
+        ] {
+            let err = Config::parse(text).unwrap_err().to_string();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_entry_goes_to_the_plugin_as_written() {
+        let text = r#"{"pod_networks": [{"type": "bridge", "name": "a", "aci": "x",
+            "ipam": {"type": "host-local"}}]}"#;
+        let net = &pod_networks(text).unwrap()[0];
+        assert!(
+            net.text.starts_with(r#"{"type": "bridge", "name": "a""#),
+            "{}",
+            net.text
+        );
+    }
+
+    #[test]
     fn malformed_configurations_say_what_is_wrong() {
         for (text, says) in [
             ("[", "not a JSON object"),
