@@ -6,13 +6,16 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use corvid_kurma::config::FetchSettings;
 use corvid_kurma::runtime::fetch::Fetcher;
 use corvid_kurma::runtime::store::Store;
+
+#[path = "../../corvid/tests/support/registry.rs"]
+mod registry;
+use registry::Registry;
 
 /// A tar of `entries` (path, contents; a path ending in `/` is a directory).
 fn tar(entries: &[(&str, &[u8])]) -> Vec<u8> {
@@ -340,123 +343,40 @@ fn signatures_are_checked_against_the_keyring_when_one_is_set() {
     assert!(leftovers(&store).is_empty());
 }
 
-/// Debian's docker-registry on a loopback port, with its storage in a temporary
-/// directory; stopped on drop.
-struct Registry {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Registry {
-    fn start() -> Registry {
-        let dir = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
-                dir.path().join("data").display()
-            ),
+/// Pushes an image of `layers` (tars, gzipped here) running `entrypoint`, as OCI or as
+/// Docker v2.
+fn push(registry: &Registry, repository: &str, layers: &[Vec<u8>], entrypoint: &str, docker: bool) {
+    use oci_client::manifest::*;
+    let (layer_type, config_type, manifest_type) = if docker {
+        (
+            IMAGE_DOCKER_LAYER_GZIP_MEDIA_TYPE,
+            IMAGE_DOCKER_CONFIG_MEDIA_TYPE,
+            IMAGE_MANIFEST_MEDIA_TYPE,
         )
-        .unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker-registry (Debian's docker-registry package)");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the registry did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Registry {
-            child,
-            addr,
-            _dir: dir,
-        }
-    }
-
-    /// Pushes an image of `layers` (tars, gzipped here) with `entrypoint`, as OCI or as
-    /// Docker v2.
-    fn push(
-        &self,
-        repository: &str,
-        tag: &str,
-        layers: &[Vec<u8>],
-        entrypoint: &str,
-        docker: bool,
-    ) {
-        use oci_client::manifest::*;
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let (layer_type, config_type, manifest_type) = if docker {
-            (
-                IMAGE_DOCKER_LAYER_GZIP_MEDIA_TYPE,
-                IMAGE_DOCKER_CONFIG_MEDIA_TYPE,
-                IMAGE_MANIFEST_MEDIA_TYPE,
-            )
-        } else {
-            (
-                IMAGE_LAYER_GZIP_MEDIA_TYPE,
-                IMAGE_CONFIG_MEDIA_TYPE,
-                OCI_IMAGE_MEDIA_TYPE,
-            )
-        };
-        let diff_ids: Vec<String> = layers
-            .iter()
-            .map(|l| format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(l)))
-            .collect();
-        let layers: Vec<oci_client::client::ImageLayer> = layers
-            .iter()
-            .map(|l| oci_client::client::ImageLayer::new(gzip(l), layer_type.to_string(), None))
-            .collect();
-        let config = serde_json::json!({"architecture": "amd64", "os": "linux",
-            "config": {"Entrypoint": [entrypoint], "Env": ["PATH=/bin"]},
-            "rootfs": {"type": "layers", "diff_ids": diff_ids}});
-        let config = oci_client::client::Config::new(
-            config.to_string().into_bytes(),
-            config_type.to_string(),
-            None,
-        );
-        let mut manifest = OciImageManifest::build(&layers, &config, None);
-        manifest.media_type = Some(manifest_type.to_string());
-        let client = oci_client::Client::new(oci_client::client::ClientConfig {
-            protocol: oci_client::client::ClientProtocol::Http,
-            ..Default::default()
-        });
-        let reference: oci_client::Reference =
-            format!("{}/{repository}:{tag}", self.addr).parse().unwrap();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(client.push(
-                &reference,
-                &layers,
-                config,
-                &oci_client::secrets::RegistryAuth::Anonymous,
-                Some(manifest),
-            ))
-            .unwrap();
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    } else {
+        (
+            IMAGE_LAYER_GZIP_MEDIA_TYPE,
+            IMAGE_CONFIG_MEDIA_TYPE,
+            OCI_IMAGE_MEDIA_TYPE,
+        )
+    };
+    let diff_ids: Vec<String> = layers
+        .iter()
+        .map(|l| format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(l)))
+        .collect();
+    let layers: Vec<oci_client::client::ImageLayer> = layers
+        .iter()
+        .map(|l| oci_client::client::ImageLayer::new(gzip(l), layer_type.to_string(), None))
+        .collect();
+    let config = serde_json::json!({"architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": [entrypoint], "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids}});
+    let config = oci_client::client::Config::new(
+        config.to_string().into_bytes(),
+        config_type.to_string(),
+        None,
+    );
+    registry.push(repository, "1.0", &layers, config, manifest_type);
 }
 
 #[test]
@@ -477,14 +397,14 @@ fn registry_images_of_both_kinds_are_pulled_with_their_whiteouts() {
         ("etc/keep/.wh..wh..opq", b""),
         ("etc/keep/y", b"y"),
     ]);
-    registry.push(
+    push(
+        &registry,
         "corvid/oci",
-        "1.0",
         &[base.clone(), top.clone()],
         "/bin/hello",
         false,
     );
-    registry.push("corvid/docker", "1.0", &[base, top], "/bin/hello", true);
+    push(&registry, "corvid/docker", &[base, top], "/bin/hello", true);
     let dir = tempfile::tempdir().unwrap();
     let store = Store::new(dir.path().join("store"));
     let settings = FetchSettings {

@@ -6,6 +6,8 @@
 mod kurma;
 #[path = "support/ns.rs"]
 mod ns;
+#[path = "support/registry.rs"]
+mod registry;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -593,5 +595,43 @@ fn plugins_restart_with_backoff_and_pods_outlive_the_host() {
         leases(&rt, "good", "good").is_empty(),
         "the lease of {addr} stayed"
     );
+    assert_eq!(host_links(&rt, &[&bridge]), Vec::<String>::new());
+}
+
+#[test]
+fn corvids_oci_image_runs_pods_from_a_registry() {
+    let tag = format!("cvt{}ko", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let (_, oci) = build_corvid_image(&images);
+    // The registry serves the host's loopback, where the runtime pulls.
+    let registry = rt
+        .host_ns
+        .open()
+        .run(|| {
+            let registry = registry::Registry::start();
+            registry.push_layout("corvid/cni-netplugin", "0.1.0", &oci);
+            registry
+        })
+        .unwrap();
+    let bridge = format!("{tag}a");
+    rt.start(&json!({
+        "insecureRegistries": [registry.addr],
+        "pod_networks": [
+            {"name": "fromreg", "aci": format!("docker://{}/corvid/cni-netplugin:0.1.0", registry.addr),
+             "default": true, "containerInterface": "eth0", "cniVersion": "1.0.0", "type": "bridge",
+             "bridge": bridge, "isGateway": true,
+             "ipam": {"type": "host-local", "subnet": "10.99.0.0/24"}}
+        ]
+    }));
+    let record = rt.add(&uuid(1), &[]);
+    assert!(
+        address(&record, "fromreg").starts_with("10.99.0."),
+        "{record}"
+    );
+    assert!(rt.ping(&uuid(1), "10.99.0.1"));
+    assert!(rt.pod_del(&uuid(1)).status.success());
+    assert!(leases(&rt, "fromreg", "fromreg").is_empty());
     assert_eq!(host_links(&rt, &[&bridge]), Vec::<String>::new());
 }
