@@ -428,6 +428,10 @@ fn bad_configurations_and_images_are_refused_and_leave_nothing() {
             "missing.aci",
         ),
         (
+            json!({"pod_networks": [{"name": "a", "aci": "http://127.0.0.1:1/x.aci"}]}).to_string(),
+            "127.0.0.1:1",
+        ),
+        (
             json!({"pod_networks": [{"name": "a", "aci": file("corrupt.aci")}]}).to_string(),
             "corrupt.aci",
         ),
