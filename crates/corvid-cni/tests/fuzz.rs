@@ -202,10 +202,8 @@ proptest! {
 
     #[test]
     fn any_bytes_as_a_configuration(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
-        for parsed in [NetConf::parse(&bytes).err(), NetConfList::parse(&bytes).err()] {
-            if let Some(e) = parsed {
-                clear(&e);
-            }
+        for e in [NetConf::parse(&bytes).err(), NetConfList::parse(&bytes).err()].iter().flatten() {
+            clear(e);
         }
     }
 
