@@ -120,8 +120,14 @@ pub(crate) fn link_stays_inside(link: &Path, target: &Path) -> bool {
 pub fn unpack(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
     let result = unpack_checked(archive, dest);
     if result.is_err() {
-        let _ = std::fs::remove_dir_all(dest.join("rootfs"));
-        let _ = std::fs::remove_file(dest.join("manifest"));
+        // Either name may be a file, a directory or a link, whatever the archive made.
+        for name in ["rootfs", "manifest"] {
+            let path = dest.join(name);
+            let _ = match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
+        }
     }
     result
 }
@@ -354,6 +360,12 @@ mod tests {
                 "absolute",
                 tar_of(&[("manifest", MANIFEST, Regular), ("/etc/x", "x", Regular)]),
                 "leads out of the image",
+            ),
+            // Found by tests/fuzz.rs: a rootfs that is a file was left behind.
+            (
+                "rootfs is a file",
+                tar_of(&[("rootfs", "", Regular)]),
+                "no manifest",
             ),
             (
                 "extra entry",
