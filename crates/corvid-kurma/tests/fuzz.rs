@@ -233,12 +233,7 @@ fn check_unpack(bytes: &[u8]) -> Result<(), TestCaseError> {
                                 _ => d + 1,
                             })
                         });
-                        prop_assert!(
-                            depth.map_or(false, |d| d >= 0),
-                            "{} -> {}",
-                            p,
-                            target.display()
-                        );
+                        prop_assert!(depth.is_ok_and(|d| d >= 0), "{} -> {}", p, target.display());
                     }
                 }
             }
