@@ -96,7 +96,8 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .merge(tag_routes::<SubnetPool>())
         .merge(tag_routes::<Port>())
         .merge(tag_routes::<FloatingIp>())
-        .fallback(not_found);
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed);
     let api = api
         .layer(middleware::from_fn_with_state(ctl.clone(), authenticate))
         .with_state(ctl);
@@ -152,6 +153,16 @@ async fn not_found() -> NeutronError {
         StatusCode::NOT_FOUND,
         "HTTPNotFound",
         "The resource could not be found.",
+    )
+}
+
+/// Neutron answers a method a resource does not take with 405 and its error body; axum's
+/// own 405 has none.
+async fn method_not_allowed() -> NeutronError {
+    NeutronError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "HTTPMethodNotAllowed",
+        "The method is not allowed for this resource.",
     )
 }
 
