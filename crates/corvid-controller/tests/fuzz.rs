@@ -7,8 +7,6 @@
 //!
 //! 1,000 cases by default; `CORVID_FUZZ_CASES` for a longer run.
 
-use std::sync::OnceLock;
-
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -29,29 +27,35 @@ fn config() -> ProptestConfig {
     }
 }
 
-/// A controller for the whole test binary, with a network, a subnet and a port to aim at.
+/// A controller on redb in a temporary directory, with a network, a subnet and a port
+/// to aim at; stopped and removed on drop.
 struct Api {
     base: String,
     ids: Vec<String>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+    _dir: tempfile::TempDir,
 }
 
-fn api() -> &'static Api {
-    static API: OnceLock<Api> = OnceLock::new();
-    API.get_or_init(|| {
-        let dir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
+impl Api {
+    fn start() -> Api {
+        let dir = tempfile::tempdir().unwrap();
         let listen = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
         let store = format!("redb:{}", dir.path().join("state.redb").display());
-        std::thread::spawn(move || {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
             corvid_controller::run(
                 corvid_controller::Config {
                     listen,
                     store,
                     token: None,
                 },
-                std::future::pending(),
+                async move {
+                    let _ = stopped.await;
+                },
             )
         });
         let base = format!("http://{listen}");
@@ -82,8 +86,25 @@ fn api() -> &'static Api {
             subnet["subnet"]["id"].as_str().unwrap().to_string(),
             port["port"]["id"].as_str().unwrap().to_string(),
         ];
-        Api { base, ids }
-    })
+        Api {
+            base,
+            ids,
+            stop: Some(stop),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 const COLLECTIONS: [&str; 8] = [
@@ -154,7 +175,7 @@ fn value() -> impl Strategy<Value = Value> {
 }
 
 /// A path: a collection, one of its members (an ID that exists or not), or nonsense.
-fn path() -> impl Strategy<Value = String> {
+fn path(ids: Vec<String>) -> impl Strategy<Value = String> {
     (
         prop::sample::select(COLLECTIONS.to_vec()),
         prop_oneof![Just(None), (0usize..3).prop_map(Some), Just(Some(99)),],
@@ -167,10 +188,10 @@ fn path() -> impl Strategy<Value = String> {
             Just("/")
         ],
     )
-        .prop_map(|(c, id, tail)| match id {
+        .prop_map(move |(c, id, tail)| match id {
             None => format!("{c}{tail}"),
             Some(99) => format!("{c}/no-such-thing{tail}"),
-            Some(i) => format!("{c}/{}{tail}", api().ids[i]),
+            Some(i) => format!("{c}/{}{tail}", ids[i]),
         })
 }
 
@@ -205,37 +226,53 @@ fn everything(base: &str) -> Vec<Value> {
         .collect()
 }
 
-proptest! {
-    #![proptest_config(config())]
-
-    #[test]
-    fn any_request_is_answered_in_neutrons_shape_and_a_refused_write_changes_nothing(
-        method in prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "PATCH"]),
-        path in path(),
-        query in query(),
-        body in body(),
-    ) {
-        let api = api();
-        let write = method != "GET";
-        let before = write.then(|| everything(&api.base));
-        let url = format!("{}{path}{query}", api.base);
-        let answer = ureq::request(method, &url)
-            .set("Content-Type", "application/json")
-            .send_bytes(&body);
-        let (status, text) = match answer {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-            Err(e) => return Err(TestCaseError::fail(format!("{method} {url}: {e}"))),
-        };
-        prop_assert!(status < 500, "{} {} -> {}: {}", method, url, status, text);
-        if status >= 400 {
-            let error: Value = serde_json::from_str(&text)
-                .map_err(|e| TestCaseError::fail(format!("{status} not JSON ({e}): {text}")))?;
-            prop_assert!(error["NeutronError"]["type"].is_string() && error["NeutronError"]["message"].is_string(),
-                "{} {} -> {}: {}", method, url, status, text);
-            if let Some(before) = before {
-                prop_assert_eq!(everything(&api.base), before, "{} {} -> {} changed state", method, url, status);
+#[test]
+fn any_request_is_answered_in_neutrons_shape_and_a_refused_write_changes_nothing() {
+    let api = Api::start();
+    let methods = prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "PATCH"]);
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    let outcome = runner.run(
+        &(methods, path(api.ids.clone()), query(), body()),
+        |(method, path, query, body)| {
+            let write = method != "GET";
+            let before = write.then(|| everything(&api.base));
+            let url = format!("{}{path}{query}", api.base);
+            let answer = ureq::request(method, &url)
+                .set("Content-Type", "application/json")
+                .send_bytes(&body);
+            let (status, text) = match answer {
+                Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+                Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+                Err(e) => return Err(TestCaseError::fail(format!("{method} {url}: {e}"))),
+            };
+            prop_assert!(status < 500, "{} {} -> {}: {}", method, url, status, text);
+            if status >= 400 {
+                let error: Value = serde_json::from_str(&text)
+                    .map_err(|e| TestCaseError::fail(format!("{status} not JSON ({e}): {text}")))?;
+                prop_assert!(
+                    error["NeutronError"]["type"].is_string()
+                        && error["NeutronError"]["message"].is_string(),
+                    "{} {} -> {}: {}",
+                    method,
+                    url,
+                    status,
+                    text
+                );
+                if let Some(before) = before {
+                    prop_assert_eq!(
+                        everything(&api.base),
+                        before,
+                        "{} {} -> {} changed state",
+                        method,
+                        url,
+                        status
+                    );
+                }
             }
-        }
+            Ok(())
+        },
+    );
+    if let Err(e) = outcome {
+        panic!("{e}");
     }
 }
