@@ -170,7 +170,14 @@ fn unpack_checked(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
                     manifest = Some(text);
                     continue;
                 }
-                Some("rootfs") => saw_rootfs = true,
+                Some("rootfs") => {
+                    // The root itself must be a directory: a link there would make some
+                    // other directory (the host's `/`, say) the container's root.
+                    if path.components().count() == 1 && !entry.header().entry_type().is_dir() {
+                        return Err(AciError::Layout("rootfs is not a directory".into()));
+                    }
+                    saw_rootfs = true
+                }
                 None => continue,
                 Some(_) => {
                     return Err(AciError::Layout(format!(
@@ -206,8 +213,9 @@ fn unpack_checked(archive: impl Read, dest: &Path) -> Result<Aci, AciError> {
         io::copy(&mut tar.into_inner(), &mut io::sink())?;
     }
     let text = manifest.ok_or_else(|| AciError::Layout("no manifest".into()))?;
-    if !saw_rootfs {
-        return Err(AciError::Layout("no rootfs/".into()));
+    let is_dir = std::fs::symlink_metadata(dest.join("rootfs")).is_ok_and(|m| m.is_dir());
+    if !saw_rootfs || !is_dir {
+        return Err(AciError::Layout("no rootfs/ directory".into()));
     }
     std::fs::write(dest.join("manifest"), &text)?;
     let manifest: Value =
@@ -361,11 +369,17 @@ mod tests {
                 tar_of(&[("manifest", MANIFEST, Regular), ("/etc/x", "x", Regular)]),
                 "leads out of the image",
             ),
-            // Found by tests/fuzz.rs: a rootfs that is a file was left behind.
+            // Found by tests/fuzz.rs: a rootfs that is a file was left behind, and one
+            // that is a link was taken for the root.
             (
                 "rootfs is a file",
                 tar_of(&[("rootfs", "", Regular)]),
-                "no manifest",
+                "rootfs is not a directory",
+            ),
+            (
+                "rootfs is a link",
+                tar_of(&[("manifest", MANIFEST, Regular), ("rootfs", "/", Symlink)]),
+                "rootfs is not a directory",
             ),
             (
                 "extra entry",
