@@ -1,8 +1,10 @@
 //! The controller's core: the store, the view that follows it, and the commit path every
 //! write takes (a compare-and-swap transaction, then waiting until the view shows it).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -21,7 +23,22 @@ pub struct Controller {
     allocator: Allocator,
     /// The token every request must carry, if set.
     pub token: Option<String>,
+    /// When the view was last known to hold everything the store had (milliseconds
+    /// after `started`).
+    confirmed: AtomicU64,
+    started: Instant,
 }
+
+/// How often the view is checked against the store while no change arrives.
+const PROBE: Duration = Duration::from_secs(1);
+
+/// A view not confirmed current for this long may be stale: reads say so, and a watch
+/// that fell this far behind the store is opened again.
+const STALE_AFTER: Duration = Duration::from_secs(3);
+
+/// The longest a write waits for the view to show it; past it the write, which the
+/// store has made durable, is answered anyway.
+const VIEW_WAIT: Duration = Duration::from_secs(10);
 
 impl Controller {
     /// Loads the store into a view and follows it from then on.
@@ -37,6 +54,8 @@ impl Controller {
             applied,
             allocator: Allocator::default(),
             token,
+            confirmed: AtomicU64::new(0),
+            started: Instant::now(),
         });
         let follower = Arc::downgrade(&ctl);
         std::thread::Builder::new()
@@ -49,6 +68,19 @@ impl Controller {
     /// The current view, for reading.
     pub fn view(&self) -> RwLockReadGuard<'_, View> {
         self.view.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the view may be behind the store: it has not been confirmed current for a
+    /// while (the store is unreachable, or the watch is behind).
+    pub fn may_be_stale(&self) -> bool {
+        let confirmed = Duration::from_millis(self.confirmed.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(confirmed) > STALE_AFTER
+    }
+
+    /// Notes that the view was current just now.
+    fn confirm(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.confirmed.store(now, Ordering::Relaxed);
     }
 
     /// A fresh set of in-flight reservations.
@@ -79,7 +111,15 @@ impl Controller {
         if !ok {
             return Ok(None);
         }
-        self.wait_for(revision).await;
+        if tokio::time::timeout(VIEW_WAIT, self.wait_for(revision))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                revision,
+                "the view did not show a committed write in time; answering from the store"
+            );
+        }
         Ok(Some(revision))
     }
 }
@@ -124,17 +164,24 @@ fn follow(ctl: std::sync::Weak<Controller>) {
                 reload(&c);
                 continue;
             }
-            Err(_) => {
+            Err(e) => {
+                tracing::warn!(error = %e, "the store's watch cannot be opened; retrying");
                 drop(c);
                 std::thread::sleep(Duration::from_millis(500));
                 continue;
             }
         };
         drop(c);
-        for batch in rx {
+        // Changes as they come; while none does, the store's revision is read to learn
+        // whether the view is current, and a watch that fell behind (its member cut off,
+        // which a silent stream cannot tell) is given up for a new one.
+        let mut target: Option<(i64, Instant)> = None;
+        let mut probed = Instant::now();
+        loop {
+            let batch = rx.recv_timeout(PROBE);
             let Some(c) = ctl.upgrade() else { return };
             match batch {
-                Ok(events) => {
+                Ok(Ok(events)) => {
                     let revision = {
                         let mut v = c.view.write().unwrap_or_else(|p| p.into_inner());
                         v.apply(&events);
@@ -142,11 +189,38 @@ fn follow(ctl: std::sync::Weak<Controller>) {
                     };
                     c.applied.send_replace(revision);
                 }
-                Err(StoreError::Compacted(_)) => {
+                Ok(Err(StoreError::Compacted(_))) => {
                     reload(&c);
                     break;
                 }
-                Err(_) => break,
+                Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if probed.elapsed() < PROBE {
+                continue;
+            }
+            probed = Instant::now();
+            // Under load the view trails the store by the changes in flight: it is behind
+            // only when it has not reached where the store was at an earlier probe.
+            let Ok(store) = c.store.revision() else {
+                continue;
+            };
+            let view = c.view().revision;
+            match target {
+                _ if view >= store => {
+                    c.confirm();
+                    target = None;
+                }
+                Some((earlier, _)) if view >= earlier => {
+                    c.confirm();
+                    target = Some((store, Instant::now()));
+                }
+                Some((_, since)) if since.elapsed() > STALE_AFTER => {
+                    tracing::warn!("the store's watch fell behind; opening it again");
+                    break;
+                }
+                Some(_) => {}
+                None => target = Some((store, Instant::now())),
             }
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -157,5 +231,6 @@ fn reload(c: &Controller) {
     if let Ok((kvs, revision)) = c.store.range(keys::ROOT) {
         *c.view.write().unwrap_or_else(|p| p.into_inner()) = View::load(kvs, revision);
         c.applied.send_replace(revision);
+        c.confirm();
     }
 }

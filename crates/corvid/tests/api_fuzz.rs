@@ -2,8 +2,6 @@
 //! and sends generated requests, valid and not, to every operation. No answer may be a
 //! server error, and none may hang (an empty bulk once did).
 
-// Shared with the other controller tests; this one needs only part of it.
-#[allow(dead_code)]
 #[path = "support/controller.rs"]
 mod support;
 

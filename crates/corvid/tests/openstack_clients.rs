@@ -3,8 +3,6 @@
 //! tools'). What each checks is in `tests/data/neutron_client.py` and
 //! `tests/data/openstacksdk_client.py`.
 
-// Shared with the other controller tests; this one needs only part of it.
-#[allow(dead_code)]
 #[path = "support/controller.rs"]
 mod support;
 

@@ -99,6 +99,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     let api = api
+        .layer(middleware::from_fn_with_state(ctl.clone(), mark_staleness))
         .layer(middleware::from_fn_with_state(ctl.clone(), authenticate))
         .with_state(ctl);
     // The rewrite has to come before routing, so the API sits behind a router of its own.
@@ -146,6 +147,22 @@ async fn authenticate(State(ctl): Ctl, req: Request, next: Next) -> Response {
         }
     }
     next.run(req).await
+}
+
+/// Reads are served from the view: each answer says whether it may be stale (the view has
+/// not been confirmed current for a few seconds, as when the store has lost quorum).
+const STALE_HEADER: &str = "x-corvid-stale";
+
+async fn mark_staleness(State(ctl): Ctl, req: Request, next: Next) -> Response {
+    let read = req.method() == axum::http::Method::GET;
+    let mut response = next.run(req).await;
+    if read {
+        let stale = if ctl.may_be_stale() { "true" } else { "false" };
+        response
+            .headers_mut()
+            .insert(STALE_HEADER, axum::http::HeaderValue::from_static(stale));
+    }
+    response
 }
 
 async fn not_found() -> NeutronError {

@@ -4,6 +4,7 @@
 //! transaction, compares over a key range, watch from a revision) carry over unchanged.
 
 use std::io::{BufRead, BufReader, Read};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,11 +16,26 @@ use tokio::sync::oneshot;
 
 use super::{prefix_end, Compare, Event, KeyValue, Op, Store, StoreError, Txn, TxnOutcome};
 
-/// The etcd-backed store; tries each endpoint in turn.
+/// The etcd-backed store; tries each endpoint in turn, starting with the last that
+/// answered, so a member that is down or cut off costs one timeout, not one per request.
 pub struct EtcdStore {
     endpoints: Vec<String>,
     agent: ureq::Agent,
+    preferred: AtomicUsize,
 }
+
+/// How long one request may take. Longer than etcd's own request timeout (5 s plus two
+/// election timeouts, 7 s by default), after which a member without quorum answers with an
+/// error; a member that does not answer at all is left for the next. Set per request:
+/// ureq 2 clears an agent's read timeout on connections it pools, so a kept-alive
+/// connection to a member that stopped answering would wait forever.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(9);
+
+/// How long reading the whole store may take (a view's first load, or a reload).
+const RANGE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a new watch may wait for a member to accept it.
+const WATCH_CONNECT: Duration = Duration::from_secs(3);
 
 fn b64(s: impl AsRef<[u8]>) -> String {
     B64.encode(s)
@@ -59,21 +75,36 @@ impl EtcdStore {
             endpoints,
             agent: ureq::AgentBuilder::new()
                 .timeout_connect(Duration::from_secs(3))
-                .timeout_read(Duration::from_secs(30))
                 .max_idle_connections_per_host(64)
                 .build(),
+            preferred: AtomicUsize::new(0),
         };
         store.post("/v3/kv/range", &json!({ "key": b64("/"), "limit": 1 }))?;
         Ok(store)
     }
 
+    /// The endpoints, the preferred one first.
+    fn in_turn(&self) -> impl Iterator<Item = (usize, &String)> {
+        let first = self.preferred.load(Ordering::Relaxed);
+        let n = self.endpoints.len();
+        (0..n)
+            .map(move |k| (first + k) % n)
+            .map(|i| (i, &self.endpoints[i]))
+    }
+
     fn post(&self, path: &str, body: &Value) -> Result<Value, StoreError> {
+        self.post_within(path, body, REQUEST_TIMEOUT)
+    }
+
+    fn post_within(&self, path: &str, body: &Value, limit: Duration) -> Result<Value, StoreError> {
         let mut last = String::new();
-        for ep in &self.endpoints {
-            match self.agent.post(&format!("{ep}{path}")).send_json(body) {
+        for (i, ep) in self.in_turn() {
+            let request = self.agent.post(&format!("{ep}{path}")).timeout(limit);
+            match request.send_json(body) {
                 Ok(resp) => {
+                    self.preferred.store(i, Ordering::Relaxed);
                     return serde_json::from_slice(&read_body(resp))
-                        .map_err(|e| StoreError::Backend(format!("etcd {path}: {e}")))
+                        .map_err(|e| StoreError::Backend(format!("etcd {path}: {e}")));
                 }
                 Err(ureq::Error::Status(code, resp)) => {
                     let message = error_message(resp);
@@ -151,10 +182,19 @@ fn op(o: &Op) -> Value {
 }
 
 impl Store for EtcdStore {
-    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+    fn revision(&self) -> Result<i64, StoreError> {
         let v = self.post(
             "/v3/kv/range",
+            &json!({ "key": b64("/"), "limit": 1, "count_only": true }),
+        )?;
+        Ok(int(&v["header"]["revision"]))
+    }
+
+    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let v = self.post_within(
+            "/v3/kv/range",
             &json!({ "key": b64(prefix), "range_end": b64(prefix_end(prefix)) }),
+            RANGE_TIMEOUT,
         )?;
         let kvs = v["kvs"]
             .as_array()
@@ -180,18 +220,36 @@ impl Store for EtcdStore {
         }});
         let mut last = String::new();
         let mut stream = None;
-        for ep in &self.endpoints {
-            // A watch is idle between changes: no read timeout.
-            let agent = ureq::AgentBuilder::new()
-                .timeout_connect(Duration::from_secs(3))
-                .build();
-            match agent.post(&format!("{ep}/v3/watch")).send_json(&body) {
-                Ok(resp) => {
+        for (i, ep) in self.in_turn() {
+            // A watch is idle between changes: no read timeout on its stream. The member's
+            // first answer is awaited on a thread of its own, so one that is cut off (it
+            // accepts the connection and never answers) is given up after a while.
+            let (sent, answer) = mpsc::channel();
+            let url = format!("{ep}/v3/watch");
+            let request = body.clone();
+            let spawned = std::thread::Builder::new()
+                .name("corvid-etcd-watch-open".into())
+                .spawn(move || {
+                    let agent = ureq::AgentBuilder::new()
+                        .timeout_connect(WATCH_CONNECT)
+                        .build();
+                    let _ = sent.send(agent.post(&url).send_json(&request));
+                });
+            if let Err(e) = spawned {
+                return Err(StoreError::Backend(e.to_string()));
+            }
+            match answer.recv_timeout(WATCH_CONNECT) {
+                Ok(Ok(resp)) => {
+                    self.preferred.store(i, Ordering::Relaxed);
                     stream = Some(resp.into_reader());
                     break;
                 }
-                Err(e) => last = format!("etcd watch {ep}: {e}"),
+                Ok(Err(e)) => last = format!("etcd watch {ep}: {e}"),
+                Err(_) => last = format!("etcd watch {ep}: no answer within {WATCH_CONNECT:?}"),
             }
+            // The next attempt starts past this member.
+            self.preferred
+                .store((i + 1) % self.endpoints.len(), Ordering::Relaxed);
         }
         let reader = stream.ok_or(StoreError::Backend(last))?;
         let (tx, rx) = mpsc::channel();

@@ -92,6 +92,9 @@ pub type TxnOutcome = Result<(bool, i64), StoreError>;
 pub trait Store: Send + Sync {
     /// Every key under `prefix`, and the revision they were read at.
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError>;
+    /// The store's current revision, read cheaply: the view is known current when it has
+    /// applied this much.
+    fn revision(&self) -> Result<i64, StoreError>;
     /// Applies `txn` if its compares hold. The outcome arrives once a success is durable.
     /// Call it within the tokio runtime.
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome>;

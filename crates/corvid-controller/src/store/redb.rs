@@ -290,17 +290,27 @@ fn key_of(e: &Event) -> &str {
     }
 }
 
-impl Store for RedbStore {
-    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        let rtx = self.db.begin_read().map_err(backend)?;
-        let table = rtx.open_table(KV).map_err(backend)?;
-        let revision = rtx
+impl RedbStore {
+    fn revision_in(rtx: &redb::ReadTransaction) -> Result<i64, StoreError> {
+        Ok(rtx
             .open_table(META)
             .map_err(backend)?
             .get(REVISION)
             .map_err(backend)?
             .map(|g| g.value())
-            .unwrap_or(0);
+            .unwrap_or(0))
+    }
+}
+
+impl Store for RedbStore {
+    fn revision(&self) -> Result<i64, StoreError> {
+        RedbStore::revision_in(&self.db.begin_read().map_err(backend)?)
+    }
+
+    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let rtx = self.db.begin_read().map_err(backend)?;
+        let table = rtx.open_table(KV).map_err(backend)?;
+        let revision = RedbStore::revision_in(&rtx)?;
         let mut out = Vec::new();
         for entry in table.range(prefix.as_bytes()..).map_err(backend)? {
             let (k, v) = entry.map_err(backend)?;

@@ -1,5 +1,6 @@
 //! Processes the controller tests start, each stopped by PID when dropped: a real etcd
 //! (Debian's etcd-server) with its own data dir, and `corvid controller`.
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -79,6 +80,139 @@ impl Drop for Etcd {
     }
 }
 
+/// A cluster of etcd members on loopback, each with its own data directory; members can
+/// be killed, restarted, stopped and continued by the test.
+pub struct EtcdCluster {
+    members: Vec<Option<Child>>,
+    clients: Vec<u16>,
+    peers: Vec<u16>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until the cluster answers.
+    pub fn start(n: usize) -> EtcdCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("cvt-etcd-cluster")
+            .tempdir()
+            .expect("tempdir");
+        let mut cluster = EtcdCluster {
+            members: (0..n).map(|_| None).collect(),
+            clients: (0..n).map(|_| free_port()).collect(),
+            peers: (0..n).map(|_| free_port()).collect(),
+            dir,
+        };
+        for i in 0..n {
+            cluster.restart(i);
+        }
+        let urls = cluster.urls();
+        wait_until("the etcd cluster", || {
+            urls.iter()
+                .all(|u| ureq::get(&format!("{u}/health")).call().is_ok())
+        });
+        cluster
+    }
+
+    /// The client URLs of every member.
+    pub fn urls(&self) -> Vec<String> {
+        self.clients
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// `etcd:` and every client URL, for `--store`.
+    pub fn store(&self) -> String {
+        format!("etcd:{}", self.urls().join(","))
+    }
+
+    /// Starts member `i` (again), on its data directory.
+    pub fn restart(&mut self, i: usize) {
+        self.kill9(i);
+        let cluster: Vec<String> = self
+            .peers
+            .iter()
+            .enumerate()
+            .map(|(k, p)| format!("m{k}=http://127.0.0.1:{p}"))
+            .collect();
+        let client = format!("http://127.0.0.1:{}", self.clients[i]);
+        let peer = format!("http://127.0.0.1:{}", self.peers[i]);
+        let child = Command::new("etcd")
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("m{i}")))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &cluster.join(",")])
+            .args([
+                "--initial-cluster-token",
+                "cvt",
+                "--initial-cluster-state",
+                "new",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd (Debian's etcd-server) is installed");
+        self.members[i] = Some(child);
+    }
+
+    /// SIGKILL member `i`.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT member `i`: cut off from everyone, then back.
+    pub fn freeze(&self, i: usize, stop: bool) {
+        if let Some(c) = &self.members[i] {
+            let signal = if stop { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill")
+                .args([signal, &c.id().to_string()])
+                .status();
+        }
+    }
+
+    /// The index of the current leader, as the members that answer see it.
+    pub fn leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for url in self.urls() {
+            let status: Option<serde_json::Value> =
+                ureq::post(&format!("{url}/v3/maintenance/status"))
+                    .timeout(Duration::from_secs(2))
+                    .send_string("{}")
+                    .ok()
+                    .and_then(|r| r.into_json().ok());
+            let status = status.unwrap_or_default();
+            ids.push(status["header"]["member_id"].as_str().map(str::to_string));
+            leader = status["leader"].as_str().map(str::to_string).or(leader);
+        }
+        ids.iter().position(|id| id.is_some() && *id == leader)
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.freeze(i, false);
+            self.kill9(i);
+        }
+    }
+}
+
 /// A running `corvid controller`.
 pub struct ControllerProcess {
     child: Child,
@@ -131,7 +265,6 @@ impl ControllerProcess {
     }
 
     /// The controller's process ID.
-    #[allow(dead_code)]
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -143,7 +276,6 @@ impl ControllerProcess {
     }
 
     /// Starts a new controller process on the same store.
-    #[allow(dead_code)]
     pub fn restart(&mut self) {
         self.kill9();
         let token = self.token.clone();

@@ -1,0 +1,227 @@
+//! The distributed store failing under the controller: a real 3-member etcd cluster
+//! (Debian's etcd, members on loopback ports, each in its own data directory) under two
+//! controllers taking writes all along. A follower is killed, then the leader, then a
+//! member is cut off (SIGSTOP): writes go on with quorum. Without quorum a write is
+//! answered 503 in Neutron's shape within a bounded time and reads say they may be stale;
+//! when quorum returns everything resumes by itself. No acknowledged write is lost, both
+//! controllers end with the same view, and no two ports share an address or a MAC.
+
+#[path = "support/controller.rs"]
+mod controller;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use controller::{ControllerProcess, EtcdCluster};
+use serde_json::{json, Value};
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .build()
+}
+
+/// POSTs a port on `network` to `base`: its ID when acknowledged.
+fn create_port(agent: &ureq::Agent, base: &str, network: &str) -> Result<String, String> {
+    match agent
+        .post(&format!("{base}/v2.0/ports"))
+        .send_json(json!({"port": {"network_id": network}}))
+    {
+        Ok(r) => {
+            let v: Value = r.into_json().map_err(|e| e.to_string())?;
+            Ok(v["port"]["id"].as_str().unwrap_or_default().to_string())
+        }
+        Err(ureq::Error::Status(code, r)) => {
+            Err(format!("{code} {}", r.into_string().unwrap_or_default()))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn ports(base: &str) -> Vec<Value> {
+    let v: Value = agent()
+        .get(&format!("{base}/v2.0/ports"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    v["ports"].as_array().unwrap().clone()
+}
+
+/// Waits until `acked` has grown by `n`; answers how long that took.
+fn grows(acked: &Mutex<Vec<String>>, n: usize, within: Duration, what: &str) -> Duration {
+    let start = Instant::now();
+    let from = acked.lock().unwrap().len();
+    while acked.lock().unwrap().len() < from + n {
+        assert!(
+            start.elapsed() < within,
+            "{what}: writes stopped ({from} acknowledged)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn two_controllers_ride_out_member_failures_and_a_lost_quorum() {
+    let mut etcd = EtcdCluster::start(3);
+    let store = etcd.store();
+    let a = ControllerProcess::start(&store, None);
+    let b = ControllerProcess::start(&store, None);
+    let network: Value = agent()
+        .post(&format!("{}/v2.0/networks", a.url))
+        .send_json(json!({"network": {"name": "cvt-etcd"}}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let network = network["network"]["id"].as_str().unwrap().to_string();
+    agent()
+        .post(&format!("{}/v2.0/subnets", b.url))
+        .send_json(
+            json!({"subnet": {"network_id": network, "cidr": "10.77.0.0/16", "ip_version": 4}}),
+        )
+        .unwrap();
+
+    // Two writers, one per controller, all along.
+    let acked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let failed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = [a.url.clone(), b.url.clone()]
+        .into_iter()
+        .map(|base| {
+            let (acked, failed, stop, network) =
+                (acked.clone(), failed.clone(), stop.clone(), network.clone());
+            std::thread::spawn(move || {
+                let agent = agent();
+                while !stop.load(Ordering::Relaxed) {
+                    match create_port(&agent, &base, &network) {
+                        Ok(id) => acked.lock().unwrap().push(id),
+                        Err(e) => {
+                            failed.lock().unwrap().push(e);
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    grows(&acked, 10, Duration::from_secs(20), "at the start");
+
+    let leader = etcd.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    etcd.kill9(follower);
+    let t = grows(&acked, 10, Duration::from_secs(30), "a follower killed");
+    println!("follower killed: 10 more writes in {t:?}");
+    etcd.restart(follower);
+    std::thread::sleep(Duration::from_secs(2));
+
+    let leader = etcd.leader().expect("a leader");
+    etcd.kill9(leader);
+    let t = grows(&acked, 10, Duration::from_secs(40), "the leader killed");
+    println!("leader killed: 10 more writes in {t:?}");
+    etcd.restart(leader);
+    std::thread::sleep(Duration::from_secs(2));
+
+    let cut = etcd.leader().expect("a leader");
+    etcd.freeze(cut, true);
+    let t = grows(&acked, 10, Duration::from_secs(40), "the leader cut off");
+    println!("leader cut off: 10 more writes in {t:?}");
+    etcd.freeze(cut, false);
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+
+    // Quorum lost: two of three members down.
+    etcd.kill9(0);
+    etcd.kill9(1);
+    let start = Instant::now();
+    let refused = create_port(&agent(), &a.url, &network).unwrap_err();
+    let to_503 = start.elapsed();
+    println!("no quorum: {refused} after {to_503:?}");
+    assert!(
+        refused.starts_with("503") && refused.contains("NeutronError"),
+        "{refused}"
+    );
+    assert!(to_503 < Duration::from_secs(25), "503 took {to_503:?}");
+    let read = agent()
+        .get(&format!("{}/v2.0/networks", b.url))
+        .call()
+        .unwrap();
+    assert_eq!(
+        read.header("x-corvid-stale"),
+        Some("true"),
+        "a read without quorum"
+    );
+
+    // Quorum back: writes and the views resume by themselves.
+    etcd.restart(0);
+    etcd.restart(1);
+    let start = Instant::now();
+    loop {
+        if create_port(&agent(), &b.url, &network).is_ok() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "writes did not resume"
+        );
+    }
+    println!("quorum back: writes again after {:?}", start.elapsed());
+
+    let start = Instant::now();
+    let (seen_a, seen_b) = loop {
+        let (pa, pb) = (ports(&a.url), ports(&b.url));
+        let fresh = agent()
+            .get(&format!("{}/v2.0/ports", a.url))
+            .call()
+            .unwrap();
+        if pa == pb && fresh.header("x-corvid-stale") == Some("false") {
+            break (pa, pb);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the views did not meet again"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(seen_a, seen_b);
+    let ids: BTreeSet<&str> = seen_a.iter().map(|p| p["id"].as_str().unwrap()).collect();
+    for id in acked.lock().unwrap().iter() {
+        assert!(ids.contains(id.as_str()), "acknowledged port {id} is gone");
+    }
+    let addresses: Vec<&str> = seen_a
+        .iter()
+        .map(|p| p["fixed_ips"][0]["ip_address"].as_str().unwrap())
+        .collect();
+    let macs: Vec<&str> = seen_a
+        .iter()
+        .map(|p| p["mac_address"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        addresses.iter().collect::<BTreeSet<_>>().len(),
+        addresses.len(),
+        "an address given twice"
+    );
+    assert_eq!(
+        macs.iter().collect::<BTreeSet<_>>().len(),
+        macs.len(),
+        "a MAC given twice"
+    );
+    // A refused write may still have committed (its answer was lost with the member that
+    // had it); such a port is whole, and there are never more of them than refusals.
+    let (acked_n, refused_n) = (acked.lock().unwrap().len(), failed.lock().unwrap().len());
+    assert!(
+        seen_a.len() <= acked_n + refused_n + 1,
+        "ports nobody asked for"
+    );
+    println!(
+        "{} ports acknowledged, {} present, {} writes refused along the way",
+        acked.lock().unwrap().len(),
+        seen_a.len(),
+        failed.lock().unwrap().len()
+    );
+}
