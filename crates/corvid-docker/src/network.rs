@@ -92,36 +92,52 @@ impl Driver {
             self.client.add_tag::<Network>(&net.id, ADOPTED_TAG)?;
             return Ok(json!({}));
         }
+        // Every pool and gateway is read before anything is made: a refused call leaves
+        // the controller as it found it.
+        let mut wanted = Vec::new();
+        for data in pools {
+            let cidr: IpNet = field(data, "Pool")
+                .parse()
+                .map_err(|_| DriverError::new(format!("bad pool {}", data["Pool"])))?;
+            let gateway: Option<std::net::IpAddr> = match field(data, "Gateway") {
+                "" => None,
+                g => Some(
+                    g.split('/')
+                        .next()
+                        .unwrap_or(g)
+                        .parse()
+                        .map_err(|_| DriverError::new(format!("bad gateway {g}")))?,
+                ),
+            };
+            wanted.push((cidr, gateway));
+        }
         let net: Network = self.client.create(json!({
             "name": format!("docker-{}", &id[..12.min(id.len())]),
             "tags": [id],
         }))?;
+        let tag = format!("{POOL_NETWORK_TAG}{}", net.id);
+        let mut tagged = Vec::new();
         let made = (|| -> Result<()> {
-            for data in pools {
-                let cidr: IpNet = field(data, "Pool")
-                    .parse()
-                    .map_err(|_| DriverError::new(format!("bad pool {}", data["Pool"])))?;
+            for (cidr, gateway) in wanted {
                 let pool = self.find_pool(&cidr)?;
-                let gateway = match field(data, "Gateway") {
-                    "" => pool.as_ref().and_then(Driver::pool_gateway),
-                    g => Some(
-                        g.split('/')
-                            .next()
-                            .unwrap_or(g)
-                            .parse()
-                            .map_err(|_| DriverError::new(format!("bad gateway {g}")))?,
-                    ),
-                };
+                let gateway = gateway.or_else(|| pool.as_ref().and_then(Driver::pool_gateway));
                 if let Some(p) = &pool {
-                    let tag = format!("{POOL_NETWORK_TAG}{}", net.id);
                     self.client.add_tag::<corvid_api::SubnetPool>(&p.id, &tag)?;
+                    tagged.push(p.id.clone());
                 }
                 self.make_subnet(&net.id, cidr, gateway, pool.as_ref())?;
             }
             Ok(())
         })();
         if let Err(e) = made {
-            self.delete_network_fully(&net)?;
+            for pool in tagged {
+                let path = format!("/v2.0/subnetpools/{pool}/tags/{tag}");
+                self.client.request("DELETE", &path, None)?;
+            }
+            for s in self.client.list::<Subnet>(&[("network_id", &net.id)])?.0 {
+                self.delete_gone_ok::<Subnet>(&s.id)?;
+            }
+            self.delete_gone_ok::<Network>(&net.id)?;
             return Err(e);
         }
         Ok(json!({}))
