@@ -3,7 +3,7 @@
 //! and the extra exec of `/opt/network/add` cost. 100 pods one at a time, then ten at a
 //! time, both paths alternating; p50 and p99, and the floor of the extra hop (a process
 //! that does nothing, entered into the plugin container alike). Needs root and the static
-//! plugin binary (scripts/build-kurma-plugins.sh).
+//! plugin binary (`CORVID_KURMA_PLUGINS=$(scripts/build-kurma-plugins.sh --release)`).
 //!
 //! `cargo bench -p corvid --bench kurma` (CORVID_BENCH_N sets the pods per phase, 100).
 
@@ -79,11 +79,11 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/x86_64-unknown-linux-gnu/release/corvid-plugins")
+                .join("../../target/x86_64-unknown-linux-gnu/image/corvid-plugins")
         });
     assert!(
         plugins.is_file(),
-        "{}: run scripts/build-kurma-plugins.sh",
+        "{}: run scripts/build-kurma-plugins.sh (--release for figures)",
         plugins.display()
     );
     let corvid = PathBuf::from(env!("CARGO_BIN_EXE_corvid"));

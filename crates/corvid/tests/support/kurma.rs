@@ -18,7 +18,7 @@ pub fn static_plugins() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/x86_64-unknown-linux-gnu/release/corvid-plugins")
+                .join("../../target/x86_64-unknown-linux-gnu/image/corvid-plugins")
         });
     assert!(
         path.is_file(),
