@@ -7,6 +7,10 @@
 //! A failing input proptest finds is saved in `tests/regressions/fuzz.txt` and replayed
 //! first on every later run: commit it.
 
+#[path = "../../corvid/tests/support/fuzz.rs"]
+#[macro_use]
+mod fuzz;
+
 use corvid_cni::args::CniArgs;
 use corvid_cni::config::{validate_name, NetConf};
 use corvid_cni::exec::{Runtime, RuntimeConf};
@@ -17,20 +21,7 @@ use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("CORVID_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::Direct(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/regressions/fuzz.txt"
-            )),
-        )),
-        ..ProptestConfig::default()
-    }
+    fuzz_config!(2000)
 }
 
 /// Keys CNI documents use, and some that none does.

@@ -7,6 +7,10 @@
 //!
 //! 1,000 cases by default; `CORVID_FUZZ_CASES` for a longer run.
 
+#[path = "../../corvid/tests/support/fuzz.rs"]
+#[macro_use]
+mod fuzz;
+
 use std::path::PathBuf;
 
 use corvid_docker::{Config, Driver};
@@ -15,20 +19,7 @@ use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("CORVID_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::Direct(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/regressions/fuzz.txt"
-            )),
-        )),
-        ..ProptestConfig::default()
-    }
+    fuzz_config!(1000)
 }
 
 /// A controller, the driver, and the namespace it works in; all stopped and removed on

@@ -6,26 +6,17 @@
 //!
 //! 2,000 cases by default; `CORVID_FUZZ_CASES` for a longer run.
 
+#[path = "../../corvid/tests/support/fuzz.rs"]
+#[macro_use]
+mod fuzz;
+
 use std::net::IpAddr;
 
 use corvid_ipam::leases::LeaseDir;
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("CORVID_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::Direct(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/regressions/fuzz.txt"
-            )),
-        )),
-        ..ProptestConfig::default()
-    }
+    fuzz_config!(2000)
 }
 
 /// Names another writer may use in a lease directory.

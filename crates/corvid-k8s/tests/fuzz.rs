@@ -7,6 +7,10 @@
 //!
 //! 2,000 cases by default; `CORVID_FUZZ_CASES` for a longer run.
 
+#[path = "../../corvid/tests/support/fuzz.rs"]
+#[macro_use]
+mod fuzz;
+
 use corvid_k8s::annotation::PortAnnotation;
 use corvid_k8s::services::{selects, wanted, PodView};
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -14,20 +18,7 @@ use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("CORVID_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::Direct(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/regressions/fuzz.txt"
-            )),
-        )),
-        ..ProptestConfig::default()
-    }
+    fuzz_config!(2000)
 }
 
 fn text() -> impl Strategy<Value = String> {

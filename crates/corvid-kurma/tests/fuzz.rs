@@ -6,6 +6,10 @@
 //!
 //! 2,000 cases by default (archives: 500); `CORVID_FUZZ_CASES` for a longer run.
 
+#[path = "../../corvid/tests/support/fuzz.rs"]
+#[macro_use]
+mod fuzz;
+
 use std::path::Path;
 
 use corvid_kurma::aci;
@@ -15,20 +19,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("CORVID_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::Direct(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/regressions/fuzz.txt"
-            )),
-        )),
-        ..ProptestConfig::default()
-    }
+    fuzz_config!(default)
 }
 
 fn key() -> impl Strategy<Value = String> {
