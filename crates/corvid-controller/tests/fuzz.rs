@@ -7,10 +7,14 @@
 //!
 //! 1,000 cases by default; `CORVID_FUZZ_CASES` for a longer run.
 
+#[path = "support/in_process.rs"]
+mod in_process;
+
 #[path = "../../corvid/tests/support/fuzz.rs"]
 #[macro_use]
 mod fuzz;
 
+use in_process::InProcess;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -18,46 +22,17 @@ fn config() -> ProptestConfig {
     fuzz_config!(1000)
 }
 
-/// A controller on redb in a temporary directory, with a network, a subnet and a port
-/// to aim at; stopped and removed on drop.
+/// A controller with a network, a subnet and a port to aim at.
 struct Api {
     base: String,
     ids: Vec<String>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
-    _dir: tempfile::TempDir,
+    _controller: InProcess,
 }
 
 impl Api {
     fn start() -> Api {
-        let dir = tempfile::tempdir().unwrap();
-        let listen = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let store = format!("redb:{}", dir.path().join("state.redb").display());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            corvid_controller::run(
-                corvid_controller::Config {
-                    listen,
-                    store,
-                    token: None,
-                },
-                async move {
-                    let _ = stopped.await;
-                },
-            )
-        });
-        let base = format!("http://{listen}");
-        let start = std::time::Instant::now();
-        while ureq::get(&format!("{base}/v2.0")).call().is_err() {
-            assert!(
-                start.elapsed().as_secs() < 20,
-                "the controller did not start"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        let controller = InProcess::start();
+        let base = controller.url.clone();
         let post = |path: &str, body: Value| -> Value {
             ureq::post(&format!("{base}{path}"))
                 .send_json(body)
@@ -80,20 +55,7 @@ impl Api {
         Api {
             base,
             ids,
-            stop: Some(stop),
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            _controller: controller,
         }
     }
 }

@@ -7,6 +7,9 @@
 //!
 //! 1,000 cases by default; `CORVID_FUZZ_CASES` for a longer run.
 
+#[path = "../../corvid-controller/tests/support/in_process.rs"]
+mod in_process;
+
 #[path = "../../corvid/tests/support/fuzz.rs"]
 #[macro_use]
 mod fuzz;
@@ -15,6 +18,7 @@ use std::path::PathBuf;
 
 use corvid_docker::{Config, Driver};
 use corvid_net::{Netlink, Netns};
+use in_process::InProcess;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -22,16 +26,14 @@ fn config() -> ProptestConfig {
     fuzz_config!(1000)
 }
 
-/// A controller, the driver, and the namespace it works in; all stopped and removed on
+/// A controller, the driver, and the namespace they both work in; stopped and removed on
 /// drop.
 struct World {
     driver: Driver,
     controller: String,
     netns: Netns,
     path: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
-    _dir: tempfile::TempDir,
+    _running: InProcess,
 }
 
 impl World {
@@ -46,42 +48,8 @@ impl World {
             .status()
             .unwrap();
         assert!(up.success());
-        let dir = tempfile::tempdir().unwrap();
-        let store = format!("redb:{}", dir.path().join("state.redb").display());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (listen, thread) = netns
-            .run(|| {
-                let listen = std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap();
-                let thread = std::thread::spawn(move || {
-                    corvid_controller::run(
-                        corvid_controller::Config {
-                            listen,
-                            store,
-                            token: None,
-                        },
-                        async move {
-                            let _ = stopped.await;
-                        },
-                    )
-                });
-                (listen, thread)
-            })
-            .unwrap();
-        let controller = format!("http://{listen}");
-        let start = std::time::Instant::now();
-        while netns
-            .run(|| ureq::get(&format!("{controller}/v2.0")).call().is_err())
-            .unwrap()
-        {
-            assert!(
-                start.elapsed().as_secs() < 20,
-                "the controller did not start"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        let running = netns.run(InProcess::start).unwrap();
+        let controller = running.url.clone();
         let driver = Driver::new(Config {
             controller: controller.clone(),
             token: None,
@@ -96,9 +64,7 @@ impl World {
             controller,
             netns,
             path,
-            stop: Some(stop),
-            thread: Some(thread),
-            _dir: dir,
+            _running: running,
         }
     }
 }
@@ -106,12 +72,6 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         let _ = Netns::delete_path(&self.path);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
