@@ -17,6 +17,25 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The end of a cache entry's name while it is written.
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// An attachment's cache entry name, as libcni names it.
+fn cache_name(network: &str, rt: &RuntimeConf) -> String {
+    format!("{network}-{}-{}", rt.container_id, rt.ifname)
+}
+
+/// Removes a cache file; one already gone is fine.
+fn remove_cache_file(path: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::new(
+            ErrorCode::Io,
+            format!("result cache: remove {}: {e}", path.display()),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// libcni's default result cache directory.
 pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/results";
 
@@ -255,8 +274,14 @@ impl Runtime {
     }
 
     fn cache_path(&self, network: &str, rt: &RuntimeConf) -> PathBuf {
+        self.cache_dir.join(cache_name(network, rt))
+    }
+
+    /// Where an entry is written before its rename: named after the attachment, so a
+    /// runtime killed between the two leaves a file that the attachment's DEL removes.
+    fn cache_temp_path(&self, network: &str, rt: &RuntimeConf) -> PathBuf {
         self.cache_dir
-            .join(format!("{network}-{}-{}", rt.container_id, rt.ifname))
+            .join(format!(".{}{TEMP_SUFFIX}", cache_name(network, rt)))
     }
 
     /// The cached ADD of an attachment, if any; an unreadable file counts as none.
@@ -306,7 +331,7 @@ impl Runtime {
         };
         std::fs::create_dir_all(&self.cache_dir).map_err(|e| io("create directory", e))?;
         let path = self.cache_path(&list.name, rt);
-        let tmp = path.with_file_name(format!(".{}.tmp.{}", list.name, std::process::id()));
+        let tmp = self.cache_temp_path(&list.name, rt);
         let bytes =
             serde_json::to_vec(&entry).map_err(|e| io("encode", std::io::Error::other(e)))?;
         let write = || -> std::io::Result<()> {
@@ -407,13 +432,46 @@ impl Runtime {
     pub fn del(&self, list: &NetConfList, rt: &RuntimeConf) -> Result<(), Error> {
         let cached = self.cached(&list.name, rt).and_then(|c| c.result);
         self.del_each(list, rt, cached.as_ref(), false)?;
-        match std::fs::remove_file(self.cache_path(&list.name, rt)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::new(
-                ErrorCode::Io,
-                format!("result cache: remove: {e}"),
-            )),
-            _ => Ok(()),
+        remove_cache_file(&self.cache_temp_path(&list.name, rt))?;
+        remove_cache_file(&self.cache_path(&list.name, rt))
+    }
+
+    /// Removes the network's cache files that no valid attachment owns and that cannot
+    /// be read (empty or torn by a killed runtime), and temporary files left by one.
+    fn sweep_unreadable(&self, network: &str, valid: &[Attachment]) -> Result<(), Error> {
+        let Ok(dir) = std::fs::read_dir(&self.cache_dir) else {
+            return Ok(());
+        };
+        let owned: Vec<String> = valid
+            .iter()
+            .map(|a| {
+                let rt = RuntimeConf {
+                    container_id: a.container_id.clone(),
+                    ifname: a.ifname.clone(),
+                    ..RuntimeConf::default()
+                };
+                cache_name(network, &rt)
+            })
+            .collect();
+        for e in dir.flatten() {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let entry = file
+                .strip_prefix('.')
+                .and_then(|f| f.strip_suffix(TEMP_SUFFIX))
+                .unwrap_or(&file);
+            if !entry.starts_with(&format!("{network}-")) || owned.iter().any(|o| o == entry) {
+                continue;
+            }
+            let readable = entry == file
+                && std::fs::read(e.path())
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<CacheEntry>(&b).ok())
+                    .is_some();
+            if !readable {
+                remove_cache_file(&e.path())?;
+            }
         }
+        Ok(())
     }
 
     /// CHECK: each plugin verifies the cached result; refused below 0.4.0.
@@ -470,6 +528,7 @@ impl Runtime {
             let stale_list = NetConfList::parse(&stale.config).unwrap_or_else(|_| list.clone());
             self.del(&stale_list, &rt)?;
         }
+        self.sweep_unreadable(&list.name, valid)?;
         if list.version < Version::V1_1_0 || list.disable_gc {
             return Ok(());
         }
