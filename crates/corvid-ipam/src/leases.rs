@@ -416,7 +416,7 @@ impl LeaseLock<'_> {
         let dir = path.parent().expect("an entry is in the owners directory");
         fs::create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
         let text: String = ips.iter().map(|ip| format!("{ip}\n")).collect();
-        let tmp = dir.join(format!("{TEMP_PREFIX}{}", std::process::id()));
+        let tmp = Self::index_temp(&path);
         let written = fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &path));
         if written.is_err() {
             let _ = fs::remove_file(&tmp);
@@ -424,14 +424,25 @@ impl LeaseLock<'_> {
         written.map_err(io_err(format!("write {}", path.display())))
     }
 
+    /// Where an index entry is written before its rename: named after the entry (the
+    /// lock keeps a second writer out), so the entry's DEL also removes what a writer
+    /// killed between the two left.
+    fn index_temp(entry: &Path) -> PathBuf {
+        let name = entry.file_name().unwrap_or_default().to_string_lossy();
+        entry.with_file_name(format!("{TEMP_PREFIX}{name}"))
+    }
+
     fn forget(&self, id: &str, ifname: &str) -> Result<(), Error> {
         let path = self.owner_path(id, ifname);
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                Err(io_err(format!("remove {}", path.display()))(e))
+        for file in [Self::index_temp(&path), path] {
+            match fs::remove_file(&file) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(io_err(format!("remove {}", file.display()))(e))
+                }
+                _ => {}
             }
-            _ => Ok(()),
         }
+        Ok(())
     }
 
     /// Removes the index entries none of whose addresses is leased any more (for GC).
@@ -441,11 +452,15 @@ impl LeaseLock<'_> {
             return Ok(());
         };
         for e in entries.flatten() {
-            let stale = fs::read_to_string(e.path()).map_or(true, |t| {
-                !t.lines()
-                    .filter_map(|l| l.trim().parse::<IpAddr>().ok())
-                    .any(|ip| self.is_reserved(ip))
-            });
+            // Under the lock no entry is being written: any temporary file is a dead
+            // writer's.
+            let temp = e.file_name().to_string_lossy().starts_with(TEMP_PREFIX);
+            let stale = temp
+                || fs::read_to_string(e.path()).map_or(true, |t| {
+                    !t.lines()
+                        .filter_map(|l| l.trim().parse::<IpAddr>().ok())
+                        .any(|ip| self.is_reserved(ip))
+                });
             if stale {
                 let _ = fs::remove_file(e.path());
             }
