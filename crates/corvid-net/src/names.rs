@@ -22,8 +22,25 @@ pub const VETH_PREFIX: &str = "cvp";
 /// reference's prefix).
 pub const IFB_PREFIX: &str = "bwp";
 
-/// The ifb device of a container's attachment to a network.
+/// The ifb device of a container's attachment to a network: the network's own prefix
+/// (`ifb_prefix`) and eight hex digits of the attachment, so GC can tell a network's
+/// devices from the name alone (the kernel ignores an alias given at creation).
 pub fn ifb(network: &str, container_id: &str, ifname: &str) -> String {
+    let mut h = fnv::FnvHasher::default();
+    h.write(format!("{network}\0{container_id}\0{ifname}").as_bytes());
+    format!("{}{:08x}", ifb_prefix(network), h.finish() & 0xffff_ffff)
+}
+
+/// The start of the names of a network's ifb devices.
+pub fn ifb_prefix(network: &str) -> String {
+    let mut h = fnv::FnvHasher::default();
+    h.write(network.as_bytes());
+    format!("{IFB_PREFIX}{:04x}", h.finish() & 0xffff)
+}
+
+/// The name `ifb` gave before it carried the network: DEL and CHECK still find the
+/// devices of containers added then.
+pub fn ifb_before_gc(network: &str, container_id: &str, ifname: &str) -> String {
     name(IFB_PREFIX, &format!("{network}\0{container_id}\0{ifname}"))
 }
 
@@ -62,5 +79,14 @@ mod tests {
         assert_eq!(bridge(id), "cvb60b95b215aa9");
         assert_eq!(vxlan(id), "cvx60b95b215aa9");
         assert_eq!(host_veth(id), "cvp60b95b215aa9");
+    }
+
+    #[test]
+    fn ifb_names_fit_and_start_with_their_network() {
+        let n = ifb("net", "3dda2801", "eth0");
+        assert_eq!(n.len(), 15);
+        assert!(n.starts_with(&ifb_prefix("net")));
+        assert!(!ifb("other", "3dda2801", "eth0").starts_with(&ifb_prefix("net")));
+        assert_ne!(n, ifb("net", "3dda2801", "eth1"));
     }
 }

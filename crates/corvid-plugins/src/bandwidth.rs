@@ -117,6 +117,17 @@ fn ifb_name(args: &CmdArgs) -> String {
     names::ifb(&args.conf.name, &args.container_id, &args.ifname)
 }
 
+/// The attachment's ifb device, under its name or the one versions before GC gave it.
+fn existing_ifb(args: &CmdArgs, host: &mut Netlink) -> Result<Option<Link>, Error> {
+    let before = names::ifb_before_gc(&args.conf.name, &args.container_id, &args.ifname);
+    for name in [ifb_name(args), before] {
+        if let Some(dev) = host.link_by_name(&name).map_err(errors::net)? {
+            return Ok(Some(dev));
+        }
+    }
+    Ok(None)
+}
+
 fn shape(
     host: &mut Netlink,
     veth: &Link,
@@ -166,7 +177,7 @@ impl Plugin for Bandwidth {
         load(args)?;
         let mut host = Netlink::open().map_err(errors::net)?;
         let mut failures = Vec::new();
-        if let Some(dev) = host.link_by_name(&ifb_name(args)).map_err(errors::net)? {
+        if let Some(dev) = existing_ifb(args, &mut host)? {
             if let Err(e) = host.delete_link(&dev) {
                 failures.push(errors::net(e));
             }
@@ -192,10 +203,10 @@ impl Plugin for Bandwidth {
             ));
         }
         if let Some(want) = out_of {
-            let ifb = ifb_name(args);
-            let Some(dev) = host.link_by_name(&ifb).map_err(errors::net)? else {
-                return fail(format!("ifb device {ifb} is missing"));
+            let Some(dev) = existing_ifb(args, &mut host)? else {
+                return fail(format!("ifb device {} is missing", ifb_name(args)));
             };
+            let ifb = &dev.name;
             let have = host.token_bucket(&dev).map_err(errors::net)?;
             if have.map(|h| h.rate) != Some(want.rate) {
                 return fail(format!("{ifb} is shaped {have:?}, configured {want:?}"));
@@ -204,8 +215,29 @@ impl Plugin for Bandwidth {
         Ok(())
     }
 
+    /// Removes the network's ifb devices whose attachment is not valid: a sandbox
+    /// removed without DEL takes its veth along, but the ifb is the host's.
     fn gc(&self, args: &CmdArgs) -> Result<(), Error> {
-        load(args).map(drop)
+        load(args)?;
+        let network = &args.conf.name;
+        let valid: Vec<String> = args
+            .conf
+            .valid_attachments
+            .iter()
+            .flatten()
+            .map(|a| names::ifb(network, &a.container_id, &a.ifname))
+            .collect();
+        let prefix = names::ifb_prefix(network);
+        let mut host = Netlink::open().map_err(errors::net)?;
+        let mut failures = Vec::new();
+        for dev in host.links().map_err(errors::net)? {
+            if dev.name.starts_with(&prefix) && !valid.contains(&dev.name) {
+                if let Err(e) = host.delete_link(&dev) {
+                    failures.push(errors::net(e));
+                }
+            }
+        }
+        Error::all(failures)
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
