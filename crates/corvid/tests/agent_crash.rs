@@ -346,3 +346,97 @@ fn an_agent_keeps_the_links_a_driver_made_for_ports_it_has_not_heard_of_yet() {
     let lost: Vec<&String> = names.iter().filter(|n| !kept.contains(n)).collect();
     assert!(lost.is_empty(), "the agent removed {lost:?}");
 }
+
+/// What differs between host h1's plugged ports (the host ends of its veths) and the
+/// controller's ports bound to h1, both ways, and any bound port not settled ACTIVE or
+/// ERROR; None when they agree.
+fn plan_gap(cluster: &Cluster) -> Option<String> {
+    let bound: Vec<Port> = cluster
+        .ports()
+        .into_iter()
+        .filter(|p| p.binding_host_id == "h1")
+        .collect();
+    let want: std::collections::BTreeSet<String> = bound
+        .iter()
+        .map(|p| corvid_net::names::host_veth(&p.id))
+        .collect();
+    let have: std::collections::BTreeSet<String> = cluster.hosts[0]
+        .links(corvid_net::names::VETH_PREFIX)
+        .into_iter()
+        .collect();
+    let mut gap = String::new();
+    for l in have.difference(&want) {
+        gap += &format!("link {l} has no port; ");
+    }
+    for l in want.difference(&have) {
+        gap += &format!("port with link {l} is not plugged; ");
+    }
+    for p in &bound {
+        if !matches!(p.status, Status::Active | Status::Error) {
+            gap += &format!("port {} is {:?}; ", p.id, p.status);
+        }
+    }
+    (!gap.is_empty()).then_some(gap)
+}
+
+#[test]
+fn an_agent_killed_while_plugging_and_unplugging_ends_equal_to_the_plan() {
+    let mut cluster = Cluster::new("au");
+    let (_net, subnet) = cluster.network("churn", "10.63.0.0/24", false);
+    let conf = plugin_conf(&subnet);
+    let mut delays = Delays::new();
+    let mut pods: std::collections::VecDeque<(String, Ns)> = Default::default();
+    for i in 0..4 {
+        let pod = cluster.pod(&format!("s{i}"));
+        let id = format!("seed{i}");
+        let out = cluster
+            .plugin(0, "ADD", &id, &pod, &conf)
+            .wait_with_output()
+            .unwrap();
+        cni_result(&out);
+        pods.push_back((id, pod));
+    }
+    const KILLS: usize = 32;
+    let (mut busy, mut errors) = (0, 0);
+    for i in 0..KILLS {
+        let pod = cluster.pod(&format!("u{i}"));
+        let id = format!("churn{i}");
+        let mut add = cluster.plugin(0, "ADD", &id, &pod, &conf);
+        let (old_id, old_pod) = pods.pop_front().unwrap();
+        let mut del = cluster.plugin(0, "DEL", &old_id, &old_pod, &conf);
+        std::thread::sleep(delays.micros(40_000));
+        let running = add.try_wait().unwrap().is_none() || del.try_wait().unwrap().is_none();
+        cluster.agents[0].as_mut().unwrap().kill9();
+        cluster.start_agent(0);
+        let deleted = del.wait_with_output().unwrap();
+        assert!(deleted.status.success(), "DEL {old_id}: {deleted:?}");
+        let added = add.wait_with_output().unwrap();
+        if added.status.success() {
+            let result = cni_result(&added);
+            if let Some(fault) = pod_side_fault(&pod, &result) {
+                panic!("ADD {id} succeeded with a broken pod side: {fault}");
+            }
+            pods.push_back((id, pod));
+        } else {
+            errors += 1;
+        }
+        busy += usize::from(running);
+        let start = Instant::now();
+        while let Some(gap) = plan_gap(&cluster) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "kill {i}: the host never matched the plan: {gap}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Only now: the pod's namespace would take a veth left behind with it.
+        drop(old_pod);
+    }
+    eprintln!(
+        "{KILLS} kills, {busy} with an ADD or DEL under way, {errors} ADDs refused, host equal to the plan after each"
+    );
+    assert!(
+        busy >= KILLS / 2,
+        "too few kills landed during a call: {busy}"
+    );
+}
