@@ -115,15 +115,37 @@ impl Driver {
         Ok(json!({"PoolID": subnet.id, "Pool": subnet.cidr, "Data": {}}))
     }
 
-    /// Every prefix already in use: the driver's pools and every subnet.
-    fn taken(&self) -> Result<Vec<IpNet>> {
+    /// The driver's pools, and every prefix already in use: theirs and every subnet's.
+    fn taken(&self) -> Result<(Vec<SubnetPool>, Vec<IpNet>)> {
         let pools = self.client.list::<SubnetPool>(&[("tags", POOL_TAG)])?.0;
         let subnets = self.client.list::<Subnet>(&[])?.0;
-        Ok(pools
-            .into_iter()
-            .flat_map(|p| p.prefixes)
+        let prefixes = pools
+            .iter()
+            .flat_map(|p| p.prefixes.clone())
             .chain(subnets.into_iter().map(|s| s.cidr))
-            .collect())
+            .collect();
+        Ok((pools, prefixes))
+    }
+
+    /// A pool of exactly `pool` (and `tags`) that no network was ever made on: what a
+    /// RequestPool left when the driver died before Docker had its answer. Docker asks
+    /// again for the same pool, and gets that one.
+    fn abandoned<'a>(
+        pools: &'a [SubnetPool],
+        pool: IpNet,
+        tags: &[String],
+    ) -> Option<&'a SubnetPool> {
+        let mut want: Vec<&String> = tags.iter().collect();
+        want.sort();
+        pools.iter().find(|p| {
+            let mut have: Vec<&String> = p
+                .tags
+                .iter()
+                .filter(|t| !t.starts_with(GATEWAY_TAG))
+                .collect();
+            have.sort();
+            p.prefixes == [pool] && tag_value(&p.tags, POOL_NETWORK_TAG).is_none() && have == want
+        })
     }
 
     /// RequestPool: a subnetpool for the asked pool, or a free one from the default range.
@@ -136,7 +158,7 @@ impl Driver {
         if let Some(id) = req["Options"][SUBNET_ID_OPTION].as_str() {
             return self.adopt_subnet(id, field(req, "Pool"));
         }
-        let taken = self.taken()?;
+        let (pools, taken) = self.taken()?;
         let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
         let pool: IpNet = match field(req, "Pool") {
             "" => self
@@ -151,17 +173,10 @@ impl Driver {
                         self.cfg.default_prefix, self.cfg.default_range
                     ))
                 })?,
-            p => {
-                let pool: IpNet = p
-                    .parse()
-                    .map_err(|_| DriverError::new(format!("Pool {p} is not a CIDR")))?;
-                if let Some(t) = taken.iter().find(|t| overlaps(t, &pool)) {
-                    return Err(DriverError::new(format!(
-                        "pool {pool} overlaps {t}, which is already in use"
-                    )));
-                }
-                pool.trunc()
-            }
+            p => p
+                .parse::<IpNet>()
+                .map_err(|_| DriverError::new(format!("Pool {p} is not a CIDR")))?
+                .trunc(),
         };
         let mut tags = vec![POOL_TAG.to_string()];
         match field(req, "SubPool") {
@@ -176,6 +191,16 @@ impl Driver {
                     )));
                 }
                 tags.push(format!("{SUBPOOL_TAG}{}", sub.trunc()));
+            }
+        }
+        if !field(req, "Pool").is_empty() {
+            if let Some(left) = Self::abandoned(&pools, pool, &tags) {
+                return Ok(json!({"PoolID": left.id, "Pool": pool, "Data": {}}));
+            }
+            if let Some(t) = taken.iter().find(|t| overlaps(t, &pool)) {
+                return Err(DriverError::new(format!(
+                    "pool {pool} overlaps {t}, which is already in use"
+                )));
             }
         }
         let created: SubnetPool = self.client.create(json!({

@@ -42,10 +42,15 @@ impl Driver {
     }
 
     /// CreateNetwork: adopt the network an option names, or create a network and a subnet
-    /// for each IPAM pool Docker got.
+    /// for each IPAM pool Docker got. Sent again for a network the driver made, it makes
+    /// what a killed call left unmade.
     pub(crate) fn create_network(&self, req: &Value) -> Result<Value> {
         let id = docker_id(req, "NetworkID")?;
-        if self.network(id).is_ok() {
+        let existing = self.network(id).ok();
+        if existing
+            .as_ref()
+            .is_some_and(|n| n.tags.iter().any(|t| t == ADOPTED_TAG))
+        {
             return Ok(json!({}));
         }
         let generic = &req["Options"]["com.docker.network.generic"];
@@ -53,6 +58,7 @@ impl Driver {
             generic[NET_ID_OPTION].as_str(),
             generic[NET_NAME_OPTION].as_str(),
         ) {
+            _ if existing.is_some() => None,
             (Some(net), _) => Some(self.client.get::<Network>(net).map_err(|_| {
                 DriverError::new(format!("{NET_ID_OPTION}={net}: no such corvid network"))
             })?),
@@ -68,7 +74,7 @@ impl Driver {
                         ))
                     })?,
             ),
-            (None, None) => None,
+            _ => None,
         };
         let pools: Vec<&Value> = req["IPv4Data"]
             .as_array()
@@ -111,10 +117,16 @@ impl Driver {
             };
             wanted.push((cidr, gateway));
         }
-        let net: Network = self.client.create(json!({
-            "name": format!("docker-{}", &id[..12.min(id.len())]),
-            "tags": [id],
-        }))?;
+        let fresh = existing.is_none();
+        let net: Network = match existing {
+            Some(net) => net,
+            None => self.client.create(json!({
+                "name": format!("docker-{}", &id[..12.min(id.len())]),
+                "tags": [id],
+            }))?,
+        };
+        let have = self.client.list::<Subnet>(&[("network_id", &net.id)])?.0;
+        wanted.retain(|(cidr, _)| !have.iter().any(|s| s.cidr == *cidr));
         let tag = format!("{POOL_NETWORK_TAG}{}", net.id);
         let mut tagged = Vec::new();
         let made = (|| -> Result<()> {
@@ -129,7 +141,12 @@ impl Driver {
             }
             Ok(())
         })();
-        if let Err(e) = made {
+        let Err(e) = made else {
+            return Ok(json!({}));
+        };
+        // What this call made is undone; a network an earlier call made stays, for the
+        // next CreateNetwork to finish.
+        if fresh {
             for pool in tagged {
                 let path = format!("/v2.0/subnetpools/{pool}/tags/{tag}");
                 self.client.request("DELETE", &path, None)?;
@@ -138,9 +155,8 @@ impl Driver {
                 self.delete_gone_ok::<Subnet>(&s.id)?;
             }
             self.delete_gone_ok::<Network>(&net.id)?;
-            return Err(e);
         }
-        Ok(json!({}))
+        Err(e)
     }
 
     /// The subnet of a Docker pool on a network: the pool's range, the gateway Docker
@@ -179,7 +195,13 @@ impl Driver {
             .find(|p| p.prefixes.first() == Some(cidr)))
     }
 
+    /// The network, its subnets, and any port left on it: Docker deletes every endpoint
+    /// before the network, so a port still there is one a killed call left (an address
+    /// requested and never answered) and would keep its subnet in use.
     fn delete_network_fully(&self, net: &Network) -> Result<()> {
+        for p in self.client.list::<Port>(&[("network_id", &net.id)])?.0 {
+            self.delete_gone_ok::<Port>(&p.id)?;
+        }
         for s in &net.subnets {
             self.delete_gone_ok::<Subnet>(s)?;
         }
@@ -187,7 +209,7 @@ impl Driver {
     }
 
     /// DeleteNetwork: an adopted network is only untagged; one the driver made goes, with
-    /// its subnets. An unknown network is already gone.
+    /// its subnets and its bridge on this host. An unknown network is already gone.
     pub(crate) fn delete_network(&self, req: &Value) -> Result<Value> {
         let id = docker_id(req, "NetworkID")?;
         let Ok(net) = self.network(id) else {
@@ -199,6 +221,12 @@ impl Driver {
                 self.client.request("DELETE", &path, None)?;
             }
         } else {
+            // The bridge first: once the network is gone, a DeleteNetwork sent again
+            // cannot name it.
+            let mut nl = Netlink::open()?;
+            if let Some(bridge) = nl.link_by_name(&corvid_net::names::bridge(&net.id))? {
+                nl.delete_link(&bridge)?;
+            }
             self.delete_network_fully(&net)?;
         }
         Ok(json!({}))
