@@ -17,7 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use corvid_api::{Client, Network, Port, Status, Subnet, SubnetPool};
-use docker::post;
+use docker::{post, try_post};
 use ns::{wait_until, Ns, Proc};
 use serde_json::{json, Value};
 
@@ -52,7 +52,7 @@ struct Setup {
     socket: PathBuf,
     client_url: String,
     controller: Proc,
-    _plugin: Proc,
+    plugin: Proc,
     _dir: tempfile::TempDir,
 }
 
@@ -74,30 +74,33 @@ impl Setup {
                 .unwrap(),
         );
         let socket = dir.path().join("corvid.sock");
-        let plugin = Proc(
-            host.command(env!("CARGO_BIN_EXE_corvid"))
-                .args(["docker-plugin", "--host-id", "h1", "--socket"])
-                .arg(&socket)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let plugin = start_plugin(&host, &socket);
         let s = Setup {
             host,
             socket,
             client_url: "http://127.0.0.1:9696".into(),
             controller,
-            _plugin: plugin,
+            plugin,
             _dir: dir,
         };
         wait_until("the controller", Duration::from_secs(20), || {
             s.api(|c| c.request("GET", "/", None)).is_ok()
         });
-        wait_until("the plugin socket", Duration::from_secs(20), || {
-            UnixStream::connect(&s.socket).is_ok()
-        });
+        s.wait_for_plugin();
         s
+    }
+
+    fn wait_for_plugin(&self) {
+        wait_until("the plugin socket", Duration::from_secs(20), || {
+            UnixStream::connect(&self.socket).is_ok()
+        });
+    }
+
+    /// SIGKILL to the driver, and a new one on the same socket.
+    fn restart_plugin(&mut self) {
+        self.plugin.kill9();
+        self.plugin = start_plugin(&self.host, &self.socket);
+        self.wait_for_plugin();
     }
 
     fn api<T>(&self, f: impl FnOnce(&Client) -> T) -> T {
@@ -113,6 +116,19 @@ impl Setup {
                 && c.list::<Port>(&[]).unwrap().0.is_empty()
         })
     }
+}
+
+fn start_plugin(host: &Ns, socket: &std::path::Path) -> Proc {
+    let _ = std::fs::remove_file(socket);
+    Proc(
+        host.command(env!("CARGO_BIN_EXE_corvid"))
+            .args(["docker-plugin", "--host-id", "h1", "--socket"])
+            .arg(socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 #[test]
@@ -195,9 +211,14 @@ fn bad_input_is_an_err_and_changes_nothing() {
     let (_, p1) = post(&s.socket, "IpamDriver.RequestPool", &empty.to_string());
     let (_, p2) = post(&s.socket, "IpamDriver.RequestPool", &empty.to_string());
     assert_ne!(p1["Pool"], p2["Pool"], "{p1} {p2}");
-    // A pool that overlaps one in use is refused.
+    // A pool that overlaps one in use is refused; the same pool, not yet used by a
+    // network, is the one a killed driver left, and is given again.
+    let wider = p1["Pool"].as_str().unwrap().replace("/24", "/23");
+    let over = json!({"Pool": wider, "V6": false});
+    assert!(err("IpamDriver.RequestPool", &over.to_string()).contains("overlaps"));
     let same = json!({"Pool": p1["Pool"], "V6": false});
-    assert!(err("IpamDriver.RequestPool", &same.to_string()).contains("overlaps"));
+    let (_, again) = post(&s.socket, "IpamDriver.RequestPool", &same.to_string());
+    assert_eq!(again["PoolID"], p1["PoolID"]);
 
     // A /30: the gateway and one address, then exhaustion; an address outside is refused.
     let (_, pool) = post(
@@ -354,4 +375,122 @@ fn a_join_repairs_what_an_interrupted_one_left() {
         json!({"NetworkID": net, "EndpointID": ep}),
     );
     assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
+}
+
+/// The calls of one container's life on a network of its own, as Docker sends them; each
+/// fills in what earlier answers gave (pool ID, addresses).
+const LIFECYCLE: [&str; 12] = [
+    "IpamDriver.RequestPool",
+    "IpamDriver.RequestAddress gateway",
+    "NetworkDriver.CreateNetwork",
+    "IpamDriver.RequestAddress",
+    "NetworkDriver.CreateEndpoint",
+    "NetworkDriver.Join",
+    "NetworkDriver.Leave",
+    "NetworkDriver.DeleteEndpoint",
+    "IpamDriver.ReleaseAddress",
+    "IpamDriver.ReleaseAddress gateway",
+    "NetworkDriver.DeleteNetwork",
+    "IpamDriver.ReleasePool",
+];
+
+/// The request body of lifecycle step `step`, from what the earlier answers gave.
+fn lifecycle_body(step: &str, round: usize, learned: &HashMap<&str, String>) -> Value {
+    let net = format!("{round:064x}");
+    let ep = format!("e{round:063x}");
+    let pool = format!("10.230.{round}.0/24");
+    let get = |k: &str| learned.get(k).cloned().unwrap_or_default();
+    match step {
+        "IpamDriver.RequestPool" => json!({"Pool": pool, "V6": false, "Options": {}}),
+        "IpamDriver.RequestAddress gateway" => json!({"PoolID": get("pool"), "Address": "",
+            "Options": {"RequestAddressType": "com.docker.network.gateway"}}),
+        "NetworkDriver.CreateNetwork" => json!({"NetworkID": net,
+            "Options": {"com.docker.network.generic": {}},
+            "IPv4Data": [{"Gateway": get("gateway"), "Pool": pool}], "IPv6Data": []}),
+        "IpamDriver.RequestAddress" => {
+            json!({"PoolID": get("pool"), "Address": "", "Options": null})
+        }
+        "NetworkDriver.CreateEndpoint" => json!({"NetworkID": net, "EndpointID": ep,
+            "Interface": {"Address": get("address"), "AddressIPv6": "", "MacAddress": ""}}),
+        "NetworkDriver.Join" => json!({"NetworkID": net, "EndpointID": ep,
+            "SandboxKey": "/var/run/docker/netns/x"}),
+        "NetworkDriver.Leave" | "NetworkDriver.DeleteEndpoint" => {
+            json!({"NetworkID": net, "EndpointID": ep})
+        }
+        "IpamDriver.ReleaseAddress" => json!({"PoolID": get("pool"), "Address": get("address")}),
+        "IpamDriver.ReleaseAddress gateway" => {
+            json!({"PoolID": get("pool"), "Address": get("gateway")})
+        }
+        "NetworkDriver.DeleteNetwork" => json!({"NetworkID": net}),
+        "IpamDriver.ReleasePool" => json!({"PoolID": get("pool")}),
+        _ => unreachable!("{step}"),
+    }
+}
+
+/// The driver killed in the middle of each call of a container's life, at three moments
+/// per call, then restarted; the call is sent again, as Docker's user would run the
+/// command again, and the life goes on. After each life the controller holds nothing and
+/// the host no link of the driver's.
+#[test]
+fn a_driver_killed_mid_call_converges_with_the_next_call() {
+    let mut s = Setup::new("dk");
+    const DELAYS_US: [u64; 3] = [0, 1_500, 4_000];
+    let mut interrupted = 0;
+    let mut rounds = 0;
+    for (round, (victim, delay)) in (0..LIFECYCLE.len())
+        .flat_map(|v| DELAYS_US.iter().map(move |d| (v, *d)))
+        .enumerate()
+    {
+        let mut learned: HashMap<&str, String> = HashMap::new();
+        for (i, step) in LIFECYCLE.iter().enumerate() {
+            let method = step.split(' ').next().unwrap();
+            let body = lifecycle_body(step, round, &learned).to_string();
+            if i == victim {
+                let (socket, b, m) = (s.socket.clone(), body.clone(), method.to_string());
+                let call = std::thread::spawn(move || try_post(&socket, &m, &b));
+                std::thread::sleep(Duration::from_micros(delay));
+                let finished = call.is_finished();
+                s.restart_plugin();
+                let answered = call.join().unwrap();
+                interrupted += usize::from(!finished && answered.is_none_or(|(st, _)| st != 200));
+            }
+            let (status, answer) = post(&s.socket, method, &body);
+            assert_eq!(
+                status, 200,
+                "round {round}, {step} after a kill in {}: {answer}",
+                LIFECYCLE[victim]
+            );
+            match *step {
+                "IpamDriver.RequestPool" => {
+                    learned.insert("pool", answer["PoolID"].as_str().unwrap().to_string());
+                }
+                "IpamDriver.RequestAddress gateway" => {
+                    learned.insert("gateway", answer["Address"].as_str().unwrap().to_string());
+                }
+                "IpamDriver.RequestAddress" => {
+                    learned.insert("address", answer["Address"].as_str().unwrap().to_string());
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            s.empty(),
+            "round {round} (kill in {}): the controller keeps something",
+            LIFECYCLE[victim]
+        );
+        for prefix in ["cvp", "cvc", "cvb"] {
+            assert_eq!(
+                s.host.links(prefix),
+                Vec::<String>::new(),
+                "round {round} (kill in {})",
+                LIFECYCLE[victim]
+            );
+        }
+        rounds += 1;
+    }
+    eprintln!("{rounds} kills, {interrupted} of them before the call was answered");
+    assert!(
+        interrupted >= rounds / 3,
+        "too few kills landed inside a call: {interrupted}"
+    );
 }

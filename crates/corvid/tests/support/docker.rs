@@ -23,23 +23,29 @@ pub const IMAGE: &str = "cvt-busybox";
 
 /// One driver call over its socket, as Docker sends it; returns the status and the JSON answer.
 pub fn post(socket: &Path, method: &str, body: &str) -> (u16, Value) {
-    let mut s = UnixStream::connect(socket).expect("connect to the plugin socket");
+    try_post(socket, method, body).expect("the plugin answers")
+}
+
+/// `post`, or None when the connection fails or closes without an answer (the plugin
+/// died mid-call).
+pub fn try_post(socket: &Path, method: &str, body: &str) -> Option<(u16, Value)> {
+    let mut s = UnixStream::connect(socket).ok()?;
     write!(
         s,
         "POST /{method} HTTP/1.1\r\nHost: plugin\r\nAccept: application/vnd.docker.plugins.v1.2+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
-    .unwrap();
+    .ok()?;
     let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let status = raw[9..12].parse().unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.get(9..12)?.parse().ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
     assert!(
         head.to_ascii_lowercase()
             .contains("content-type: application/vnd.docker.plugins.v1.2+json"),
         "{head}"
     );
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    Some((status, serde_json::from_str(body).unwrap_or(Value::Null)))
 }
 
 /// One private dockerd, stopped on drop.
