@@ -1350,3 +1350,123 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
         nodes[h].remove_sandbox(id);
     }
 }
+
+/// What differs between the Kubernetes objects and the controller: a live namespace
+/// without its one network, a gone one with any, a live pod without an annotation naming
+/// a port of its own, or a pod's port no pod names. None when they agree.
+fn watcher_gap(
+    cluster: &Cluster,
+    kube: &KubeApi,
+    live: &std::collections::BTreeMap<String, Vec<String>>,
+    gone: &[String],
+) -> Option<String> {
+    let mut gap = String::new();
+    let mut named = std::collections::BTreeSet::new();
+    for (ns, pods) in live {
+        let n = networks_of_namespace(cluster, ns).len();
+        if n != 1 {
+            gap += &format!("namespace {ns} has {n} networks; ");
+        }
+        for p in pods {
+            match annotation(kube, ns, p) {
+                None => gap += &format!("pod {ns}/{p} has no annotation; "),
+                Some(a) => match port(cluster, &a.port_id) {
+                    Some(port) if port.device_id == a.pod_uid => {
+                        named.insert(a.port_id);
+                    }
+                    _ => gap += &format!("pod {ns}/{p}'s port {} is not its own; ", a.port_id),
+                },
+            }
+        }
+    }
+    for ns in gone {
+        if !networks_of_namespace(cluster, ns).is_empty() {
+            gap += &format!("gone namespace {ns} keeps its network; ");
+        }
+    }
+    for p in ports(cluster) {
+        if p.device_owner == corvid_k8s::ids::POD_OWNER && !named.contains(&p.id) {
+            gap += &format!("port {} ({}) belongs to no pod; ", p.id, p.device_id);
+        }
+    }
+    (!gap.is_empty()).then_some(gap)
+}
+
+/// The watcher killed at random moments while namespaces and pods come and go: after
+/// each restart (same identity, so it takes its lease back at once) the controller
+/// converges to the objects, and nothing leaks.
+#[test]
+fn a_watcher_killed_at_random_converges_and_leaks_nothing() {
+    let (cluster, kube) = setup("kc");
+    let args = ["--identity", "cvt-crash", "--lease-seconds", "4"];
+    let mut watcher = start_watcher(&cluster, &kube, &args);
+    let mut live: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut gone = Vec::new();
+    let mut rng = u64::from(std::process::id()) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    const KILLS: usize = 32;
+    let mut waited = Vec::new();
+    let mut cut = 0;
+    for round in 0..KILLS {
+        let pick = next();
+        match round % 4 {
+            0 | 1 if round % 8 < 2 || live.is_empty() => {
+                let ns = format!("n{round}");
+                namespace(&kube, &ns);
+                pod(&kube, &ns, "p0", "h1");
+                live.insert(ns, vec!["p0".into()]);
+            }
+            0 | 1 => {
+                let ns = live.keys().nth(pick as usize % live.len()).unwrap().clone();
+                let name = format!("p{round}");
+                pod(&kube, &ns, &name, if pick % 2 == 0 { "h1" } else { "h2" });
+                live.get_mut(&ns).unwrap().push(name);
+            }
+            2 => {
+                let ns = live.keys().nth(pick as usize % live.len()).unwrap().clone();
+                let pods = live.get_mut(&ns).unwrap();
+                if !pods.is_empty() {
+                    let name = pods.remove(pick as usize % pods.len());
+                    delete_pod(&kube, &ns, &name);
+                }
+            }
+            _ => {
+                if live.len() > 1 {
+                    let ns = live.keys().nth(pick as usize % live.len()).unwrap().clone();
+                    for p in live.remove(&ns).unwrap() {
+                        delete_pod(&kube, &ns, &p);
+                    }
+                    delete_namespace(&kube, &ns);
+                    gone.push(ns);
+                }
+            }
+        }
+        // The watcher acts within milliseconds of a change.
+        std::thread::sleep(Duration::from_micros(next() % 40_000));
+        watcher.kill9();
+        // With the watcher dead the state holds still: a gap now is work the kill cut.
+        cut += usize::from(watcher_gap(&cluster, &kube, &live, &gone).is_some());
+        watcher = start_watcher(&cluster, &kube, &args);
+        let start = std::time::Instant::now();
+        while let Some(gap) = watcher_gap(&cluster, &kube, &live, &gone) {
+            assert!(
+                start.elapsed() < Duration::from_secs(40),
+                "kill {round}: the controller never matched the objects: {gap}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        waited.push(start.elapsed());
+    }
+    waited.sort();
+    eprintln!(
+        "{KILLS} kills, {cut} with work left undone; converged after each, median {:?}, longest {:?}",
+        waited[KILLS / 2],
+        waited[KILLS - 1]
+    );
+    assert!(cut >= KILLS / 4, "only {cut} kills cut the watcher's work");
+}
