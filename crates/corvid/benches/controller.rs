@@ -14,17 +14,10 @@ use std::time::{Duration, Instant};
 
 use corvid_api::{Client, Network, Port, Subnet};
 use serde_json::json;
-use support::{redb_store, ControllerProcess, Etcd};
+use support::{env, redb_store, rss_mib, ControllerProcess, Etcd};
 
 const CLIENTS: usize = 16;
 const NEUTRON_CREATES_PER_SEC: f64 = 7.0;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p) as usize]
@@ -95,15 +88,6 @@ fn creates(label: &str, ctl: &ControllerProcess, secs: u64) {
         lat.len(),
         rate / NEUTRON_CREATES_PER_SEC,
     );
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// Fills to `n` ports (bulk requests), then times list-by-device_id and reads RSS.
