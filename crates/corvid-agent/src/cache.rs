@@ -37,6 +37,8 @@ pub struct Cache {
     pub services_changed: Changed,
     /// Listeners by load balancer, pools by listener, members by pool.
     pub index: ServiceIndex,
+    /// Port IDs by network, so planning one network does not scan every port.
+    pub network_ports: HashMap<String, BTreeSet<String>>,
 }
 
 /// Which services changed since the agent last served them.
@@ -100,39 +102,37 @@ fn reindex(
     }
 }
 
-/// Which networks a batch of changes touched.
+/// What a batch of changes touched.
 #[derive(Debug, Default, PartialEq)]
-pub enum Dirty {
-    /// Nothing this host cares about.
-    #[default]
-    None,
-    /// These networks.
-    Networks(BTreeSet<String>),
-    /// Everything (a host moved or left).
-    All,
+pub struct Dirty {
+    /// Everything (a host came, moved or left, or a full pass is due).
+    pub all: bool,
+    /// Networks whose object or subnets changed: planned whole.
+    pub networks: BTreeSet<String>,
+    /// Ports that changed: planned one by one.
+    pub ports: BTreeSet<String>,
 }
 
 impl Dirty {
-    /// What either touched.
-    pub fn merge(self, other: Dirty) -> Dirty {
-        match (self, other) {
-            (Dirty::All, _) | (_, Dirty::All) => Dirty::All,
-            (Dirty::None, d) | (d, Dirty::None) => d,
-            (Dirty::Networks(mut a), Dirty::Networks(b)) => {
-                a.extend(b);
-                Dirty::Networks(a)
-            }
+    /// Everything.
+    pub fn all() -> Dirty {
+        Dirty {
+            all: true,
+            ..Dirty::default()
         }
     }
 
-    fn network(&mut self, id: &str) {
-        match self {
-            Dirty::All => {}
-            Dirty::Networks(set) => {
-                set.insert(id.to_string());
-            }
-            Dirty::None => *self = Dirty::Networks(BTreeSet::from([id.to_string()])),
-        }
+    /// Nothing this host cares about.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.networks.is_empty() && self.ports.is_empty()
+    }
+
+    /// What either touched.
+    pub fn merge(mut self, other: Dirty) -> Dirty {
+        self.all |= other.all;
+        self.networks.extend(other.networks);
+        self.ports.extend(other.ports);
+        self
     }
 }
 
@@ -187,6 +187,7 @@ impl Cache {
             floatingips,
             services_changed: Changed::All,
             index: ServiceIndex::default(),
+            network_ports: HashMap::new(),
         };
         cache.reindex();
         Ok(cache)
@@ -194,34 +195,36 @@ impl Cache {
 
     /// Applies watch events and reports what they touched.
     pub fn apply(&mut self, events: &[WatchEvent]) -> Dirty {
-        let mut dirty = Dirty::None;
+        let mut dirty = Dirty::default();
         for e in events {
             match e.resource.as_str() {
                 "networks" => {
                     upsert(&mut self.networks, e);
-                    dirty.network(&e.id);
+                    dirty.networks.insert(e.id.clone());
                 }
                 "subnets" => {
                     let old = upsert(&mut self.subnets, e);
                     if let Some(n) = network_of(&e.object) {
-                        dirty.network(n);
+                        dirty.networks.insert(n.to_string());
                     }
                     if let Some(old) = old {
-                        dirty.network(&old.network_id);
+                        dirty.networks.insert(old.network_id);
                     }
                 }
                 "ports" => {
-                    let old = upsert(&mut self.ports, e);
-                    if let Some(n) = network_of(&e.object) {
-                        dirty.network(n);
-                    }
-                    if let Some(old) = old {
-                        dirty.network(&old.network_id);
-                    }
+                    let old = upsert(&mut self.ports, e).map(|p| p.network_id);
+                    let new = self.ports.get(&e.id).map(|p| p.network_id.clone());
+                    reindex(
+                        &mut self.network_ports,
+                        &e.id,
+                        old.as_deref(),
+                        new.as_deref(),
+                    );
+                    dirty.ports.insert(e.id.clone());
                 }
                 "hosts" => {
                     upsert(&mut self.hosts, e);
-                    dirty = Dirty::All;
+                    dirty.all = true;
                 }
                 "loadbalancers" => {
                     upsert(&mut self.loadbalancers, e);
@@ -298,8 +301,22 @@ impl Cache {
         }
     }
 
-    /// Builds the service index from the load balancers' children.
+    /// The ports of a network.
+    pub fn ports_of<'a>(&'a self, network: &str) -> impl Iterator<Item = &'a Port> + 'a {
+        self.network_ports
+            .get(network)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.ports.get(id))
+    }
+
+    /// Builds the indexes: the service index from the load balancers' children, and the
+    /// ports by network.
     pub fn reindex(&mut self) {
+        self.network_ports = HashMap::new();
+        for p in self.ports.values() {
+            reindex(&mut self.network_ports, &p.id, None, Some(&p.network_id));
+        }
         self.index = ServiceIndex::default();
         for l in self.listeners.values() {
             reindex(
@@ -342,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn port_events_dirty_their_network_and_hosts_dirty_everything() {
+    fn port_events_dirty_their_port_and_hosts_dirty_everything() {
         let mut c = Cache::default();
         let d = c.apply(&[event(
             EventKind::Put,
@@ -350,14 +367,15 @@ mod tests {
             "p1",
             json!({"id": "p1", "network_id": "n1"}),
         )]);
-        assert_eq!(d, Dirty::Networks(BTreeSet::from(["n1".to_string()])));
+        assert_eq!(d.ports, BTreeSet::from(["p1".to_string()]));
+        assert!(!d.all && d.networks.is_empty());
         let d = c.apply(&[event(
             EventKind::Put,
             "hosts",
             "h",
             json!({"id": "h", "underlay_ip": "10.0.0.1", "created_at": "", "updated_at": "", "revision_number": 1}),
         )]);
-        assert_eq!(d, Dirty::All);
+        assert!(d.all);
         assert!(c.hosts.contains_key("h"));
         assert_eq!(
             c.apply(&[event(
@@ -366,7 +384,7 @@ mod tests {
                 "l",
                 json!({"id": "l", "loadbalancer_id": "x", "protocol": "TCP", "protocol_port": 80})
             )]),
-            Dirty::None
+            Dirty::default()
         );
         let only_l = || Changed::Listeners(BTreeSet::from(["l".to_string()]));
         assert_eq!(c.take_changed(), only_l());
@@ -401,11 +419,13 @@ mod tests {
 
     #[test]
     fn merged_dirt_covers_both() {
-        let nets = |ids: &[&str]| Dirty::Networks(ids.iter().map(|s| s.to_string()).collect());
+        let nets = |ids: &[&str]| Dirty {
+            networks: ids.iter().map(|s| s.to_string()).collect(),
+            ..Dirty::default()
+        };
         assert_eq!(nets(&["a"]).merge(nets(&["b"])), nets(&["a", "b"]));
-        assert_eq!(Dirty::None.merge(nets(&["a"])), nets(&["a"]));
-        assert_eq!(nets(&["a"]).merge(Dirty::None), nets(&["a"]));
-        assert_eq!(nets(&["a"]).merge(Dirty::All), Dirty::All);
-        assert_eq!(Dirty::None.merge(Dirty::None), Dirty::None);
+        assert_eq!(Dirty::default().merge(nets(&["a"])), nets(&["a"]));
+        assert!(nets(&["a"]).merge(Dirty::all()).all);
+        assert!(Dirty::default().merge(Dirty::default()).is_empty());
     }
 }

@@ -10,7 +10,7 @@ use corvid_net::binding::{
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
 use corvid_net::nftables::services::{Services, SyncReport};
-use corvid_net::overlay::VxlanSpec;
+use corvid_net::overlay::{FdbEntry, NeighbourEntry, VxlanSpec};
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
 
@@ -130,8 +130,8 @@ impl Datapath {
     }
 
     /// Makes the network's bridge, vxlan device, gateways, FDB and neighbours match the
-    /// plan; returns the bridge.
-    pub fn sync_network(&mut self, n: &NetworkPlan) -> Result<Link> {
+    /// plan; returns the bridge and the vxlan device.
+    pub fn sync_network(&mut self, n: &NetworkPlan) -> Result<(Link, Link)> {
         let bridge = ensure_bridge(
             &mut self.nl,
             &BridgeSpec {
@@ -167,21 +167,56 @@ impl Datapath {
         {
             sysctl::set("net/ipv4/ip_forward", "1")?;
         }
+        let (want_fdb, want_neighbours) = (n.fdb(), n.neighbours());
         let fdb = self.nl.fdb(&vxlan)?;
-        for e in fdb.difference(&n.fdb) {
+        for e in fdb.difference(&want_fdb) {
             self.nl.delete_fdb(&vxlan, e)?;
         }
-        for e in n.fdb.difference(&fdb) {
+        for e in want_fdb.difference(&fdb) {
             self.nl.add_fdb(&vxlan, e)?;
         }
         let neighbours = self.nl.neighbours(&vxlan)?;
-        for e in neighbours.difference(&n.neighbours) {
+        for e in neighbours.difference(&want_neighbours) {
             self.nl.delete_neighbour(&vxlan, e)?;
         }
-        for e in n.neighbours.difference(&neighbours) {
+        for e in want_neighbours.difference(&neighbours) {
             self.nl.set_neighbour(&vxlan, e)?;
         }
-        Ok(bridge)
+        Ok((bridge, vxlan))
+    }
+
+    /// One remote port's overlay entries on `vxlan`: `old` taken out (what `new` does not
+    /// keep), `new` put in.
+    pub fn move_remote(
+        &mut self,
+        vxlan: &Link,
+        old: Option<&(FdbEntry, Vec<NeighbourEntry>)>,
+        new: Option<&(FdbEntry, Vec<NeighbourEntry>)>,
+    ) -> Result<()> {
+        if let Some((fdb, neighbours)) = old {
+            if new.is_none_or(|(f, _)| f != fdb) {
+                self.nl.delete_fdb(vxlan, fdb)?;
+            }
+            for e in neighbours {
+                if new.is_none_or(|(_, n)| !n.contains(e)) {
+                    self.nl.delete_neighbour(vxlan, e)?;
+                }
+            }
+        }
+        if let Some((fdb, neighbours)) = new {
+            if old.is_none_or(|(f, _)| f != fdb) {
+                self.nl.add_fdb(vxlan, fdb)?;
+            }
+            for e in neighbours {
+                self.nl.set_neighbour(vxlan, e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An owned link by name.
+    pub fn link(&mut self, name: &str) -> Result<Option<Link>> {
+        self.nl.link_by_name(name)
     }
 
     /// Makes a port plugged as its plan says: its veth pair on the bridge, and in its

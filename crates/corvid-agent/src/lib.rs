@@ -20,7 +20,8 @@ use crate::cache::{Cache, Changed, Dirty};
 use crate::datapath::Datapath;
 use corvid_net::binding::Plugged;
 use corvid_net::link::Link;
-use corvid_net::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
+use corvid_net::names::{self, BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
+use plan::{NetworkPlan, PortPlan, PortRole};
 
 /// How an agent is started.
 #[derive(Debug, Clone)]
@@ -70,6 +71,11 @@ pub struct Agent {
     checked: HashMap<String, u64>,
     /// The services and floating IPs last handed to the datapath.
     services: services::ServicePlan,
+    /// The plan the datapath was last made to match, by network: a change is planned
+    /// and applied against it alone.
+    plans: BTreeMap<String, NetworkPlan>,
+    /// The links the agent owns as last seen (a full pass lists them again).
+    links: HashMap<String, Link>,
 }
 
 /// The local address this host uses to reach `url`'s host (no packet is sent); the
@@ -125,6 +131,8 @@ impl Agent {
             failed: HashMap::new(),
             checked: HashMap::new(),
             services: Default::default(),
+            plans: BTreeMap::new(),
+            links: HashMap::new(),
         })
     }
 
@@ -148,7 +156,7 @@ impl Agent {
             match loaded {
                 Ok(cache) => {
                     self.cache = cache;
-                    self.reconcile(Dirty::All);
+                    self.reconcile(Dirty::all());
                     return;
                 }
                 Err(e) => {
@@ -180,8 +188,8 @@ impl Agent {
                     }
                     if last_full.elapsed() >= self.cfg.resync {
                         last_full = Instant::now();
-                        self.reconcile(Dirty::All);
-                    } else if dirty != Dirty::None {
+                        self.reconcile(Dirty::all());
+                    } else if !dirty.is_empty() {
                         self.reconcile(dirty);
                     } else if self.cache.services_changed != Changed::Nothing {
                         self.sync_services(false);
@@ -242,7 +250,7 @@ impl Agent {
 
     /// Applies what the controller committed since the cache's revision, without waiting.
     fn catch_up(&mut self) -> Result<Dirty, ApiError> {
-        let mut dirty = Dirty::None;
+        let mut dirty = Dirty::default();
         loop {
             let page =
                 self.client
@@ -256,15 +264,31 @@ impl Agent {
         }
     }
 
-    /// One pass: unplug what is no longer bound here, bring up the networks `dirty`
-    /// names (and any whose bridge is missing), plug missing ports, report status.
+    /// Makes the datapath match the cache for what `dirty` names: everything (a full
+    /// pass, which also lists the kernel's links), or the networks and ports that
+    /// changed, against the plan last applied, so a change costs the same however many
+    /// ports the host holds.
     pub fn reconcile(&mut self, dirty: Dirty) {
-        if let Err(e) = self.try_reconcile(dirty) {
+        let mut reports = Vec::new();
+        let done = if dirty.all {
+            self.full_pass(&mut reports)
+        } else {
+            self.apply_changes(&dirty, &mut reports);
+            Ok(())
+        };
+        if let Err(e) = done {
             tracing::error!("reconcile: {e}");
         }
+        let all: Vec<_> = self.plans.values().collect();
+        if let Err(e) = self.dp.sync_masquerade(&all) {
+            tracing::error!("masquerade: {e}");
+        }
+        self.sync_services(dirty.all);
+        self.report(reports);
     }
 
-    fn try_reconcile(&mut self, mut dirty: Dirty) -> Result<(), corvid_net::Error> {
+    /// Unplugs what is no longer bound here, brings up every network, checks every port.
+    fn full_pass(&mut self, reports: &mut Vec<Report>) -> Result<(), corvid_net::Error> {
         let mut plans = plan::plan(&self.cache, &self.cfg.host_id);
         let mut links = self.dp.owned_links()?;
         let mut stale = stale_links(&plans, &links);
@@ -273,10 +297,9 @@ impl Agent {
             // creation the watch has not brought yet. Only what is unknown after catching
             // up with the controller is removed; when it cannot be asked, nothing is.
             match self.catch_up() {
-                Ok(caught) => {
+                Ok(_) => {
                     plans = plan::plan(&self.cache, &self.cfg.host_id);
                     stale = stale_links(&plans, &links);
-                    dirty = dirty.merge(caught);
                 }
                 Err(e) => {
                     tracing::warn!("keeping unknown links until the controller answers: {e}");
@@ -292,73 +315,233 @@ impl Agent {
                 }
             }
         }
-        let mut reports = Vec::new();
-        let full = dirty == Dirty::All;
-        for n in plans.values() {
-            let needs_sync = match &dirty {
-                Dirty::All => true,
-                Dirty::Networks(set) => set.contains(&n.id),
-                Dirty::None => false,
-            } || !links.contains_key(&n.bridge)
-                || !links.contains_key(&n.vxlan);
-            let bridge = if needs_sync {
-                match self.dp.sync_network(n) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::error!(network = %n.id, "bring up the network: {e}");
-                        continue;
-                    }
-                }
-            } else {
-                links[&n.bridge].clone()
-            };
-            let _network = tracing::info_span!("network", id = %n.id).entered();
-            for p in &n.ports {
-                let settled = (links.contains_key(&p.host_veth)
-                    && self.checked.get(&p.id) == Some(&p.revision))
-                    || self.failed.get(&p.id) == Some(&p.revision);
-                if settled && !full {
-                    continue;
-                }
-                let _port = tracing::info_span!("port", id = %p.id, netns = %p.netns).entered();
-                match self.dp.ensure_port(&bridge, n.mtu, p) {
-                    Ok(plugged) => {
-                        match &plugged {
-                            Plugged::Finished(steps) => {
-                                tracing::warn!("finished a half-made plug: {}", steps.join(", "))
-                            }
-                            Plugged::New { replaced: true } => {
-                                tracing::warn!("the veth pair was unusable and is made anew")
-                            }
-                            Plugged::New { replaced: false } => tracing::info!("plugged"),
-                            Plugged::Intact => {}
-                        }
-                        self.failed.remove(&p.id);
-                        self.checked.insert(p.id.clone(), p.revision);
-                        if p.status != Status::Active {
-                            reports.push((p.id.clone(), p.revision, Status::Active));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!("plug: {e}");
-                        self.failed.insert(p.id.clone(), p.revision);
-                        self.checked.remove(&p.id);
-                        if p.status != Status::Error {
-                            reports.push((p.id.clone(), p.revision, Status::Error));
-                        }
-                    }
-                }
-            }
+        self.links = links;
+        self.plans = plans;
+        let ids: Vec<String> = self.plans.keys().cloned().collect();
+        for id in ids {
+            self.bring_up(&id, true, reports);
         }
-        let all: Vec<_> = plans.values().collect();
-        if let Err(e) = self.dp.sync_masquerade(&all) {
-            tracing::error!("masquerade: {e}");
-        }
-        self.sync_services(full);
         self.failed
             .retain(|id, _| self.cache.ports.contains_key(id));
         self.checked
             .retain(|id, _| self.cache.ports.contains_key(id));
+        Ok(())
+    }
+
+    /// Syncs network `id`'s devices and entries with its plan and plugs its ports (all
+    /// of them checked again when `full`, else those not known to be in place).
+    fn bring_up(&mut self, id: &str, full: bool, reports: &mut Vec<Report>) {
+        let Some(n) = self.plans.get(id) else {
+            return;
+        };
+        let (bridge, vxlan) = match self.dp.sync_network(n) {
+            Ok(devices) => devices,
+            Err(e) => {
+                tracing::error!(network = %id, "bring up the network: {e}");
+                return;
+            }
+        };
+        self.links.insert(bridge.name.clone(), bridge);
+        self.links.insert(vxlan.name.clone(), vxlan);
+        let ports: Vec<PortPlan> = n.ports.values().cloned().collect();
+        for p in &ports {
+            self.plug(id, p, full, reports);
+        }
+    }
+
+    /// Plugs one port of network `net` unless it is known to be in place (or to fail at
+    /// this revision) and `full` is not asked.
+    fn plug(&mut self, net: &str, p: &PortPlan, full: bool, reports: &mut Vec<Report>) {
+        let settled = (self.links.contains_key(&p.host_veth)
+            && self.checked.get(&p.id) == Some(&p.revision))
+            || self.failed.get(&p.id) == Some(&p.revision);
+        if settled && !full {
+            return;
+        }
+        let Some(n) = self.plans.get(net) else {
+            return;
+        };
+        let mtu = n.mtu;
+        let bridge = match self.links.get(&n.bridge) {
+            Some(b) => b.clone(),
+            // Gone since it was last seen: the network is brought up again first.
+            None => match self.dp.sync_network(n) {
+                Ok((bridge, vxlan)) => {
+                    self.links.insert(vxlan.name.clone(), vxlan);
+                    self.links.insert(bridge.name.clone(), bridge.clone());
+                    bridge
+                }
+                Err(e) => {
+                    tracing::error!(network = %net, "bring up the network: {e}");
+                    return;
+                }
+            },
+        };
+        let _network = tracing::info_span!("network", id = %net).entered();
+        let _port = tracing::info_span!("port", id = %p.id, netns = %p.netns).entered();
+        match self.dp.ensure_port(&bridge, mtu, p) {
+            Ok(plugged) => {
+                match &plugged {
+                    Plugged::Finished(steps) => {
+                        tracing::warn!("finished a half-made plug: {}", steps.join(", "))
+                    }
+                    Plugged::New { replaced: true } => {
+                        tracing::warn!("the veth pair was unusable and is made anew")
+                    }
+                    Plugged::New { replaced: false } => tracing::info!("plugged"),
+                    Plugged::Intact => {}
+                }
+                if let Ok(Some(l)) = self.dp.link(&p.host_veth) {
+                    self.links.insert(l.name.clone(), l);
+                }
+                self.failed.remove(&p.id);
+                self.checked.insert(p.id.clone(), p.revision);
+                if p.status != Status::Active {
+                    reports.push((p.id.clone(), p.revision, Status::Active));
+                }
+            }
+            Err(e) => {
+                tracing::error!("plug: {e}");
+                self.failed.insert(p.id.clone(), p.revision);
+                self.checked.remove(&p.id);
+                if p.status != Status::Error {
+                    reports.push((p.id.clone(), p.revision, Status::Error));
+                }
+            }
+        }
+    }
+
+    /// Applies changed networks (planned whole) and changed ports (one by one).
+    fn apply_changes(&mut self, dirty: &Dirty, reports: &mut Vec<Report>) {
+        for id in &dirty.networks {
+            self.replan_network(id, reports);
+        }
+        for id in &dirty.ports {
+            let now = self.cache.ports.get(id).map(|p| p.network_id.clone());
+            let was = self
+                .plans
+                .iter()
+                .find(|(_, n)| n.holds(id))
+                .map(|(net, _)| net.clone());
+            if let Some(was) = was.filter(|w| Some(w) != now.as_ref()) {
+                self.move_port(&was, id, None, reports);
+            }
+            let Some(net) = now else {
+                self.failed.remove(id);
+                self.checked.remove(id);
+                continue;
+            };
+            if dirty.networks.contains(&net) {
+                continue;
+            }
+            let role = self
+                .cache
+                .ports
+                .get(id)
+                .and_then(|p| plan::port_role(&self.cache, p, &self.cfg.host_id));
+            if self.plans.contains_key(&net) {
+                self.move_port(&net, id, role, reports);
+            } else if matches!(role, Some(PortRole::Local(_) | PortRole::External(_))) {
+                // The network's first port here: it comes up whole.
+                self.replan_network(&net, reports);
+            }
+        }
+    }
+
+    /// Plans network `id` again from the cache and applies it: brought up when a port
+    /// is bound here, taken down otherwise.
+    fn replan_network(&mut self, id: &str, reports: &mut Vec<Report>) {
+        let fresh = self
+            .cache
+            .networks
+            .get(id)
+            .map(|net| plan::network_plan(&self.cache, net, &self.cfg.host_id))
+            .filter(NetworkPlan::is_local);
+        let old = match fresh {
+            Some(plan) => self.plans.insert(id.to_string(), plan),
+            None => self.plans.remove(id),
+        };
+        if let Some(old) = old {
+            for p in old.ports.values() {
+                if !self
+                    .plans
+                    .get(id)
+                    .is_some_and(|n| n.ports.contains_key(&p.id))
+                {
+                    self.unlink(&p.host_veth);
+                }
+            }
+            if !self.plans.contains_key(id) {
+                self.unlink(&old.vxlan);
+                self.unlink(&old.bridge);
+            }
+        }
+        self.bring_up(id, false, reports);
+    }
+
+    /// Gives port `id` its new role in network `net`'s plan and applies the difference.
+    fn move_port(
+        &mut self,
+        net: &str,
+        id: &str,
+        role: Option<PortRole>,
+        reports: &mut Vec<Report>,
+    ) {
+        let Some(n) = self.plans.get_mut(net) else {
+            return;
+        };
+        let old = n.place(id, role.clone());
+        if !n.is_local() {
+            // The network's last port here went: its devices go too.
+            let n = self.plans.remove(net).expect("the plan was just changed");
+            if let Some(PortRole::Local(p)) = &old {
+                self.unlink(&p.host_veth);
+            }
+            self.unlink(&n.vxlan);
+            self.unlink(&n.bridge);
+            return;
+        }
+        if let Some(PortRole::Local(p)) = &old {
+            let kept = matches!(&role, Some(PortRole::Local(q)) if q.host_veth == p.host_veth);
+            if !kept {
+                self.unlink(&p.host_veth);
+            }
+        }
+        let remote = |r: &Option<PortRole>| match r {
+            Some(PortRole::Remote(f, n)) => Some((f.clone(), n.clone())),
+            _ => None,
+        };
+        let (was, now) = (remote(&old), remote(&role));
+        if was.is_some() || now.is_some() {
+            let vxlan = self.links.get(&names::vxlan(net)).cloned();
+            let moved = match vxlan {
+                Some(v) => self.dp.move_remote(&v, was.as_ref(), now.as_ref()),
+                None => Ok(()),
+            };
+            if let Err(e) = moved {
+                tracing::error!(network = %net, port = %id, "overlay entries: {e}");
+            }
+        }
+        if let Some(PortRole::Local(p)) = role {
+            self.plug(net, &p, false, reports);
+        }
+    }
+
+    /// Removes an owned link, if there; a failure is logged (the next full pass retries).
+    fn unlink(&mut self, name: &str) {
+        let link = match self.links.remove(name) {
+            Some(l) => Some(l),
+            None => self.dp.link(name).ok().flatten(),
+        };
+        if let Some(l) = link {
+            if let Err(e) = self.dp.remove(&l) {
+                tracing::error!(link = %name, "remove a link no port or network needs: {e}");
+            }
+        }
+    }
+
+    /// Tells the controller each port's new status.
+    fn report(&mut self, reports: Vec<Report>) {
         for (id, checked_at, status) in reports {
             match self.client.set_port_status(&id, status) {
                 // Only the report itself came after the check: nothing new to check.
@@ -369,9 +552,11 @@ impl Agent {
                 Err(e) => tracing::warn!(port = %id, "report {status}: {e}"),
             }
         }
-        Ok(())
     }
 }
+
+/// A port's status to report: its ID, the revision checked, the status.
+type Report = (String, u64, Status);
 
 /// The owned links no plan asks for, ports' ends before the devices they hang on.
 fn stale_links(
@@ -383,8 +568,8 @@ fn stale_links(
         .flat_map(|n| {
             [n.bridge.as_str(), n.vxlan.as_str()]
                 .into_iter()
-                .chain(n.ports.iter().map(|p| p.host_veth.as_str()))
-                .chain(n.external.iter().map(String::as_str))
+                .chain(n.ports.values().map(|p| p.host_veth.as_str()))
+                .chain(n.external.values().map(String::as_str))
         })
         .collect();
     let mut stale: Vec<String> = links

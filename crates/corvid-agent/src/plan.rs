@@ -34,6 +34,17 @@ pub struct PortPlan {
     pub status: Status,
 }
 
+/// What one port asks of this host's datapath.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PortRole {
+    /// Plugged here by the agent.
+    Local(PortPlan),
+    /// Bound here but plugged by another adapter (Docker's Join): its host end is kept.
+    External(String),
+    /// On another host: its MAC is found through the overlay and its addresses answered.
+    Remote(FdbEntry, Vec<NeighbourEntry>),
+}
+
 /// One network's datapath on this host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetworkPlan {
@@ -51,14 +62,62 @@ pub struct NetworkPlan {
     pub gateways: Vec<IpNet>,
     /// Subnets to masquerade (empty unless the network asks for it).
     pub masquerade: Vec<IpNet>,
+    /// Ports to plug here, by ID.
+    pub ports: BTreeMap<String, PortPlan>,
+    /// Host ends of ports bound here that another adapter plugs, by port ID.
+    pub external: BTreeMap<String, String>,
+    /// Where each remote port's MAC lives and its addresses, by port ID.
+    pub remote: BTreeMap<String, (FdbEntry, Vec<NeighbourEntry>)>,
+}
+
+impl NetworkPlan {
+    /// Puts port `id` in its role (none: out of the plan); returns the role it had.
+    pub fn place(&mut self, id: &str, role: Option<PortRole>) -> Option<PortRole> {
+        let old = self
+            .ports
+            .remove(id)
+            .map(PortRole::Local)
+            .or_else(|| self.external.remove(id).map(PortRole::External))
+            .or_else(|| self.remote.remove(id).map(|(f, n)| PortRole::Remote(f, n)));
+        match role {
+            Some(PortRole::Local(p)) => {
+                self.ports.insert(id.to_string(), p);
+            }
+            Some(PortRole::External(veth)) => {
+                self.external.insert(id.to_string(), veth);
+            }
+            Some(PortRole::Remote(f, n)) => {
+                self.remote.insert(id.to_string(), (f, n));
+            }
+            None => {}
+        }
+        old
+    }
+
+    /// Whether port `id` has a role here.
+    pub fn holds(&self, id: &str) -> bool {
+        self.ports.contains_key(id)
+            || self.external.contains_key(id)
+            || self.remote.contains_key(id)
+    }
+
+    /// Whether a port is bound here: without one the network has no datapath here.
+    pub fn is_local(&self) -> bool {
+        !self.ports.is_empty() || !self.external.is_empty()
+    }
+
     /// Where each remote port's MAC lives.
-    pub fdb: BTreeSet<FdbEntry>,
+    pub fn fdb(&self) -> BTreeSet<FdbEntry> {
+        self.remote.values().map(|(f, _)| f.clone()).collect()
+    }
+
     /// Each remote port's addresses, answered by the vxlan device.
-    pub neighbours: BTreeSet<NeighbourEntry>,
-    /// Ports to plug here.
-    pub ports: Vec<PortPlan>,
-    /// Host ends of ports bound here that another adapter plugs (Docker's Join): kept.
-    pub external: Vec<String>,
+    pub fn neighbours(&self) -> BTreeSet<NeighbourEntry> {
+        self.remote
+            .values()
+            .flat_map(|(_, n)| n.iter().cloned())
+            .collect()
+    }
 }
 
 /// The datapath of every network with a port bound to `host`.
@@ -99,74 +158,75 @@ pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
         mtu: net.mtu,
         gateways,
         masquerade,
-        fdb: BTreeSet::new(),
-        neighbours: BTreeSet::new(),
-        ports: Vec::new(),
-        external: Vec::new(),
+        ports: BTreeMap::new(),
+        external: BTreeMap::new(),
+        remote: BTreeMap::new(),
     };
-    let mut ports: Vec<&Port> = cache
-        .ports
-        .values()
-        .filter(|p| p.network_id == net.id && !p.binding_host_id.is_empty())
-        .collect();
-    ports.sort_by(|a, b| a.id.cmp(&b.id));
-    for p in ports {
-        if p.binding_host_id != host {
-            let Some(remote) = cache.hosts.get(&p.binding_host_id) else {
-                continue;
-            };
-            plan.fdb.insert(FdbEntry {
-                mac: p.mac_address.to_ascii_lowercase(),
-                dst: remote.underlay_ip,
-            });
-            for ip in &p.fixed_ips {
-                plan.neighbours.insert(NeighbourEntry {
-                    ip: ip.ip_address,
-                    mac: p.mac_address.to_ascii_lowercase(),
-                });
-            }
-            continue;
-        }
-        let (Some(ifname), Some(netns)) = (&p.veth_name, &p.network_ns) else {
-            plan.external.push(names::host_veth(&p.id));
-            continue;
-        };
-        let mut addrs = Vec::new();
-        let mut routes = Vec::new();
-        for ip in &p.fixed_ips {
-            let Some(s) = cache.subnets.get(&ip.subnet_id) else {
-                continue;
-            };
-            if let Ok(a) = IpNet::new(ip.ip_address, s.cidr.prefix_len()) {
-                addrs.push(a);
-            }
-            if let Some(gw) = s.gateway_ip {
-                let default: IpNet = if gw.is_ipv4() {
-                    IpNet::V4(Default::default())
-                } else {
-                    IpNet::V6(Default::default())
-                };
-                if !routes.iter().any(|(d, _)| *d == default) {
-                    routes.push((default, Some(gw)));
-                }
-            }
-            for r in &s.host_routes {
-                routes.push((r.destination, Some(r.nexthop)));
-            }
-        }
-        plan.ports.push(PortPlan {
-            id: p.id.clone(),
-            revision: p.revision_number,
-            host_veth: names::host_veth(&p.id),
-            ifname: ifname.clone(),
-            netns: netns.clone(),
-            mac: p.mac_address.to_ascii_lowercase(),
-            addrs,
-            routes,
-            status: p.status,
-        });
+    for p in cache.ports_of(&net.id) {
+        plan.place(&p.id, port_role(cache, p, host));
     }
     plan
+}
+
+/// What `p` asks of `host`: none when it is bound nowhere or to a host not registered.
+pub fn port_role(cache: &Cache, p: &Port, host: &str) -> Option<PortRole> {
+    if p.binding_host_id.is_empty() {
+        return None;
+    }
+    if p.binding_host_id != host {
+        let remote = cache.hosts.get(&p.binding_host_id)?;
+        let mac = p.mac_address.to_ascii_lowercase();
+        let neighbours = p
+            .fixed_ips
+            .iter()
+            .map(|ip| NeighbourEntry {
+                ip: ip.ip_address,
+                mac: mac.clone(),
+            })
+            .collect();
+        let fdb = FdbEntry {
+            mac,
+            dst: remote.underlay_ip,
+        };
+        return Some(PortRole::Remote(fdb, neighbours));
+    }
+    let (Some(ifname), Some(netns)) = (&p.veth_name, &p.network_ns) else {
+        return Some(PortRole::External(names::host_veth(&p.id)));
+    };
+    let mut addrs = Vec::new();
+    let mut routes = Vec::new();
+    for ip in &p.fixed_ips {
+        let Some(s) = cache.subnets.get(&ip.subnet_id) else {
+            continue;
+        };
+        if let Ok(a) = IpNet::new(ip.ip_address, s.cidr.prefix_len()) {
+            addrs.push(a);
+        }
+        if let Some(gw) = s.gateway_ip {
+            let default: IpNet = if gw.is_ipv4() {
+                IpNet::V4(Default::default())
+            } else {
+                IpNet::V6(Default::default())
+            };
+            if !routes.iter().any(|(d, _)| *d == default) {
+                routes.push((default, Some(gw)));
+            }
+        }
+        for r in &s.host_routes {
+            routes.push((r.destination, Some(r.nexthop)));
+        }
+    }
+    Some(PortRole::Local(PortPlan {
+        id: p.id.clone(),
+        revision: p.revision_number,
+        host_veth: names::host_veth(&p.id),
+        ifname: ifname.clone(),
+        netns: netns.clone(),
+        mac: p.mac_address.to_ascii_lowercase(),
+        addrs,
+        routes,
+        status: p.status,
+    }))
 }
 
 #[cfg(test)]
@@ -235,6 +295,7 @@ mod tests {
         ] {
             c.ports.insert(p.id.clone(), p);
         }
+        c.reindex();
         c
     }
 
@@ -248,8 +309,11 @@ mod tests {
         // p03 has no namespace (a Docker endpoint): it keeps the network here, and its
         // host end (made by the Docker driver) is kept, but the agent does not plug it.
         assert_eq!(n.ports.len(), 1);
-        assert_eq!(n.external, vec![names::host_veth("p03")]);
-        let p = &n.ports[0];
+        assert_eq!(
+            n.external,
+            BTreeMap::from([("p03".to_string(), names::host_veth("p03"))])
+        );
+        let p = &n.ports["p01"];
         assert_eq!(p.id, "p01");
         assert_eq!(p.mac, "fa:16:3e:00:00:01");
         assert_eq!(p.addrs, vec!["10.1.0.5/24".parse::<IpNet>().unwrap()]);
@@ -268,14 +332,14 @@ mod tests {
         );
         // Only p02: p04's host never registered, p05 is bound nowhere.
         assert_eq!(
-            n.fdb,
+            n.fdb(),
             BTreeSet::from([FdbEntry {
                 mac: "fa:16:3e:00:00:02".into(),
                 dst: "10.99.0.2".parse().unwrap()
             }])
         );
         assert_eq!(
-            n.neighbours,
+            n.neighbours(),
             BTreeSet::from([NeighbourEntry {
                 ip: "10.1.0.6".parse().unwrap(),
                 mac: "fa:16:3e:00:00:02".into()
@@ -288,6 +352,7 @@ mod tests {
         assert!(plan(&cache(), "h9").is_empty());
         let mut c = cache();
         c.ports.retain(|_, p| p.binding_host_id != "h1");
+        c.reindex();
         assert!(plan(&c, "h1").is_empty());
     }
 }

@@ -289,7 +289,10 @@ fn the_agent_bridge_keeps_its_mac_while_pods_come_and_go() {
 
 #[test]
 fn an_agent_keeps_the_links_a_driver_made_for_ports_it_has_not_heard_of_yet() {
-    let cluster = Cluster::new("ay");
+    let mut cluster = Cluster::new("ay");
+    // Unknown links are looked for by the full passes: one every two seconds here.
+    cluster.agents[0].as_mut().unwrap().kill9();
+    cluster.start_agent_with(0, &["--resync", "2"]);
     let (net, _subnet) = cluster.network("young", "10.63.0.0/24", false);
     let h1 = &cluster.hosts[0];
     let agent = cluster.agents[0].as_ref().unwrap().0.id() as libc::pid_t;
