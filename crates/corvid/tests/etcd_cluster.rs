@@ -4,10 +4,15 @@
 //! member is cut off (SIGSTOP): writes go on with quorum. Without quorum a write is
 //! answered 503 in Neutron's shape within a bounded time and reads say they may be stale;
 //! when quorum returns everything resumes by itself. No acknowledged write is lost, both
-//! controllers end with the same view, and no two ports share an address or a MAC.
+//! controllers end with the same view, and no two ports share an address or a MAC. An
+//! agent follows one controller all along while pods are bound and unbound: at the end
+//! its host holds exactly the ports bound to it, each ACTIVE and answering. Everything
+//! runs in a private namespace of the test's (its loopback, its bridges).
 
 #[path = "support/controller.rs"]
 mod controller;
+#[path = "support/ns.rs"]
+mod ns;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,8 +69,56 @@ fn grows(acked: &Mutex<Vec<String>>, n: usize, within: Duration, what: &str) -> 
     start.elapsed()
 }
 
+/// The ports bound to h1 on `base`.
+fn bound(base: &str) -> Vec<Value> {
+    ports(base)
+        .into_iter()
+        .filter(|p| p["binding:host_id"] == "h1")
+        .collect()
+}
+
+/// What differs between the host's plugged ports and the ports bound to it, both ways,
+/// and any bound port not ACTIVE; None when they agree.
+fn agent_gap(host: &ns::Ns, base: &str) -> Option<String> {
+    let bound = bound(base);
+    let want: BTreeSet<String> = bound
+        .iter()
+        .map(|p| corvid_net::names::host_veth(p["id"].as_str().unwrap()))
+        .collect();
+    let have: BTreeSet<String> = host
+        .links(corvid_net::names::VETH_PREFIX)
+        .into_iter()
+        .collect();
+    let mut gap = String::new();
+    for l in have.difference(&want) {
+        gap += &format!("link {l} has no port; ");
+    }
+    for l in want.difference(&have) {
+        gap += &format!("link {l} is missing; ");
+    }
+    for p in &bound {
+        if p["status"] != "ACTIVE" {
+            gap += &format!("port {} is {}; ", p["id"], p["status"]);
+        }
+    }
+    (!gap.is_empty()).then_some(gap)
+}
+
 #[test]
 fn two_controllers_ride_out_member_failures_and_a_lost_quorum() {
+    let tag = format!("cvt{}-ec", std::process::id());
+    let host = ns::Ns::new(&tag, "host");
+    host.ip("link set lo up");
+    // An underlay address for the agent (this kernel has no dummy devices).
+    host.ip("link add cvtund type veth peer name cvtunp");
+    host.ip("addr add 10.250.0.1/24 dev cvtund");
+    host.ip("link set cvtunp up");
+    host.ip("link set cvtund up");
+    // Members, controllers, the agent and every thread of the test inherit the namespace.
+    host.open().run(|| ride_out(&host, &tag)).unwrap();
+}
+
+fn ride_out(host: &ns::Ns, tag: &str) {
     let mut etcd = EtcdCluster::start(3);
     let store = etcd.store();
     let a = ControllerProcess::start(&store, None);
@@ -83,6 +136,20 @@ fn two_controllers_ride_out_member_failures_and_a_lost_quorum() {
             json!({"subnet": {"network_id": network, "cidr": "10.77.0.0/16", "ip_version": 4}}),
         )
         .unwrap();
+
+    // An agent following b, and pods bound on a (one every 300 ms, every fourth one
+    // unbound again), all along.
+    let _agent = ns::Proc(
+        std::process::Command::new(env!("CARGO_BIN_EXE_corvid"))
+            .args(["agent", "--host-id", "h1", "--controller", &b.url])
+            .args(["--underlay-ip", "10.250.0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pods: Arc<Mutex<Vec<(ns::Ns, String)>>> = Arc::default();
+    let (binds_acked, binds_refused) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
 
     // Two writers, one per controller, all along.
     let acked: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -107,6 +174,49 @@ fn two_controllers_ride_out_member_failures_and_a_lost_quorum() {
             })
         })
         .collect();
+    let binder = {
+        let (pods, stop, network, base, tag) = (
+            pods.clone(),
+            stop.clone(),
+            network.clone(),
+            a.url.clone(),
+            tag.to_string(),
+        );
+        let (binds_acked, binds_refused) = (binds_acked.clone(), binds_refused.clone());
+        std::thread::spawn(move || {
+            let agent = agent();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let pod = ns::Ns::new(&tag, &format!("p{n}"));
+                pod.ip("link set lo up");
+                let body = json!({"port": {"network_id": network, "binding:host_id": "h1",
+                    "veth_name": "eth0", "network_ns": pod.path.display().to_string()}});
+                match agent.post(&format!("{base}/v2.0/ports")).send_json(body) {
+                    Ok(r) => {
+                        let v: Value = r.into_json().unwrap();
+                        *binds_acked.lock().unwrap() += 1;
+                        pods.lock()
+                            .unwrap()
+                            .push((pod, v["port"]["id"].as_str().unwrap().into()));
+                    }
+                    Err(_) => *binds_refused.lock().unwrap() += 1,
+                }
+                if n % 4 == 0 {
+                    let mut held = pods.lock().unwrap();
+                    if !held.is_empty() {
+                        let (pod, id) = held.remove(0);
+                        // A delete refused now is sent again later.
+                        let gone = agent.delete(&format!("{base}/v2.0/ports/{id}")).call();
+                        if gone.is_err() {
+                            held.push((pod, id));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
     grows(&acked, 10, Duration::from_secs(20), "at the start");
 
     let leader = etcd.leader().expect("a leader");
@@ -134,6 +244,7 @@ fn two_controllers_ride_out_member_failures_and_a_lost_quorum() {
     for w in writers {
         w.join().unwrap();
     }
+    binder.join().unwrap();
 
     // Quorum lost: two of three members down.
     etcd.kill9(0);
@@ -213,7 +324,10 @@ fn two_controllers_ride_out_member_failures_and_a_lost_quorum() {
     );
     // A refused write may still have committed (its answer was lost with the member that
     // had it); such a port is whole, and there are never more of them than refusals.
-    let (acked_n, refused_n) = (acked.lock().unwrap().len(), failed.lock().unwrap().len());
+    let (acked_n, refused_n) = (
+        acked.lock().unwrap().len() + *binds_acked.lock().unwrap(),
+        failed.lock().unwrap().len() + *binds_refused.lock().unwrap(),
+    );
     assert!(
         seen_a.len() <= acked_n + refused_n + 1,
         "ports nobody asked for"
@@ -223,5 +337,31 @@ fn two_controllers_ride_out_member_failures_and_a_lost_quorum() {
         acked.lock().unwrap().len(),
         seen_a.len(),
         failed.lock().unwrap().len()
+    );
+
+    // The agent's host ends equal to what is bound to it, resumed by itself.
+    let start = Instant::now();
+    while let Some(gap) = agent_gap(host, &b.url) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the agent's host never matched the state: {gap}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let held = pods.lock().unwrap();
+    for (pod, id) in held.iter() {
+        if bound(&b.url).iter().any(|p| p["id"] == id.as_str()) {
+            assert!(
+                pod.ping("10.77.0.1"),
+                "pod of port {id} cannot reach the gateway"
+            );
+        }
+    }
+    println!(
+        "agent: {} pods bound ({} binds acknowledged, {} refused), host equal to the state after {:?}",
+        bound(&b.url).len(),
+        binds_acked.lock().unwrap(),
+        binds_refused.lock().unwrap(),
+        start.elapsed()
     );
 }
