@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use corvid_api::{Client, Network, Port, Subnet};
 use serde_json::json;
-use support::{env, redb_store, rss_mib, ControllerProcess, Etcd};
+use support::{cpu_time, env, redb_store, rss_mib, ControllerProcess, Etcd};
 
 const CLIENTS: usize = 16;
 const NEUTRON_CREATES_PER_SEC: f64 = 7.0;
@@ -28,24 +28,6 @@ fn network(c: &Client) -> String {
     c.create::<Subnet>(json!({"network_id": net.id, "cidr": "10.0.0.0/8"}))
         .expect("subnet");
     net.id
-}
-
-/// CPU time (user + system) a process has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
-        .sum();
-    // SAFETY: sysconf only reads a configuration value.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Duration::from_micros(ticks * 1_000_000 / hz)
 }
 
 /// 16 clients create ports for `secs`; prints creates/s, p50, p99, and the controller's
