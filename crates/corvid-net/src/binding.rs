@@ -197,6 +197,16 @@ pub fn plug(
                 }
                 attempt += 1;
             }
+            Err(e) if e.errno() == Some(libc::EXFULL) => {
+                return Err(crate::Error::Netlink {
+                    op: format!(
+                        "plug {name} into bridge {}: it has the 1,024 ports a Linux bridge \
+                         can take",
+                        bridge.name
+                    ),
+                    source: io::Error::from_raw_os_error(libc::EXFULL),
+                })
+            }
             r => break (name, r?),
         }
     };

@@ -199,3 +199,33 @@ fn a_foreign_interface_with_the_name_is_refused_and_kept() {
     assert_eq!(kept.kind, corvid_net::link::LinkKind::Bridge);
     assert!(s.host.netlink().link_by_name(HOST_END).unwrap().is_none());
 }
+
+#[test]
+fn a_full_bridge_is_named_as_the_reason() {
+    let s = Setup::new("cvtfull");
+    // A Linux bridge takes 1,024 ports: fill it with veth pairs made in one batch.
+    let batch: String = (0..1024)
+        .map(|i| format!("link add cvtf{i} master cvtbr type veth peer name cvtg{i}\n"))
+        .collect();
+    let mut ip = std::process::Command::new("ip")
+        .args(["-n", &s.host.0, "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    ip.stdin
+        .take()
+        .unwrap()
+        .write_all(batch.as_bytes())
+        .unwrap();
+    let out = ip.wait_with_output().unwrap();
+    // The batch stops at the first port too many.
+    assert!(!out.status.success(), "1,024 ports were taken");
+    let err = s.ensure().unwrap_err().to_string();
+    assert!(err.contains("1,024 ports a Linux bridge can take"), "{err}");
+    assert!(
+        s.pod.netlink().link_by_name("eth0").unwrap().is_none(),
+        "half a pair left in the pod"
+    );
+}

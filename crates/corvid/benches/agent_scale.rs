@@ -1,8 +1,9 @@
 //! The agent's reconcile per change against the number of ports it holds: ports bound to
-//! one host (each in a namespace of its own) are added in waves up to
-//! `CORVID_BENCH_PORTS` (2000); after each wave, single ports are created and deleted
-//! and timed from the API call to ACTIVE (plug) and to the host end's removal (unplug).
-//! Flat means the last wave's medians are near the first's. Needs root.
+//! one host (each in a namespace of its own, spread over four networks: a Linux bridge
+//! takes at most 1,024 ports) are added in waves up to `CORVID_BENCH_PORTS` (2000); after
+//! each wave, single ports are created and deleted and timed from the API call to ACTIVE
+//! (plug) and to the host end's removal (unplug). Flat means the last wave's medians are
+//! near the first's. Needs root.
 //!
 //! `cargo bench -p corvid --bench agent_scale`
 
@@ -18,6 +19,8 @@ use serde_json::json;
 
 /// Single changes timed after each wave.
 const SAMPLES: usize = 15;
+/// Networks the ports are spread over.
+const NETWORKS: usize = 4;
 
 fn median(mut v: Vec<Duration>) -> f64 {
     v.sort();
@@ -38,7 +41,12 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let cluster = Cluster::new("as");
-    let (net, _) = cluster.network("scale", "10.64.0.0/18", false);
+    let nets: Vec<String> = (0..NETWORKS)
+        .map(|i| {
+            let cidr = format!("10.{}.0.0/21", 64 + i);
+            cluster.network(&format!("scale{i}"), &cidr, false).0.id
+        })
+        .collect();
     let mut pods: Vec<Ns> = Vec::new();
     let mut first: Option<(f64, f64)> = None;
     println!("ports held   plug p50 ms   unplug p50 ms   (ratio to the first wave)");
@@ -48,7 +56,12 @@ fn main() {
             let wave: Vec<Ns> = (pods.len()..size.min(pods.len() + 100))
                 .map(|i| cluster.pod(&format!("s{i}")))
                 .collect();
-            let attrs = wave.iter().map(|p| port_attrs(&net.id, p)).collect();
+            let first = pods.len();
+            let attrs = wave
+                .iter()
+                .enumerate()
+                .map(|(i, p)| port_attrs(&nets[(first + i) % NETWORKS], p))
+                .collect();
             cluster.api(|c| c.create_bulk::<Port>(attrs)).unwrap();
             pods.extend(wave);
         }
@@ -73,7 +86,7 @@ fn main() {
             let pod = cluster.pod(&format!("x{size}-{i}"));
             let t = Instant::now();
             let port: Port = cluster
-                .api(|c| c.create(port_attrs(&net.id, &pod)))
+                .api(|c| c.create(port_attrs(&nets[i % NETWORKS], &pod)))
                 .unwrap();
             while cluster.api(|c| c.get::<Port>(&port.id)).unwrap().status != Status::Active {
                 std::thread::sleep(Duration::from_millis(2));
