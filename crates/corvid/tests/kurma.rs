@@ -639,3 +639,119 @@ fn corvids_oci_image_runs_pods_from_a_registry() {
     assert!(leases(&rt, "fromreg", "fromreg").is_empty());
     assert_eq!(host_links(&rt, &[&bridge]), Vec::<String>::new());
 }
+
+/// `pod add` and `pod del` killed with SIGKILL at 33 points each, spread over the
+/// operation's median time, then `pod del` as a runtime would send it: no namespace, no
+/// lease, no masquerade element, no link but the bridge, no record; a live pod still
+/// answers throughout.
+#[test]
+fn killed_pod_adds_and_dels_are_recovered_by_del() {
+    use std::os::unix::process::CommandExt;
+    use std::time::Instant;
+    let tag = format!("cvt{}kk", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let (corvid_aci, _) = build_corvid_image(&images);
+    let bridge = format!("{tag}a");
+    rt.start(&json!({
+        "pod_networks": [
+            {"name": "crash", "aci": format!("file://{}", corvid_aci.display()), "default": true,
+             "containerInterface": "eth0", "cniVersion": "1.0.0", "type": "bridge",
+             "bridge": bridge, "isGateway": true, "ipMasq": true,
+             "ipam": {"type": "host-local", "subnet": "10.93.0.0/24"}}
+        ]
+    }));
+    let live = uuid(0);
+    rt.add(&live, &[]);
+    let clean_but_live = |what: &str| {
+        assert_eq!(host_links(&rt, &[&bridge]).len(), 1, "{what}: links");
+        assert_eq!(leases(&rt, "crash", "crash").len(), 1, "{what}: leases");
+        assert_eq!(
+            nft_ruleset(&rt).matches("comment").count(),
+            1,
+            "{what}: masquerade"
+        );
+        let netns: Vec<_> = std::fs::read_dir(rt.dir.path().join("netns"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            netns,
+            [std::ffi::OsString::from(&live)],
+            "{what}: namespaces"
+        );
+        let out = rt.corvid().args(["pods"]).output().unwrap();
+        let pods: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(pods.as_array().map(Vec::len), Some(1), "{what}: {pods}");
+        assert!(
+            rt.ping(&live, "10.93.0.1"),
+            "{what}: the live pod lost its gateway"
+        );
+    };
+    clean_but_live("at the start");
+    let timed = |del: bool, id: &str| {
+        let t = Instant::now();
+        let out = if del {
+            rt.pod_del(id)
+        } else {
+            rt.pod_add(id, &[])
+        };
+        assert!(out.status.success(), "{out:?}");
+        t.elapsed()
+    };
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
+    for i in 0..5 {
+        adds.push(timed(false, &uuid(900 + i)));
+        dels.push(timed(true, &uuid(900 + i)));
+    }
+    adds.sort();
+    dels.sort();
+    let (add_time, del_time) = (adds[2], dels[2]);
+    const POINTS: u32 = 33;
+    let mut interrupted = [0; 2];
+    for (k, del) in [false, true].into_iter().enumerate() {
+        let op_time = if del { del_time } else { add_time };
+        for point in 0..POINTS {
+            let id = uuid(1 + point as usize + k * 100);
+            if del {
+                rt.add(&id, &[]);
+            }
+            let mut child = rt
+                .corvid()
+                .args(["pod", if del { "del" } else { "add" }, &id])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            std::thread::sleep(op_time * 9 / 10 * point / POINTS);
+            interrupted[k] += u32::from(child.try_wait().unwrap().is_none());
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            // A plugin call runs in a process group of its own, as under a runtime that
+            // died: it finishes (bounded by pluginTimeout) before the runtime's DEL.
+            std::thread::sleep(Duration::from_millis(100));
+            let out = rt.pod_del(&id);
+            assert!(
+                out.status.success(),
+                "DEL after a kill in {} at point {point}: {}",
+                if del { "del" } else { "add" },
+                String::from_utf8_lossy(&out.stderr)
+            );
+            clean_but_live(&format!(
+                "{} killed at point {point}",
+                if del { "del" } else { "add" }
+            ));
+        }
+    }
+    println!(
+        "kurma: pod add killed at {POINTS} points ({} mid-operation), pod del at {POINTS} ({} mid-operation), all recovered by DEL",
+        interrupted[0], interrupted[1]
+    );
+    assert!(
+        interrupted.iter().all(|&n| n >= POINTS / 2),
+        "{interrupted:?}"
+    );
+}
