@@ -3,7 +3,8 @@
 //! takes at most 1,024 ports) are added in waves up to `CORVID_BENCH_PORTS` (2000); after
 //! each wave, single ports are created and deleted and timed from the API call to ACTIVE
 //! (plug) and to the host end's removal (unplug). Flat means the last wave's medians are
-//! near the first's. Needs root.
+//! near the first's. Beside them, the floor: the kernel deleting a bare veth pair on the
+//! same bridge (the bridge forgets the port's FDB entries by walking them all). Needs root.
 //!
 //! `cargo bench -p corvid --bench agent_scale`
 
@@ -49,7 +50,9 @@ fn main() {
         .collect();
     let mut pods: Vec<Ns> = Vec::new();
     let mut first: Option<(f64, f64)> = None;
-    println!("ports held   plug p50 ms   unplug p50 ms   (ratio to the first wave)");
+    println!(
+        "ports held   plug p50 ms   unplug p50 ms   (ratio to the first wave)   bare veth delete p50 ms"
+    );
     let mut size = 250.min(max);
     loop {
         while pods.len() < size {
@@ -105,10 +108,30 @@ fn main() {
             }
             unplug.push(t.elapsed());
         }
-        let (p, u) = (median(plug), median(unplug));
+        let bridge = corvid_net::names::bridge(&nets[0]);
+        let mut floor = Vec::new();
+        let mut nl = cluster.hosts[0].netlink();
+        for i in 0..SAMPLES {
+            let name = format!("cvtfl{i}");
+            cluster.hosts[0].ip(&format!(
+                "link add {name} master {bridge} type veth peer name cvtfp{i}"
+            ));
+            cluster.hosts[0].ip(&format!("link set {name} up"));
+            let link = nl.link_by_name(&name).unwrap().unwrap();
+            // Timed as the unplug is: from the request until the name is gone.
+            let mut deleter = cluster.hosts[0].netlink();
+            let t = Instant::now();
+            let deleting = std::thread::spawn(move || deleter.delete_link(&link).unwrap());
+            while nl.link_by_name(&name).unwrap().is_some() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            floor.push(t.elapsed());
+            deleting.join().unwrap();
+        }
+        let (p, u, f) = (median(plug), median(unplug), median(floor));
         let (p0, u0) = *first.get_or_insert((p, u));
         println!(
-            "{size:>10}   {p:>11.1}   {u:>13.1}   (x{:.2}, x{:.2})",
+            "{size:>10}   {p:>11.1}   {u:>13.1}   (x{:.2}, x{:.2})   {f:>23.1}",
             p / p0,
             u / u0
         );
