@@ -6,6 +6,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use tokio::sync::watch;
 
 use crate::error::NeutronError;
@@ -27,6 +28,9 @@ pub struct Controller {
     /// after `started`).
     confirmed: AtomicU64,
     started: Instant,
+    /// Held shared by every create that names its own IDs until it has committed (or
+    /// failed), even when its client is gone; a "not found" waits for it exclusively.
+    creates: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// How often the view is checked against the store while no change arrives.
@@ -56,6 +60,7 @@ impl Controller {
             token,
             confirmed: AtomicU64::new(0),
             started: Instant::now(),
+            creates: Arc::default(),
         });
         let follower = Arc::downgrade(&ctl);
         std::thread::Builder::new()
@@ -92,6 +97,32 @@ impl Controller {
     pub async fn wait_for(&self, revision: i64) {
         let mut rx = self.applied.subscribe();
         let _ = rx.wait_for(|r| *r >= revision).await;
+    }
+
+    /// Runs `create` (a create naming its own IDs) to its end on a task of its own, so a
+    /// client that goes away cannot cut it between the store and the view, with the
+    /// create fence held shared.
+    pub async fn create_named<T: Send + 'static>(
+        self: &Arc<Self>,
+        create: impl std::future::Future<Output = Result<T, NeutronError>> + Send + 'static,
+    ) -> Result<T, NeutronError> {
+        let fence = self.creates.clone().read_owned().await;
+        tokio::spawn(async move {
+            let out = create.await;
+            drop(fence);
+            out
+        })
+        .await
+        .map_err(|e| NeutronError::from(StoreError::Backend(format!("a create failed: {e}"))))?
+    }
+
+    /// Waits (at most `VIEW_WAIT`) until the view holds everything the store has now.
+    async fn catch_up_with_store(&self) {
+        let store = self.store.clone();
+        let Ok(Ok(revision)) = tokio::task::spawn_blocking(move || store.revision()).await else {
+            return;
+        };
+        let _ = tokio::time::timeout(VIEW_WAIT, self.wait_for(revision)).await;
     }
 
     /// Waits up to `timeout` for the view to move past `revision`.
@@ -133,13 +164,41 @@ impl Controller {
     /// view.
     pub async fn transact<T>(
         &self,
-        mut prepare: impl FnMut(&View) -> Result<(Txn, T), NeutronError>,
+        prepare: impl FnMut(&View) -> Result<(Txn, T), NeutronError>,
     ) -> Result<T, NeutronError> {
+        self.transact_with(prepare, false).await
+    }
+
+    /// `transact` for a change to an object named by its client (a DELETE): "not found"
+    /// is answered only once the creates naming their own IDs that were under way have
+    /// ended and the view has caught up with the store. A plugin killed mid-ADD leaves
+    /// its create running, and the DEL sent next must find what it makes.
+    pub async fn transact_named<T>(
+        &self,
+        prepare: impl FnMut(&View) -> Result<(Txn, T), NeutronError>,
+    ) -> Result<T, NeutronError> {
+        self.transact_with(prepare, true).await
+    }
+
+    async fn transact_with<T>(
+        &self,
+        mut prepare: impl FnMut(&View) -> Result<(Txn, T), NeutronError>,
+        settle_not_found: bool,
+    ) -> Result<T, NeutronError> {
+        let mut synced = !settle_not_found;
         for _ in 0..RETRIES {
-            let (txn, out, seen) = {
+            let prepared = {
                 let v = self.view();
-                let (txn, out) = prepare(&v)?;
-                (txn, out, v.revision)
+                prepare(&v).map(|(txn, out)| (txn, out, v.revision))
+            };
+            let (txn, out, seen) = match prepared {
+                Err(e) if e.status == StatusCode::NOT_FOUND && !synced => {
+                    synced = true;
+                    drop(self.creates.write().await);
+                    self.catch_up_with_store().await;
+                    continue;
+                }
+                r => r?,
             };
             if self.commit(txn).await?.is_some() {
                 return Ok(out);

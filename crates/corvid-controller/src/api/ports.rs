@@ -261,13 +261,36 @@ async fn create_ports(
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
     let (bulk, objs) = PORT.objects(&v)?;
+    let named = objs.iter().any(|o| o.contains_key("id"));
+    let create = {
+        let c = c.clone();
+        async move { create_port_objects(&c, &objs, &headers).await }
+    };
+    let ports = if named {
+        c.create_named(create).await?
+    } else {
+        create.await?
+    };
+    Ok(if bulk {
+        answer_as(StatusCode::CREATED, "ports", &ports)
+    } else {
+        answer_as(StatusCode::CREATED, "port", &ports[0])
+    })
+}
+
+/// Drafts and commits the ports of one request, all or none.
+async fn create_port_objects(
+    c: &Controller,
+    objs: &[Map<String, Value>],
+    headers: &HeaderMap,
+) -> Result<Vec<Port>, NeutronError> {
     let (ports, _pending) = c
         .transact(|view| {
             let mut pending = c.pending();
             let mut ports = Vec::new();
             let mut txn = Txn::default();
-            for o in &objs {
-                let draft = draft_port(view, &mut pending, o, &headers)?;
+            for o in objs {
+                let draft = draft_port(view, &mut pending, o, headers)?;
                 txn.compares.extend(draft.txn.compares);
                 txn.ops.extend(draft.txn.ops);
                 ports.push(draft.port);
@@ -279,11 +302,7 @@ async fn create_ports(
             Ok((txn, (ports, pending)))
         })
         .await?;
-    Ok(if bulk {
-        answer_as(StatusCode::CREATED, "ports", &ports)
-    } else {
-        answer_as(StatusCode::CREATED, "port", &ports[0])
-    })
+    Ok(ports)
 }
 
 async fn update_port(
@@ -380,7 +399,7 @@ pub(super) fn port_removal(e: &Entry<Port>) -> Txn {
 
 /// Deletes a port with its addresses and MAC; floating IPs on it are disassociated.
 pub async fn delete_port(c: &Controller, id: &str) -> Result<(), NeutronError> {
-    c.transact(|v| {
+    c.transact_named(|v| {
         let e = lookup::<Port>(v, id)?;
         let mut txn = port_removal(&e);
         for fip in v
