@@ -443,3 +443,81 @@ fn an_agent_killed_while_plugging_and_unplugging_ends_equal_to_the_plan() {
         "too few kills landed during a call: {busy}"
     );
 }
+
+/// The `corvid` plugin's ADD and DEL killed at 33 points each, spread over the
+/// operation's median time, then DEL as a runtime sends it: the controller holds only
+/// the live pod's port, the host only its veth, the pod no eth0; the live pod answers.
+#[test]
+fn corvid_plugin_calls_killed_at_any_point_are_recovered_by_del() {
+    let cluster = Cluster::new("ap");
+    let (_net, subnet) = cluster.network("kp", "10.65.0.0/24", false);
+    let conf = plugin_conf(&subnet);
+    let run = |op: &str, id: &str, pod: &Ns| {
+        let out = cluster
+            .plugin(0, op, id, pod, &conf)
+            .wait_with_output()
+            .unwrap();
+        assert!(out.status.success(), "{op} {id}: {out:?}");
+    };
+    let live = cluster.pod("live");
+    run("ADD", "live", &live);
+    let settled = |what: &str, pod: &Ns| {
+        let start = Instant::now();
+        loop {
+            let ports: Vec<String> = cluster.ports().into_iter().map(|p| p.device_id).collect();
+            let links = cluster.hosts[0].links(corvid_net::names::VETH_PREFIX);
+            let eth0 = pod.netlink().link_by_name("eth0").unwrap().is_some();
+            if ports.len() == 1 && links.len() == 1 && !eth0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{what}: ports of {ports:?}, host ends {links:?}, eth0 in the pod: {eth0}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            live.ping("10.65.0.1"),
+            "{what}: the live pod lost its gateway"
+        );
+    };
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
+    for i in 0..5 {
+        let probe = cluster.pod(&format!("probe{i}"));
+        let t = Instant::now();
+        run("ADD", "probe", &probe);
+        adds.push(t.elapsed());
+        let t = Instant::now();
+        run("DEL", "probe", &probe);
+        dels.push(t.elapsed());
+    }
+    adds.sort();
+    dels.sort();
+    const POINTS: u32 = 33;
+    let mut interrupted = [0u32; 2];
+    for (k, op) in ["ADD", "DEL"].into_iter().enumerate() {
+        let op_time = [adds[2], dels[2]][k];
+        for point in 0..POINTS {
+            let pod = cluster.pod(&format!("{op}{point}"));
+            let id = format!("{op}-{point}");
+            if op == "DEL" {
+                run("ADD", &id, &pod);
+            }
+            let mut child = cluster.plugin(0, op, &id, &pod, &conf);
+            std::thread::sleep(op_time * 9 / 10 * point / POINTS);
+            interrupted[k] += u32::from(child.try_wait().unwrap().is_none());
+            let _ = child.kill();
+            let _ = child.wait();
+            run("DEL", &id, &pod);
+            settled(&format!("{op} killed at point {point}"), &pod);
+        }
+    }
+    eprintln!(
+        "corvid plugin: ADD killed at {POINTS} points ({} mid-call), DEL at {POINTS} ({} mid-call), all recovered by DEL",
+        interrupted[0], interrupted[1]
+    );
+    assert!(
+        interrupted.iter().all(|&n| n >= POINTS / 2),
+        "{interrupted:?}"
+    );
+}
