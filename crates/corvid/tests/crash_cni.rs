@@ -15,6 +15,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use support::ns::Ns;
 
+/// The tests of this file one at a time: each times operations, and the others' load
+/// would move the kill points.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Kill points per operation, spread over the operation's median time.
 const POINTS: u32 = 33;
 
@@ -342,6 +346,7 @@ struct Row {
 
 #[test]
 fn killed_adds_and_dels_are_recovered_exactly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let site = Site::new("crash");
     let mut rows = Vec::new();
     for (network, _, _, _) in NETWORKS {
@@ -453,7 +458,7 @@ fn killed_adds_and_dels_are_recovered_exactly() {
             r.took
         );
         assert!(
-            r.interrupted >= 20,
+            r.interrupted >= POINTS / 3,
             "{} {:?}: only {} points landed inside the operation",
             r.network,
             r.scenario,
@@ -465,6 +470,7 @@ fn killed_adds_and_dels_are_recovered_exactly() {
 /// Files of an attachment's cache entry that a killed runtime can leave: empty, torn.
 #[test]
 fn torn_and_empty_cache_files_never_block_del_or_gc() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let site = Site::new("torn");
     site.warm_up("cvtmasq");
     let cache = site.state.path().join("cache");
@@ -501,6 +507,7 @@ fn torn_and_empty_cache_files_never_block_del_or_gc() {
 /// have distinct, reachable addresses, and after DEL of all 64 nothing is left.
 #[test]
 fn sixty_four_adds_with_ten_killed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let site = Site::new("c64");
     let network = "cvtmasq";
     let add_time = site.warm_up(network);
