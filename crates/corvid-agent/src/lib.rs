@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod datapath;
+pub mod metrics;
 pub mod plan;
 pub mod services;
 
@@ -18,6 +19,7 @@ use corvid_api::{ApiError, Client, Status, WatchFilter};
 
 use crate::cache::{Cache, Changed, Dirty};
 use crate::datapath::Datapath;
+use crate::metrics::{failed, ErrorKind, Health, Object, Pass};
 use corvid_net::binding::Plugged;
 use corvid_net::link::Link;
 use corvid_net::names::{self, BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
@@ -30,8 +32,8 @@ pub struct Config {
     pub host_id: String,
     /// The controller's base URL.
     pub controller: String,
-    /// The controller's token, if it has one.
-    pub token: Option<String>,
+    /// The token and TLS side the controller is reached with.
+    pub credentials: corvid_api::Credentials,
     /// This host's underlay address; found from the route to the controller when none.
     pub underlay_ip: Option<IpAddr>,
     /// How often the whole host is compared with the controller even without changes.
@@ -76,6 +78,8 @@ pub struct Agent {
     plans: BTreeMap<String, NetworkPlan>,
     /// The links the agent owns as last seen (a full pass lists them again).
     links: HashMap<String, Link>,
+    /// Whether it is registered and following the controller, for `/readyz`.
+    health: std::sync::Arc<Health>,
 }
 
 /// The local address this host uses to reach `url`'s host (no packet is sent); the
@@ -118,10 +122,10 @@ impl Agent {
                 ))
             })?,
         };
-        let mut client = Client::new(&cfg.controller);
-        if let Some(t) = &cfg.token {
-            client = client.with_token(t);
-        }
+        let client = cfg
+            .credentials
+            .client(&cfg.controller)
+            .map_err(AgentError::Config)?;
         Ok(Agent {
             dp: Datapath::open(underlay, cfg.public_interface.clone())?,
             client,
@@ -133,7 +137,13 @@ impl Agent {
             services: Default::default(),
             plans: BTreeMap::new(),
             links: HashMap::new(),
+            health: Default::default(),
         })
+    }
+
+    /// What `/readyz` reads: registered with the controller and following its feed.
+    pub fn health(&self) -> std::sync::Arc<Health> {
+        self.health.clone()
     }
 
     /// Runs until the process ends: registers, lists, reconciles, then follows the
@@ -156,10 +166,12 @@ impl Agent {
             match loaded {
                 Ok(cache) => {
                     self.cache = cache;
+                    self.health.synced();
                     self.reconcile(Dirty::all());
                     return;
                 }
                 Err(e) => {
+                    failed(ErrorKind::Controller);
                     tracing::warn!(controller = %self.cfg.controller, "cannot reach the controller: {e}; retrying");
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_secs(5));
@@ -181,6 +193,7 @@ impl Agent {
             ) {
                 Ok(page) => {
                     failures = 0;
+                    self.health.heard();
                     let dirty = self.cache.apply(&page.events);
                     self.cache.revision = page.revision;
                     if !self.cache.hosts.contains_key(&self.cfg.host_id) {
@@ -197,6 +210,7 @@ impl Agent {
                 }
                 Err(ApiError::Neutron { status: 410, .. }) => return,
                 Err(e) => {
+                    failed(ErrorKind::Watch);
                     failures += 1;
                     if failures == 1 {
                         tracing::warn!("watch failed: {e}; retrying");
@@ -242,6 +256,7 @@ impl Agent {
                 }
             }
             Err(e) => {
+                failed(ErrorKind::Services);
                 tracing::error!("services: {e}");
                 self.cache.services_changed = Changed::All;
             }
@@ -269,6 +284,8 @@ impl Agent {
     /// changed, against the plan last applied, so a change costs the same however many
     /// ports the host holds.
     pub fn reconcile(&mut self, dirty: Dirty) {
+        let started = Instant::now();
+        let kind = if dirty.all { Pass::Full } else { Pass::Changes };
         let mut reports = Vec::new();
         let done = if dirty.all {
             self.full_pass(&mut reports)
@@ -277,14 +294,24 @@ impl Agent {
             Ok(())
         };
         if let Err(e) = done {
+            failed(ErrorKind::Datapath);
             tracing::error!("reconcile: {e}");
         }
         let all: Vec<_> = self.plans.values().collect();
         if let Err(e) = self.dp.sync_masquerade(&all) {
+            failed(ErrorKind::Masquerade);
             tracing::error!("masquerade: {e}");
         }
         self.sync_services(dirty.all);
         self.report(reports);
+        metrics::objects(Object::Networks, self.plans.len());
+        metrics::objects(
+            Object::Ports,
+            self.plans.values().map(|n| n.ports.len()).sum(),
+        );
+        metrics::objects(Object::Links, self.links.len());
+        metrics::objects(Object::Services, self.services.services.len());
+        metrics::pass(kind, started);
     }
 
     /// Unplugs what is no longer bound here, brings up every network, checks every port.
@@ -311,6 +338,7 @@ impl Agent {
         for name in stale {
             if let Some(l) = links.remove(&name) {
                 if let Err(e) = self.dp.remove(&l) {
+                    failed(ErrorKind::Unlink);
                     tracing::error!(link = %name, "remove a link no port or network needs: {e}");
                 }
             }
@@ -337,6 +365,7 @@ impl Agent {
         let (bridge, vxlan) = match self.dp.sync_network(n) {
             Ok(devices) => devices,
             Err(e) => {
+                failed(ErrorKind::Network);
                 tracing::error!(network = %id, "bring up the network: {e}");
                 return;
             }
@@ -372,6 +401,7 @@ impl Agent {
                     bridge
                 }
                 Err(e) => {
+                    failed(ErrorKind::Network);
                     tracing::error!(network = %net, "bring up the network: {e}");
                     return;
                 }
@@ -381,6 +411,9 @@ impl Agent {
         let _port = tracing::info_span!("port", id = %p.id, netns = %p.netns).entered();
         match self.dp.ensure_port(&bridge, mtu, p) {
             Ok(plugged) => {
+                if plugged != Plugged::Intact {
+                    metrics::METRICS.plugs.inc();
+                }
                 match &plugged {
                     Plugged::Finished(steps) => {
                         tracing::warn!("finished a half-made plug: {}", steps.join(", "))
@@ -401,6 +434,7 @@ impl Agent {
                 }
             }
             Err(e) => {
+                failed(ErrorKind::Plug);
                 tracing::error!("plug: {e}");
                 self.failed.insert(p.id.clone(), p.revision);
                 self.checked.remove(&p.id);
@@ -519,6 +553,7 @@ impl Agent {
                 None => Ok(()),
             };
             if let Err(e) = moved {
+                failed(ErrorKind::Overlay);
                 tracing::error!(network = %net, port = %id, "overlay entries: {e}");
             }
         }
@@ -535,6 +570,7 @@ impl Agent {
         };
         if let Some(l) = link {
             if let Err(e) = self.dp.remove(&l) {
+                failed(ErrorKind::Unlink);
                 tracing::error!(link = %name, "remove a link no port or network needs: {e}");
             }
         }
@@ -549,7 +585,10 @@ impl Agent {
                     self.checked.insert(id, port.revision_number);
                 }
                 Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}
-                Err(e) => tracing::warn!(port = %id, "report {status}: {e}"),
+                Err(e) => {
+                    failed(ErrorKind::Report);
+                    tracing::warn!(port = %id, "report {status}: {e}")
+                }
             }
         }
     }

@@ -54,6 +54,14 @@ pub struct Client {
     agent: ureq::Agent,
 }
 
+/// A pooling agent: connections are reused across requests, a connect waits 5 s at most.
+fn agent(builder: ureq::AgentBuilder) -> ureq::Agent {
+    builder
+        .timeout_connect(Duration::from_secs(5))
+        .max_idle_connections_per_host(64)
+        .build()
+}
+
 /// Which changes a watch asks for; the default is all of them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WatchFilter<'a> {
@@ -70,11 +78,17 @@ impl Client {
             base: base.trim_end_matches('/').to_string(),
             token: None,
             scope: None,
-            agent: ureq::AgentBuilder::new()
-                .timeout_connect(Duration::from_secs(5))
-                .max_idle_connections_per_host(64)
-                .build(),
+            agent: agent(ureq::AgentBuilder::new()),
         }
+    }
+
+    /// Checks the controller's certificate against `tls.ca` and presents `tls.cert`.
+    pub fn with_tls(mut self, tls: &crate::Tls) -> Result<Client, String> {
+        if tls.is_set() {
+            let config = tls.client_config()?;
+            self.agent = agent(ureq::AgentBuilder::new().tls_config(std::sync::Arc::new(config)));
+        }
+        Ok(self)
     }
 
     /// Sends `X-Auth-Token: token` with every request.
@@ -96,6 +110,16 @@ impl Client {
     /// The controller's base URL.
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The controller's version, from `/version` (which needs no token).
+    pub fn version(&self) -> Result<String, ApiError> {
+        let (status, v, _) = self.request("GET", "/version", None)?;
+        match (status, v["version"].as_str()) {
+            (200, Some(version)) => Ok(version.to_string()),
+            (200, None) => Err(ApiError::Decode(format!("/version answered {v}"))),
+            _ => Err(ApiError::Decode(format!("/version answered {status}"))),
+        }
     }
 
     /// Sends one request; returns the status, the JSON body (`null` when empty) and the

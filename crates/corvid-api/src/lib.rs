@@ -6,8 +6,10 @@
 
 pub mod client;
 pub mod model;
+pub mod tls;
 
 pub use client::{ApiError, Client, WatchFilter};
+pub use tls::{Credentials, Tls};
 pub use model::{
     AllocationPool, EventKind, FixedIp, FloatingIp, Host, HostRoute, LbProtocol, Listener,
     LoadBalancer, Member, Network, Pool, Port, PortDetails, Resource, SessionPersistence, Status,

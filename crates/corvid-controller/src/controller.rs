@@ -78,8 +78,13 @@ impl Controller {
     /// Whether the view may be behind the store: it has not been confirmed current for a
     /// while (the store is unreachable, or the watch is behind).
     pub fn may_be_stale(&self) -> bool {
+        self.unconfirmed() > STALE_AFTER
+    }
+
+    /// How long since the view was last confirmed to hold everything the store has.
+    pub fn unconfirmed(&self) -> Duration {
         let confirmed = Duration::from_millis(self.confirmed.load(Ordering::Relaxed));
-        self.started.elapsed().saturating_sub(confirmed) > STALE_AFTER
+        self.started.elapsed().saturating_sub(confirmed)
     }
 
     /// Notes that the view was current just now.

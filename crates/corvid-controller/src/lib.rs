@@ -8,8 +8,10 @@ pub mod controller;
 pub mod error;
 pub mod ipam;
 pub mod keys;
+pub mod metrics;
 pub mod query;
 pub mod store;
+pub mod tls;
 mod util;
 pub mod view;
 
@@ -17,6 +19,9 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 pub use controller::Controller;
+
+/// The default of `--max-body`: 1 MiB, room for a bulk create of hundreds of ports.
+pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
 /// What `corvid controller` needs to run.
 pub struct Config {
@@ -26,6 +31,10 @@ pub struct Config {
     pub store: String,
     /// Token every request must carry in `X-Auth-Token`, if set.
     pub token: Option<String>,
+    /// Serve https with these files, or plain http when none.
+    pub tls: Option<tls::TlsFiles>,
+    /// The largest request body taken; a larger one is answered 413.
+    pub max_body: usize,
 }
 
 /// Runs the controller until `shutdown` resolves, then finishes the requests in flight.
@@ -37,6 +46,10 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
+    let tls = match &config.tls {
+        Some(files) => Some(files.server_config()?),
+        None => None,
+    };
     rt.block_on(async move {
         let spec = config.store.clone();
         let store = tokio::task::spawn_blocking(move || store::open(&spec))
@@ -47,10 +60,32 @@ pub fn run(
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| format!("listening on {}: {e}", config.listen))?;
-        tracing::info!(listen = %config.listen, store = %config.store, "controller listening");
-        axum::serve(listener, api::router(ctl))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| e.to_string())
+        let ops = corvid_metrics::router(std::sync::Arc::new(metrics::endpoints(&ctl)))
+            .route("/version", axum::routing::get(version));
+        let app = ops
+            .merge(api::router(ctl))
+            .layer(axum::extract::DefaultBodyLimit::max(config.max_body));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(listen = %config.listen, store = %config.store, scheme, "controller listening");
+        match tls {
+            Some(tls) => {
+                let listener = tls::TlsListener::new(listener, tls).map_err(|e| e.to_string())?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+        }
+        .map_err(|e| e.to_string())
     })
+}
+
+/// `GET /version`, as kube-apiserver and etcd answer it: which controller this is, asked
+/// by `corvid doctor` and the daemons' readiness checks without a token.
+async fn version() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")}))
 }

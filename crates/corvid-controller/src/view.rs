@@ -217,6 +217,20 @@ fn stored_json(kv: &KeyValue) -> Option<Box<RawValue>> {
 }
 
 impl View {
+    /// How many objects of each kind the view holds.
+    pub fn counts(&self) -> Vec<(&'static str, usize)> {
+        let mut counts = vec![
+            ("networks", self.networks.len()),
+            ("subnets", self.subnets.len()),
+            ("subnetpools", self.subnetpools.len()),
+            ("ports", self.ports.len()),
+            ("floatingips", self.floatingips.len()),
+            ("hosts", self.hosts.len()),
+        ];
+        counts.extend(self.lbaas.iter().map(|(kind, t)| (*kind, t.len())));
+        counts
+    }
+
     /// A view of a full `range` of the store at `revision`.
     pub fn load(kvs: Vec<KeyValue>, revision: i64) -> View {
         let mut v = View {

@@ -6,6 +6,7 @@
 
 pub mod firewall;
 pub mod ipam;
+pub mod metrics;
 pub mod network;
 pub mod server;
 pub mod tags;
@@ -21,8 +22,8 @@ use serde_json::{json, Value};
 pub struct Config {
     /// The controller's base URL.
     pub controller: String,
-    /// The controller's token, if any.
-    pub token: Option<String>,
+    /// The token and TLS side the controller is reached with.
+    pub credentials: corvid_api::Credentials,
     /// This host's ID (ports joined here are bound to it).
     pub host_id: String,
     /// `local` or `global`, answered in GetCapabilities.
@@ -76,17 +77,22 @@ pub(crate) fn field<'a>(v: &'a Value, key: &str) -> &'a str {
 }
 
 impl Driver {
-    /// A driver for `cfg`.
-    pub fn new(cfg: Config) -> Driver {
-        let mut client = Client::new(&cfg.controller);
-        if let Some(t) = &cfg.token {
-            client = client.with_token(t);
-        }
-        Driver {
+    /// The client this driver reaches the controller with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A driver for `cfg`; fails only on unreadable TLS files.
+    pub fn new(cfg: Config) -> Result<Driver> {
+        let client = cfg
+            .credentials
+            .client(&cfg.controller)
+            .map_err(DriverError::new)?;
+        Ok(Driver {
             client,
             cfg,
             forwarding_allowed: AtomicBool::new(false),
-        }
+        })
     }
 
     /// Deletes a controller object; one already gone is fine, since Docker repeats calls

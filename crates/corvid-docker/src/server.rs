@@ -24,9 +24,12 @@ async fn handle(
     UrlPath(method): UrlPath<String>,
     body: Bytes,
 ) -> Response {
-    let answer = tokio::task::spawn_blocking(move || d.call(&method, &body))
+    let started = std::time::Instant::now();
+    let called = method.clone();
+    let answer = tokio::task::spawn_blocking(move || d.call(&called, &body))
         .await
         .unwrap_or_else(|e| Err(crate::DriverError::new(format!("driver failed: {e}"))));
+    crate::metrics::called(&method, answer.is_ok(), started.elapsed().as_secs_f64());
     let (status, v) = match answer {
         Ok(v) => (StatusCode::OK, v),
         Err(e) => (
@@ -53,7 +56,16 @@ pub fn router(driver: Arc<Driver>) -> Router {
 #[derive(Debug, Clone)]
 pub enum Listen {
     /// A unix socket; Docker finds `/run/docker/plugins/<name>.sock` by itself.
-    Unix(PathBuf),
+    Unix {
+        /// The socket's path.
+        path: PathBuf,
+        /// The group that may connect (the socket is then 0660), or none (0600: root,
+        /// as dockerd runs, only).
+        group: Option<u32>,
+    },
+    /// The unix socket systemd passed (socket activation: `LISTEN_FDS`), which systemd
+    /// made with the unit's `SocketMode` and keeps while the driver restarts.
+    Activated,
     /// A TCP address, announced to Docker by a spec file (`/etc/docker/plugins/<name>.spec`)
     /// holding `tcp://<addr>`.
     Tcp {
@@ -78,16 +90,24 @@ pub fn serve(
     let app = router(Arc::new(driver));
     rt.block_on(async {
         let (announced, served) = match listen {
-            Listen::Unix(socket) => {
-                make_parent(socket)?;
-                let _ = std::fs::remove_file(socket);
-                let listener = tokio::net::UnixListener::bind(socket)
-                    .map_err(|e| format!("listen on {}: {e}", socket.display()))?;
-                tracing::info!(socket = %socket.display(), "docker plugin listening");
+            Listen::Unix { path, group } => {
+                make_parent(path)?;
+                let _ = std::fs::remove_file(path);
+                let listener = bind_private(path, *group)?;
+                tracing::info!(socket = %path.display(), "docker plugin listening");
                 let served = axum::serve(listener, app)
                     .with_graceful_shutdown(shutdown)
                     .await;
-                (socket, served)
+                (Some(path), served)
+            }
+            Listen::Activated => {
+                let listener = activated()?;
+                tracing::info!("docker plugin listening on the socket systemd passed");
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await;
+                // systemd owns the socket file and keeps it for the next start.
+                (None, served)
             }
             Listen::Tcp { addr, spec } => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -101,12 +121,43 @@ pub fn serve(
                 let served = axum::serve(listener, app)
                     .with_graceful_shutdown(shutdown)
                     .await;
-                (spec, served)
+                (Some(spec), served)
             }
         };
-        let _ = std::fs::remove_file(announced);
+        if let Some(file) = announced {
+            let _ = std::fs::remove_file(file);
+        }
         served.map_err(|e| e.to_string())
     })
+}
+
+/// Binds `path` with no access for others at any moment: the socket is made under a
+/// umask of 0177 (so 0600), then given to `group` and opened to it (0660).
+fn bind_private(path: &Path, group: Option<u32>) -> Result<tokio::net::UnixListener, String> {
+    use rustix::fs::{Mode, RawMode};
+    let old = rustix::process::umask(Mode::from_raw_mode(0o177 as RawMode));
+    let bound = tokio::net::UnixListener::bind(path);
+    rustix::process::umask(old);
+    let listener = bound.map_err(|e| format!("listen on {}: {e}", path.display()))?;
+    if let Some(gid) = group {
+        let gid = rustix::fs::Gid::from_raw(gid);
+        rustix::fs::chown(path, None, Some(gid))
+            .and_then(|_| rustix::fs::chmod(path, Mode::from_raw_mode(0o660 as RawMode)))
+            .map_err(|e| format!("give {} to group {}: {e}", path.display(), gid.as_raw()))?;
+    }
+    Ok(listener)
+}
+
+/// The unix socket systemd passed as the first of `LISTEN_FDS`.
+fn activated() -> Result<tokio::net::UnixListener, String> {
+    let mut fds = listenfd::ListenFd::from_env();
+    let std = fds
+        .take_unix_listener(0)
+        .map_err(|e| format!("the socket systemd passed: {e}"))?
+        .ok_or("no socket was passed (LISTEN_FDS is not set for this process): start the driver through its .socket unit, or give --socket")?;
+    std.set_nonblocking(true)
+        .and_then(|_| tokio::net::UnixListener::from_std(std))
+        .map_err(|e| format!("the socket systemd passed: {e}"))
 }
 
 fn make_parent(path: &Path) -> Result<(), String> {

@@ -52,13 +52,14 @@ impl World {
         let controller = running.url.clone();
         let driver = Driver::new(Config {
             controller: controller.clone(),
-            token: None,
+            credentials: Default::default(),
             host_id: "fuzz".into(),
             scope: "local".into(),
             default_range: "10.66.0.0/16".parse().unwrap(),
             default_prefix: 24,
             dst_prefix: "eth".into(),
-        });
+        })
+        .unwrap();
         World {
             driver,
             controller,

@@ -7,6 +7,7 @@
 pub mod annotation;
 pub mod ids;
 pub mod leader;
+pub mod metrics;
 pub mod services;
 pub mod watcher;
 

@@ -25,6 +25,7 @@ use serde_json::json;
 use crate::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
 use crate::ids;
 use crate::leader::{Candidate, Election};
+use crate::metrics::{self, Kind, Phase};
 use crate::services::{self, Made, PodView, Trouble};
 
 /// What `corvid kube-watch` is told.
@@ -34,8 +35,8 @@ pub struct Config {
     pub kubeconfig: Option<PathBuf>,
     /// The controller's URL.
     pub controller: String,
-    /// The controller's token, if it wants one.
-    pub token: Option<String>,
+    /// The token and TLS side the controller is reached with.
+    pub credentials: corvid_api::Credentials,
     /// The API server's `--service-cluster-ip-range`.
     pub service_cidr: IpNet,
     /// The network floating IPs come from; must exist when named.
@@ -76,12 +77,14 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     let kube = crate::connect(cfg.kubeconfig.as_deref())
         .await
         .map_err(Error::Kube)?;
-    let mut ctl = Client::new(&cfg.controller);
-    if let Some(t) = &cfg.token {
-        ctl = ctl.with_token(t);
-    }
+    let ctl = cfg
+        .credentials
+        .client(&cfg.controller)
+        .map_err(Error::Setup)?;
     let mut candidate = Candidate::new(kube.clone(), cfg.election.clone());
+    metrics::phase(Phase::Standby);
     candidate.acquire().await;
+    metrics::phase(Phase::SettingUp);
     let mut watcher = Watcher::new(kube, ctl, cfg);
     tokio::select! {
         r = watcher.run() => r,
@@ -198,6 +201,7 @@ impl Watcher {
 
     async fn run(&mut self) -> Result<(), Error> {
         self.setup().await?;
+        metrics::phase(Phase::Watching);
         // The namespaces' reflector keeps the store network_of and the sweep read.
         let writer = self.namespaces_writer.take().expect("run is called once");
         let namespaces = reflector::reflector(
@@ -329,6 +333,7 @@ impl Watcher {
     }
 
     async fn namespace_event(&mut self, e: Event<Namespace>) {
+        metrics::event(Kind::Namespace);
         match e {
             Event::Init => {}
             Event::InitApply(n) | Event::Apply(n) => self.namespace(&n).await,
@@ -414,6 +419,7 @@ impl Watcher {
     }
 
     async fn pod_event(&mut self, e: Event<Pod>) {
+        metrics::event(Kind::Pod);
         self.pod_view(&e).await;
         match e {
             Event::Init => self.pods_listing = Some(HashSet::new()),
@@ -482,6 +488,7 @@ impl Watcher {
     }
 
     async fn service_event(&mut self, e: Event<Service>) {
+        metrics::event(Kind::Service);
         match e {
             Event::Init => self.services_listing = Some(HashMap::new()),
             Event::InitApply(s) => {
@@ -684,6 +691,7 @@ impl Watcher {
     /// Deletes the load balancers and floating IPs of services that are gone (deleted
     /// while the watcher was down).
     async fn sweep_services(&mut self) {
+        metrics::sweep(Kind::Service);
         if !self.services_listed {
             return;
         }
@@ -815,6 +823,7 @@ impl Watcher {
     /// Deletes what deletions the watcher missed left behind: ports whose pod is gone,
     /// networks whose namespace is gone. Only once both lists have arrived.
     async fn sweep(&mut self) {
+        metrics::sweep(Kind::Namespace);
         if self.listed != (true, true) {
             return;
         }
@@ -888,6 +897,7 @@ impl PodWork {
     /// Makes the pod's port (or finds the one an earlier attempt made) and annotates the
     /// pod with it.
     async fn port(self, p: Pod, uid: String, node: String, net: NamespaceNetwork) {
+        let started = std::time::Instant::now();
         let Ok(_permit) = self.permits.clone().acquire_owned().await else {
             return;
         };
@@ -935,7 +945,12 @@ impl PodWork {
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => tracing::info!(namespace = %ns, pod = %name, port = %port_id, "annotated"),
+            Ok(_) => {
+                metrics::METRICS
+                    .annotation_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                tracing::info!(namespace = %ns, pod = %name, port = %port_id, "annotated")
+            }
             // A newer version of the pod is on its way through the watch.
             Err(e) if is_conflict(&e) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}

@@ -51,8 +51,8 @@ struct Conf {
     host_id: String,
     #[serde(default = "wait::default_timeout")]
     timeout: u64,
-    #[serde(default)]
-    token: Option<String>,
+    #[serde(flatten)]
+    access: crate::credentials::ControllerAccess,
 }
 
 fn load(args: &CmdArgs) -> Result<(Conf, Client), Error> {
@@ -73,14 +73,10 @@ fn load(args: &CmdArgs) -> Result<(Conf, Client), Error> {
     if !c.url.starts_with("http://") && !c.url.starts_with("https://") {
         return Err(Error::new(
             ErrorCode::InvalidNetworkConfig,
-            format!("\"mpurl\" must be an http:// URL, not {}", c.url),
+            format!("\"mpurl\" must be an http:// or https:// URL, not {}", c.url),
         ));
     }
-    let mut client = Client::new(&c.url);
-    if let Some(t) = &c.token {
-        client = client.with_token(t);
-    }
-    let client = client.project(&c.project);
+    let client = c.access.client(&c.url)?.project(&c.project);
     Ok((c, client))
 }
 

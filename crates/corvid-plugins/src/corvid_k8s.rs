@@ -64,10 +64,13 @@ struct Conf {
     kubeconfig: PathBuf,
     #[serde(default = "default_controller")]
     controller: String,
-    #[serde(default)]
-    token: Option<String>,
+    #[serde(flatten)]
+    access: crate::credentials::ControllerAccess,
     #[serde(default)]
     host_id: Option<String>,
+    /// The client `access` describes, made (and its files checked) by `load`.
+    #[serde(skip)]
+    client: Option<Client>,
     #[serde(default = "wait::default_timeout")]
     timeout: u64,
 }
@@ -78,11 +81,9 @@ impl Conf {
     }
 
     fn client(&self) -> Client {
-        let c = Client::new(&self.controller);
-        match &self.token {
-            Some(t) => c.with_token(t),
-            None => c,
-        }
+        self.client
+            .clone()
+            .unwrap_or_else(|| Client::new(&self.controller))
     }
 }
 
@@ -114,16 +115,17 @@ fn pod_ref(args: &CmdArgs) -> Result<PodRef, Error> {
 }
 
 fn load(args: &CmdArgs) -> Result<Conf, Error> {
-    let c: Conf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
+    let mut c: Conf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
     if !c.controller.starts_with("http://") && !c.controller.starts_with("https://") {
         return Err(Error::new(
             ErrorCode::InvalidNetworkConfig,
             format!(
-                "\"controller\" must be an http:// URL, not {}",
+                "\"controller\" must be an http:// or https:// URL, not {}",
                 c.controller
             ),
         ));
     }
+    c.client = Some(c.access.client(&c.controller)?);
     Ok(c)
 }
 

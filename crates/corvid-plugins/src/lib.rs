@@ -8,6 +8,7 @@ pub mod bandwidth;
 pub mod bridge;
 pub mod corvid;
 pub mod corvid_k8s;
+pub mod credentials;
 pub mod delegate;
 pub mod errors;
 pub mod firewall;

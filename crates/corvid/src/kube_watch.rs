@@ -15,6 +15,8 @@ pub struct KubeWatchArgs {
     kubeconfig: Option<std::path::PathBuf>,
     #[command(flatten)]
     client: crate::ControllerClientArgs,
+    #[command(flatten)]
+    metrics: crate::MetricsArgs,
     /// The API server's --service-cluster-ip-range: the service network's subnet.
     #[arg(long, default_value = "10.0.0.0/24")]
     service_cidr: ipnet::IpNet,
@@ -50,10 +52,21 @@ pub fn run(a: KubeWatchArgs) -> ExitCode {
     let identity = a
         .identity
         .unwrap_or_else(|| format!("{}-{}", corvid_net::hostname(), std::process::id()));
+    let credentials = match a.client.credentials() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("kube-watch: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = a.metrics.serve(corvid_k8s::metrics::endpoints) {
+        tracing::error!("kube-watch: {e}");
+        return ExitCode::FAILURE;
+    }
     let config = Config {
         kubeconfig: a.kubeconfig,
-        controller: a.client.controller,
-        token: a.client.token,
+        controller: a.client.controller.clone(),
+        credentials,
         service_cidr: a.service_cidr,
         public_network: a.public_network,
         pod_pool: a.pod_pool,

@@ -87,9 +87,64 @@ struct ControllerClientArgs {
         default_value = "http://127.0.0.1:9696"
     )]
     controller: String,
-    /// The controller's token.
-    #[arg(long, env = "CORVID_TOKEN")]
+    /// The controller's token (`ps` shows it: prefer --token-file).
+    #[arg(long, env = "CORVID_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A file holding the controller's token.
+    #[arg(long, env = "CORVID_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<std::path::PathBuf>,
+    /// The CA (PEM) the controller's certificate must chain to, for an https:// URL.
+    #[arg(long, env = "CORVID_CA")]
+    ca: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for a controller that asks for one.
+    #[arg(long, env = "CORVID_CERT", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, env = "CORVID_KEY", requires = "cert")]
+    key: Option<std::path::PathBuf>,
+}
+
+impl ControllerClientArgs {
+    /// The token (from the file when one is named) and the TLS side.
+    fn credentials(&self) -> Result<corvid_api::Credentials, String> {
+        Ok(corvid_api::Credentials {
+            token: token(&self.token, &self.token_file)?,
+            tls: corvid_api::Tls {
+                ca: self.ca.clone(),
+                cert: self.cert.clone(),
+                key: self.key.clone(),
+            },
+        })
+    }
+}
+
+/// The token given, or the one in the file given.
+fn token(
+    given: &Option<String>,
+    file: &Option<std::path::PathBuf>,
+) -> Result<Option<String>, String> {
+    match file {
+        Some(f) => corvid_api::tls::read_token(f).map(Some),
+        None => Ok(given.clone()),
+    }
+}
+
+/// Where a daemon serves /metrics, /healthz and /readyz.
+#[derive(clap::Args)]
+struct MetricsArgs {
+    /// Serve /metrics, /healthz and /readyz on this address (none when not given).
+    #[arg(long, env = "CORVID_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
+impl MetricsArgs {
+    /// Serves `endpoints` when an address was given.
+    fn serve(&self, endpoints: impl FnOnce() -> corvid_metrics::Endpoints) -> Result<(), String> {
+        match self.metrics_listen {
+            Some(addr) => corvid_metrics::serve(addr, endpoints()),
+            None => Ok(()),
+        }
+    }
 }
 
 /// How a host-side process reaches the controller and names its host.
@@ -110,6 +165,15 @@ struct DockerPluginArgs {
     /// The socket Docker finds the plugin at (its file name is the driver's name).
     #[arg(long, default_value = "/run/docker/plugins/corvid.sock")]
     socket: std::path::PathBuf,
+    /// The group (name or number) that may use the socket, which is then 0660; without
+    /// one it is 0600.
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// Serve on the socket systemd passed (corvid-docker-plugin.socket) instead.
+    #[arg(long, conflicts_with_all = ["listen", "socket_group"])]
+    socket_activated: bool,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// Listen on this TCP address instead of the socket, announced by the --spec file.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -146,6 +210,8 @@ struct AgentArgs {
     /// The interface on the public network: this host answers for floating IPs there.
     #[arg(long)]
     public_interface: Option<String>,
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 /// Arguments of `corvid controller`.
@@ -161,9 +227,25 @@ struct ControllerArgs {
         default_value = "redb:/var/lib/corvid/state.redb"
     )]
     store: String,
-    /// Require this token in X-Auth-Token on every request.
-    #[arg(long, env = "CORVID_TOKEN")]
+    /// Require this token in X-Auth-Token on every request (`ps` shows it: prefer
+    /// --token-file).
+    #[arg(long, env = "CORVID_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A file holding the token every request must carry.
+    #[arg(long, env = "CORVID_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<std::path::PathBuf>,
+    /// Serve https with this certificate chain (PEM).
+    #[arg(long, env = "CORVID_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "CORVID_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Require client certificates that chain to this CA (PEM).
+    #[arg(long, env = "CORVID_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<std::path::PathBuf>,
+    /// The largest request body taken, in bytes; larger ones are answered 413.
+    #[arg(long, env = "CORVID_MAX_BODY", default_value_t = corvid_controller::DEFAULT_MAX_BODY)]
+    max_body: usize,
 }
 
 fn main() -> ExitCode {
@@ -175,10 +257,27 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Cni(args) => cni::run(args),
         Command::Controller(a) => {
+            let token = match token(&a.token, &a.token_file) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!("controller: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let tls = match (a.tls_cert, a.tls_key) {
+                (Some(cert), Some(key)) => Some(corvid_controller::tls::TlsFiles {
+                    cert,
+                    key,
+                    client_ca: a.tls_client_ca,
+                }),
+                _ => None,
+            };
             let config = corvid_controller::Config {
                 listen: a.listen,
                 store: a.store,
-                token: a.token,
+                token,
+                tls,
+                max_body: a.max_body,
             };
             match corvid_controller::run(config, signal::stop_requested()) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -191,44 +290,70 @@ fn main() -> ExitCode {
         Command::Up(a) => up::run(a),
         Command::KubeWatch(a) => kube_watch::run(a),
         Command::Kurma(a) => kurma::run(a),
-        Command::DockerPlugin(a) => {
-            let driver = corvid_docker::Driver::new(corvid_docker::Config {
-                controller: a.host.client.controller,
-                token: a.host.client.token,
-                host_id: a.host.host_id,
-                scope: a.scope,
-                default_range: a.default_range,
-                default_prefix: a.default_prefix,
-                dst_prefix: "eth".into(),
-            });
-            let listen = match a.listen {
-                Some(addr) => corvid_docker::server::Listen::Tcp { addr, spec: a.spec },
-                None => corvid_docker::server::Listen::Unix(a.socket),
-            };
-            match corvid_docker::server::serve(driver, &listen, signal::stop_requested()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("docker-plugin: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Agent(a) => {
-            let config = corvid_agent::Config {
-                host_id: a.host.host_id,
-                controller: a.host.client.controller,
-                token: a.host.client.token,
-                underlay_ip: a.underlay_ip,
-                resync: std::time::Duration::from_secs(a.resync.max(1)),
-                public_interface: a.public_interface,
-            };
-            match corvid_agent::Agent::new(config) {
-                Ok(mut agent) => agent.run(),
-                Err(e) => {
-                    tracing::error!("agent: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+        Command::DockerPlugin(a) => exit("docker-plugin", docker_plugin(a)),
+        Command::Agent(a) => exit("agent", agent(a)),
+    }
+}
+
+/// Logs a daemon's failure as the last thing it says.
+fn exit(daemon: &str, outcome: Result<(), String>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{daemon}: {e}");
+            ExitCode::FAILURE
         }
     }
+}
+
+fn docker_plugin(a: DockerPluginArgs) -> Result<(), String> {
+    let driver = corvid_docker::Driver::new(corvid_docker::Config {
+        controller: a.host.client.controller.clone(),
+        credentials: a.host.client.credentials()?,
+        host_id: a.host.host_id,
+        scope: a.scope,
+        default_range: a.default_range,
+        default_prefix: a.default_prefix,
+        dst_prefix: "eth".into(),
+    })
+    .map_err(|e| e.to_string())?;
+    a.metrics
+        .serve(|| corvid_docker::metrics::endpoints(driver.client().clone()))?;
+    let listen = match (a.listen, a.socket_activated) {
+        (Some(addr), _) => corvid_docker::server::Listen::Tcp { addr, spec: a.spec },
+        (None, true) => corvid_docker::server::Listen::Activated,
+        (None, false) => corvid_docker::server::Listen::Unix {
+            path: a.socket,
+            group: a.socket_group.as_deref().map(group_id).transpose()?,
+        },
+    };
+    corvid_docker::server::serve(driver, &listen, signal::stop_requested())
+}
+
+/// The ID of group `name` (a name from the group database, or a number).
+fn group_id(name: &str) -> Result<u32, String> {
+    if let Ok(gid) = name.parse() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(format!("--socket-group: no group named {name}")),
+        Err(e) => Err(format!("--socket-group {name}: {e}")),
+    }
+}
+
+fn agent(a: AgentArgs) -> Result<(), String> {
+    let config = corvid_agent::Config {
+        host_id: a.host.host_id,
+        controller: a.host.client.controller.clone(),
+        credentials: a.host.client.credentials()?,
+        underlay_ip: a.underlay_ip,
+        resync: std::time::Duration::from_secs(a.resync.max(1)),
+        public_interface: a.public_interface,
+    };
+    let mut agent = corvid_agent::Agent::new(config).map_err(|e| e.to_string())?;
+    let health = agent.health();
+    a.metrics
+        .serve(|| corvid_agent::metrics::endpoints(health))?;
+    agent.run()
 }

@@ -70,6 +70,8 @@ fn up(a: UpArgs) -> Result<(), String> {
         listen: a.listen,
         store: format!("redb:{}", a.state_dir.join("state.redb").display()),
         token: None,
+        tls: None,
+        max_body: corvid_controller::DEFAULT_MAX_BODY,
     };
     let controller =
         std::thread::spawn(move || corvid_controller::run(config, crate::signal::stop_requested()));
@@ -93,7 +95,7 @@ fn up(a: UpArgs) -> Result<(), String> {
     let mut agent = corvid_agent::Agent::new(corvid_agent::Config {
         host_id: host_id.clone(),
         controller: url.clone(),
-        token: None,
+        credentials: Default::default(),
         underlay_ip: None,
         resync: Duration::from_secs(60),
         public_interface: None,

@@ -98,6 +98,7 @@ pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronEr
         }
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    let _watching = crate::metrics::Watching::start();
     loop {
         let (events, resume) = collect(&c.view(), &f)?;
         if !events.is_empty() || tokio::time::Instant::now() >= deadline {

@@ -205,7 +205,12 @@ impl Store for EtcdStore {
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {
         let (tx, rx) = oneshot::channel();
         tokio::task::spawn_blocking(move || {
-            let _ = tx.send(self.txn_blocking(&txn));
+            let started = std::time::Instant::now();
+            let outcome = self.txn_blocking(&txn);
+            let metrics = &crate::metrics::METRICS;
+            metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+            metrics.commit_batch.observe(1.0);
+            let _ = tx.send(outcome);
         });
         rx
     }

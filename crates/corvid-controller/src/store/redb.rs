@@ -218,6 +218,7 @@ fn writer(db: &Database, feed: &Mutex<Feed>, rx: Receiver<(Txn, Reply)>, mut rev
                 Err(_) => break,
             }
         }
+        let started = std::time::Instant::now();
         let committed = (|| -> Result<Vec<(bool, i64, Vec<Event>)>, redb::Error> {
             let wtx = db.begin_write()?;
             let mut rev = revision;
@@ -240,6 +241,9 @@ fn writer(db: &Database, feed: &Mutex<Feed>, rx: Receiver<(Txn, Reply)>, mut rev
             wtx.commit()?;
             Ok(outcomes)
         })();
+        let metrics = &crate::metrics::METRICS;
+        metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+        metrics.commit_batch.observe(batch.len() as f64);
         match committed {
             Ok(outcomes) => {
                 let answers: Vec<(bool, i64)> =

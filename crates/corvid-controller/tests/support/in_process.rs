@@ -26,6 +26,8 @@ impl InProcess {
                     listen,
                     store,
                     token: None,
+                    tls: None,
+                    max_body: corvid_controller::DEFAULT_MAX_BODY,
                 },
                 async move {
                     let _ = stopped.await;

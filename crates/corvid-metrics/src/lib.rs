@@ -1,0 +1,188 @@
+//! The operator's endpoints every corvid daemon serves: `/metrics` in Prometheus' text
+//! format (OpenMetrics, through prometheus-client), `/healthz` (the process answers) and
+//! `/readyz` (it can do its work), the paths and answers Kubernetes probes expect.
+//!
+//! Each daemon keeps its metrics in a `Registry` of its own and says what "ready" means
+//! for it; the controller serves these routes on its API port, the other daemons on
+//! `--metrics-listen`.
+
+#![deny(missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+pub use prometheus_client;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Whether a daemon can do its work now; the error says why not.
+pub type Readiness = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// What the endpoints read: the registry, what readiness means, and what to refresh
+/// before a scrape (gauges read from state, such as objects by kind).
+pub struct Endpoints {
+    registry: Registry,
+    ready: Readiness,
+    refresh: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl Endpoints {
+    /// The endpoints of `registry`, ready when `ready` says so.
+    pub fn new(registry: Registry, ready: Readiness) -> Endpoints {
+        Endpoints {
+            registry,
+            ready,
+            refresh: None,
+        }
+    }
+
+    /// Runs `refresh` before every scrape, to set gauges that mirror state.
+    pub fn refreshing(mut self, refresh: impl Fn() + Send + Sync + 'static) -> Endpoints {
+        self.refresh = Some(Box::new(refresh));
+        self
+    }
+
+    /// The registry in Prometheus' text format (OpenMetrics 1.0).
+    pub fn encode(&self) -> String {
+        if let Some(refresh) = &self.refresh {
+            refresh();
+        }
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    /// Whether the daemon is ready, as `/readyz` answers it.
+    pub fn ready(&self) -> Result<(), String> {
+        (self.ready)()
+    }
+}
+
+/// Buckets for durations from half a millisecond to about half a minute, doubling.
+pub fn seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 17))
+}
+
+/// Buckets for counts of 1 to 1,024, doubling (batch sizes).
+pub fn sizes() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 11))
+}
+
+/// `/metrics`, `/healthz` and `/readyz` over `endpoints`.
+pub fn router(endpoints: Arc<Endpoints>) -> Router {
+    let scraped = endpoints.clone();
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let e = scraped.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        e.encode(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let e = endpoints.clone();
+                async move { readyz(&e) }
+            }),
+        )
+}
+
+fn readyz(endpoints: &Endpoints) -> Response {
+    match endpoints.ready() {
+        Ok(()) => "ok\n".into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+    }
+}
+
+/// Serves the endpoints on `listen` from a thread of their own, so a daemon that is not
+/// async (the agent) needs no runtime. The address is bound before this returns: a port
+/// in use is the caller's error, not a log line.
+pub fn serve(listen: SocketAddr, endpoints: Endpoints) -> Result<(), String> {
+    let listener = std::net::TcpListener::bind(listen)
+        .and_then(|l| l.set_nonblocking(true).map(|_| l))
+        .map_err(|e| format!("metrics: listening on {listen}: {e}"))?;
+    let app = router(Arc::new(endpoints));
+    std::thread::Builder::new()
+        .name("corvid-metrics".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!("metrics: starting the runtime: {e}"),
+            };
+            rt.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => {
+                        if let Err(e) = axum::serve(l, app).await {
+                            tracing::error!("metrics: serving on {listen}: {e}");
+                        }
+                    }
+                    Err(e) => tracing::error!("metrics: listening on {listen}: {e}"),
+                }
+            })
+        })
+        .map_err(|e| format!("metrics: starting a thread: {e}"))?;
+    tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn endpoints_answer_and_follow_readiness() {
+        let mut registry = Registry::default();
+        let hits = Counter::<u64>::default();
+        registry.register("corvid_test_hits", "Hits.", hits.clone());
+        let up = Arc::new(AtomicBool::new(false));
+        let flag = up.clone();
+        let endpoints = Endpoints::new(
+            registry,
+            Box::new(move || {
+                if flag.load(Ordering::Relaxed) {
+                    Ok(())
+                } else {
+                    Err("not synced".into())
+                }
+            }),
+        );
+        hits.inc();
+        assert!(endpoints.encode().contains("corvid_test_hits_total 1\n"));
+        assert_eq!(endpoints.ready(), Err("not synced".into()));
+        up.store(true, Ordering::Relaxed);
+        assert_eq!(endpoints.ready(), Ok(()));
+    }
+
+    #[test]
+    fn serve_reports_a_port_in_use() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let e = serve(
+            addr,
+            Endpoints::new(Registry::default(), Box::new(|| Ok(()))),
+        )
+        .unwrap_err();
+        assert!(e.contains(&addr.to_string()), "{e}");
+    }
+}
