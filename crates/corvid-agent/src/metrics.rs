@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use corvid_metrics::Endpoints;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Which reconcile pass ran.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub enum Pass {
     /// Everything compared, the kernel's links listed.
     Full,
@@ -24,7 +24,7 @@ pub enum Pass {
 }
 
 /// What failed.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub enum ErrorKind {
     /// Registering or loading from the controller.
     Controller,
@@ -49,7 +49,7 @@ pub enum ErrorKind {
 }
 
 /// A kind of datapath object the agent owns.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub enum Object {
     /// Networks brought up on this host.
     Networks,
@@ -112,13 +112,18 @@ pub fn failed(kind: ErrorKind) {
 
 /// Sets the gauge of datapath objects of `kind`.
 pub fn objects(kind: Object, n: usize) {
-    METRICS.objects.get_or_create(&ObjectLabels { kind }).set(n as i64);
+    METRICS
+        .objects
+        .get_or_create(&ObjectLabels { kind })
+        .set(n as i64);
 }
 
 /// Records one reconcile pass of `kind` that started at `started`.
 pub fn pass(kind: Pass, started: Instant) {
     let m = &*METRICS;
-    m.passes.get_or_create(&PassLabels { kind: kind.clone() }).inc();
+    m.passes
+        .get_or_create(&PassLabels { kind: kind.clone() })
+        .inc();
     m.pass_seconds
         .get_or_create(&PassLabels { kind })
         .observe(started.elapsed().as_secs_f64());
@@ -194,3 +199,9 @@ pub fn endpoints(health: Arc<Health>) -> Endpoints {
     );
     Endpoints::new(r, Box::new(move || health.ready()))
 }
+
+corvid_metrics::label_values!(Pass { Full => "full", Changes => "changes" });
+
+corvid_metrics::label_values!(ErrorKind { Controller => "controller", Watch => "watch", Network => "network", Plug => "plug", Unlink => "unlink", Overlay => "overlay", Masquerade => "masquerade", Services => "services", Report => "report", Datapath => "datapath" });
+
+corvid_metrics::label_values!(Object { Networks => "networks", Ports => "ports", Links => "links", Services => "services" });

@@ -9,9 +9,9 @@ pub mod model;
 pub mod tls;
 
 pub use client::{ApiError, Client, WatchFilter};
-pub use tls::{Credentials, Tls};
 pub use model::{
     AllocationPool, EventKind, FixedIp, FloatingIp, Host, HostRoute, LbProtocol, Listener,
     LoadBalancer, Member, Network, Pool, Port, PortDetails, Resource, SessionPersistence, Status,
     Subnet, SubnetPool, WatchEvent, WatchPage, NODE_PORT_TAG,
 };
+pub use tls::{Credentials, Tls};

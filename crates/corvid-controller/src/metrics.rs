@@ -5,13 +5,13 @@
 
 use std::sync::{Arc, LazyLock};
 
+use corvid_metrics::Endpoints;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use corvid_metrics::Endpoints;
 
 use crate::controller::Controller;
 

@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use corvid_metrics::Endpoints;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
@@ -35,7 +35,7 @@ pub const METHODS: &[&str] = &[
 ];
 
 /// How a call ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub enum Outcome {
     /// Answered with a result.
     Ok,
@@ -117,3 +117,5 @@ pub fn endpoints(controller: corvid_api::Client) -> Endpoints {
         }),
     )
 }
+
+corvid_metrics::label_values!(Outcome { Ok => "ok", Error => "error" });

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::LazyLock;
 
 use corvid_metrics::Endpoints;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// The kind of object an event was about.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub enum Kind {
     /// A namespace.
     Namespace,
@@ -79,9 +79,10 @@ static PHASE: AtomicU8 = AtomicU8::new(Phase::Connecting as u8);
 /// The watcher is now in `phase`.
 pub fn phase(phase: Phase) {
     PHASE.store(phase as u8, Ordering::Relaxed);
-    METRICS
-        .leader
-        .set(i64::from(matches!(phase, Phase::SettingUp | Phase::Watching)));
+    METRICS.leader.set(i64::from(matches!(
+        phase,
+        Phase::SettingUp | Phase::Watching
+    )));
 }
 
 /// Ready while watching or standing by, which is what a Deployment of several watchers
@@ -116,3 +117,5 @@ pub fn endpoints() -> Endpoints {
     );
     Endpoints::new(r, Box::new(ready))
 }
+
+corvid_metrics::label_values!(Kind { Namespace => "namespace", Pod => "pod", Service => "service" });

@@ -64,6 +64,23 @@ impl Endpoints {
     }
 }
 
+/// Gives an enum the label values of Prometheus' convention (lower case, snake case)
+/// where the derive would write the variant's name as it is spelled:
+/// `label_values!(Pass { Full => "full", Changes => "changes" });`
+#[macro_export]
+macro_rules! label_values {
+    ($ty:ty { $($variant:ident => $text:literal),* $(,)? }) => {
+        impl $crate::prometheus_client::encoding::EncodeLabelValue for $ty {
+            fn encode(
+                &self,
+                encoder: &mut $crate::prometheus_client::encoding::LabelValueEncoder<'_>,
+            ) -> Result<(), std::fmt::Error> {
+                std::fmt::Write::write_str(encoder, match self { $(Self::$variant => $text),* })
+            }
+        }
+    };
+}
+
 /// Buckets for durations from half a millisecond to about half a minute, doubling.
 pub fn seconds() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 17))
@@ -106,7 +123,11 @@ pub fn router(endpoints: Arc<Endpoints>) -> Router {
 fn readyz(endpoints: &Endpoints) -> Response {
     match endpoints.ready() {
         Ok(()) => "ok\n".into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
 }
 

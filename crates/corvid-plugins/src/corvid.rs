@@ -73,7 +73,10 @@ fn load(args: &CmdArgs) -> Result<(Conf, Client), Error> {
     if !c.url.starts_with("http://") && !c.url.starts_with("https://") {
         return Err(Error::new(
             ErrorCode::InvalidNetworkConfig,
-            format!("\"mpurl\" must be an http:// or https:// URL, not {}", c.url),
+            format!(
+                "\"mpurl\" must be an http:// or https:// URL, not {}",
+                c.url
+            ),
         ));
     }
     let client = c.access.client(&c.url)?.project(&c.project);

@@ -16,7 +16,9 @@ fn main() {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| v.parse::<Targets>().ok())
-        .unwrap_or_else(|| Targets::new().with_default(Level::WARN));
+        .unwrap_or_else(|| Targets::new().with_default(Level::WARN))
+        // ureq writes each request's headers, the controller's token among them, at debug.
+        .with_target("ureq::unit", Level::INFO);
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()

@@ -38,6 +38,10 @@ enum LogFormat {
     Json,
 }
 
+/// ureq writes each request's headers, the controller's token among them, at debug: never
+/// shown, whatever the level asked.
+const QUIET_CLIENT: &str = "ureq::unit=info";
+
 /// Sends log events to stderr, filtered by RUST_LOG or else by `level`.
 fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
     use std::io::IsTerminal;
@@ -47,7 +51,8 @@ fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
             EnvFilter::try_new(&env).map_err(|e| format!("RUST_LOG: {e}"))?
         }
         _ => EnvFilter::try_new(level).map_err(|e| format!("--log-level {level}: {e}"))?,
-    };
+    }
+    .add_directive(QUIET_CLIENT.parse().map_err(|e| format!("{e}"))?);
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)

@@ -100,9 +100,9 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .method_not_allowed_fallback(method_not_allowed);
     let api = api
         .layer(middleware::map_response(too_large))
-        .layer(middleware::from_fn(measure))
         .layer(middleware::from_fn_with_state(ctl.clone(), mark_staleness))
         .layer(middleware::from_fn_with_state(ctl.clone(), authenticate))
+        .layer(middleware::from_fn(measure))
         .with_state(ctl);
     // The rewrite has to come before routing, so the API sits behind a router of its own.
     Router::new().fallback_service(
@@ -183,7 +183,10 @@ async fn authenticate(State(ctl): Ctl, req: Request, next: Next) -> Response {
             .and_then(|v| v.to_str().ok());
         // Compared in constant time, so the answer's timing tells nothing of the token.
         let matches = given.is_some_and(|g| {
-            bool::from(subtle::ConstantTimeEq::ct_eq(g.as_bytes(), token.as_bytes()))
+            bool::from(subtle::ConstantTimeEq::ct_eq(
+                g.as_bytes(),
+                token.as_bytes(),
+            ))
         });
         if !matches {
             return NeutronError::new(

@@ -208,7 +208,9 @@ impl Store for EtcdStore {
             let started = std::time::Instant::now();
             let outcome = self.txn_blocking(&txn);
             let metrics = &crate::metrics::METRICS;
-            metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+            metrics
+                .commit_seconds
+                .observe(started.elapsed().as_secs_f64());
             metrics.commit_batch.observe(1.0);
             let _ = tx.send(outcome);
         });

@@ -242,7 +242,9 @@ fn writer(db: &Database, feed: &Mutex<Feed>, rx: Receiver<(Txn, Reply)>, mut rev
             Ok(outcomes)
         })();
         let metrics = &crate::metrics::METRICS;
-        metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+        metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
         metrics.commit_batch.observe(batch.len() as f64);
         match committed {
             Ok(outcomes) => {
