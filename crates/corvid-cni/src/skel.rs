@@ -167,6 +167,28 @@ fn build_args(
     }))
 }
 
+/// One line per invocation that changed or checked something: info when it worked, warn
+/// with the error when not. The configuration is not logged (it may hold a token).
+fn log_outcome(args: &CmdArgs, outcome: &Result<Option<serde_json::Value>, Error>) {
+    if args.command == Command::Version {
+        return;
+    }
+    let (command, network) = (args.command.as_str(), &args.conf.name);
+    let (container, ifname) = (&args.container_id, &args.ifname);
+    match outcome {
+        Ok(_) => tracing::info!(command, network, container, ifname, "done"),
+        Err(e) => tracing::warn!(
+            command,
+            network,
+            container,
+            ifname,
+            code = e.code,
+            "{}",
+            e.msg
+        ),
+    }
+}
+
 fn dispatch(plugin: &dyn Plugin, args: &CmdArgs) -> Result<Option<serde_json::Value>, Error> {
     match args.command {
         Command::Add => plugin.add(args)?.to_value(args.version).map(Some),
@@ -190,7 +212,9 @@ pub fn run_with(
         None => Ok(Some(version_info())),
         Some(args) => {
             version = args.version.as_str().to_string();
-            dispatch(plugin, &args)
+            let outcome = dispatch(plugin, &args);
+            log_outcome(&args, &outcome);
+            outcome
         }
     }))
     .unwrap_or_else(|panic| {
@@ -218,6 +242,12 @@ pub fn run_with(
 
 /// Runs one invocation from the process's environment and stdin; returns the exit code.
 pub fn run(plugin: &dyn Plugin) -> i32 {
+    run_after(plugin, |_| {})
+}
+
+/// As [`run`], calling `setup` with the configuration read from stdin first (the plugin
+/// binary opens the log file the configuration names there).
+pub fn run_after(plugin: &dyn Plugin, setup: impl FnOnce(&[u8])) -> i32 {
     // A panic becomes error JSON in run_with; the default hook would add a backtrace.
     std::panic::set_hook(Box::new(|_| {}));
     let mut stdin = Vec::new();
@@ -226,6 +256,7 @@ pub fn run(plugin: &dyn Plugin) -> i32 {
         println!("{}", e.to_json(Version::CURRENT.as_str()));
         return 1;
     }
+    setup(&stdin);
     let env = |k: &str| std::env::var(k).ok();
     run_with(plugin, &env, &stdin, &mut std::io::stdout().lock())
 }

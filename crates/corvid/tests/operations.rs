@@ -572,3 +572,77 @@ fn agent_metrics_count_plugs_and_readyz_follows_registration() {
         fetch("/metrics").is_ok_and(|(_, t)| sample(&t, objects, &[("kind", "ports")]) == 0.0)
     });
 }
+
+/// Runs the plugin binary as `plugin` with `conf` on stdin.
+fn run_plugin(
+    plugin: &str,
+    command: &str,
+    netns: &Path,
+    conf: &serde_json::Value,
+) -> std::process::Output {
+    let bin = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
+    let mut child = Command::new(bin)
+        .arg(plugin)
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", "cvt-log-1")
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "lo")
+        .env("CNI_PATH", "/nonexistent")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn plugins_log_to_the_file_their_configuration_names() {
+    let ns = cluster::ns::Ns::new(&format!("cvt{}", std::process::id()), "log");
+    let dir = tempfile::Builder::new()
+        .prefix("cvt-log")
+        .tempdir()
+        .unwrap();
+    let log = dir.path().join("plugin.log");
+    let conf = json!({"cniVersion": "1.1.0", "name": "cvt-logged", "type": "loopback",
+        "logFile": log, "logLevel": "debug"});
+    let out = run_plugin("loopback", "ADD", &ns.path, &conf);
+    assert!(out.status.success(), "{out:?}");
+    // The result channel carries the result only.
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["cniVersion"], "1.1.0");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("INFO"), "{text}");
+    assert!(text.contains("command=\"ADD\""), "{text}");
+    assert!(text.contains("network=\"cvt-logged\""), "{text}");
+
+    // A failure is one warn line with the error; appended, not overwritten.
+    let out = run_plugin("loopback", "ADD", Path::new("/nonexistent/netns"), &conf);
+    assert!(!out.status.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("command=\"ADD\""))
+            .count(),
+        2
+    );
+    assert!(text.contains("WARN"), "{text}");
+
+    // A level that is not one says so on stderr and logs at info.
+    let quiet = dir.path().join("quiet.log");
+    let conf = json!({"cniVersion": "1.1.0", "name": "cvt-logged", "type": "loopback",
+        "logFile": quiet, "logLevel": "loud"});
+    let out = run_plugin("loopback", "DEL", &ns.path, &conf);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("logLevel"));
+    assert!(std::fs::read_to_string(&quiet)
+        .unwrap()
+        .contains("command=\"DEL\""));
+}
