@@ -647,14 +647,56 @@ fn an_add_waits_for_the_annotation_and_fails_clearly_without_leaving_anything() 
 #[test]
 fn two_watchers_one_acts_and_the_other_takes_over_when_it_is_killed() {
     let (cluster, kube) = setup("kh");
-    let mut first = start_watcher(&cluster, &kube, &["--identity", "w1"]);
+    // Each serves its metrics and probes on the lan namespace's loopback.
+    let (m1, m2) = ("127.0.0.1:19701", "127.0.0.1:19702");
+    let metrics = |addr: &str, path: &str| {
+        let url = format!("http://{addr}{path}");
+        cluster
+            .lan
+            .open()
+            .run(|| match ureq::get(&url).call() {
+                Ok(r) => (r.status(), r.into_string().unwrap()),
+                Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+                Err(e) => (0, e.to_string()),
+            })
+            .unwrap()
+    };
+    let value = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let mut first = start_watcher(
+        &cluster,
+        &kube,
+        &["--identity", "w1", "--metrics-listen", m1],
+    );
     wait_until("w1 to lead", Duration::from_secs(30), || {
         lease_holder(&kube).as_deref() == Some("w1")
     });
-    let _second = start_watcher(&cluster, &kube, &["--identity", "w2"]);
+    let _second = start_watcher(
+        &cluster,
+        &kube,
+        &["--identity", "w2", "--metrics-listen", m2],
+    );
     namespace(&kube, "g");
     pod(&kube, "g", "p0", "h1");
     wait_annotation(&kube, "g", "p0");
+    // The leader counts what it did; the standby is ready to take over and did nothing.
+    wait_until("w2's endpoints", Duration::from_secs(20), || {
+        metrics(m2, "/readyz").0 == 200
+    });
+    assert_eq!(metrics(m1, "/readyz").0, 200);
+    let (_, leading) = metrics(m1, "/metrics");
+    assert_eq!(value(&leading, "corvid_kube_leader "), 1.0, "{leading}");
+    assert!(value(&leading, "corvid_kube_events_total{kind=\"pod\"}") >= 1.0);
+    assert!(value(&leading, "corvid_kube_annotation_duration_seconds_count ") >= 1.0);
+    let (_, standing_by) = metrics(m2, "/metrics");
+    assert_eq!(value(&standing_by, "corvid_kube_leader "), 0.0);
+    assert_eq!(
+        value(&standing_by, "corvid_kube_events_total{kind=\"pod\"}"),
+        0.0
+    );
     assert_eq!(
         lease_holder(&kube).as_deref(),
         Some("w1"),
@@ -666,6 +708,9 @@ fn two_watchers_one_acts_and_the_other_takes_over_when_it_is_killed() {
     wait_annotation(&kube, "g", "p1");
     let took = killed.elapsed();
     assert_eq!(lease_holder(&kube).as_deref(), Some("w2"));
+    let (_, leading) = metrics(m2, "/metrics");
+    assert_eq!(value(&leading, "corvid_kube_leader "), 1.0);
+    assert!(value(&leading, "corvid_kube_annotation_duration_seconds_count ") >= 1.0);
     assert!(
         took < Duration::from_secs(15),
         "the standby took {took:?} to act"
