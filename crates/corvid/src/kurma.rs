@@ -25,6 +25,8 @@ enum KurmaCommand {
         /// The configuration (its pod_networks, failurePolicy, restartPlugins, pluginTimeout).
         #[arg(long)]
         config: PathBuf,
+        #[command(flatten)]
+        metrics: crate::MetricsArgs,
     },
     /// Set up or take down a pod's networks, as the runtime does for each pod.
     Pod {
@@ -83,11 +85,14 @@ fn print_json(value: &impl serde::Serialize) -> ExitCode {
 pub fn run(args: KurmaArgs) -> ExitCode {
     let layout = Layout::new(args.dir);
     match args.command {
-        KurmaCommand::RunNetworks { config } => {
+        KurmaCommand::RunNetworks { config, metrics } => {
             let text = match std::fs::read_to_string(&config) {
                 Ok(t) => t,
                 Err(e) => return fail(format!("{}: {e}", config.display())),
             };
+            if let Err(e) = metrics.serve(corvid_kurma::runtime::metrics::endpoints) {
+                return fail(e);
+            }
             let stop = Arc::new(AtomicBool::new(false));
             let flag = stop.clone();
             std::thread::spawn(move || {

@@ -234,7 +234,8 @@ fn hung_failing_and_exiting_plugins_are_reported_and_the_runtime_goes_on() {
         "#!/bin/sh\nexit 3\n",
     );
     let file = |n: &str| format!("file://{}", images.join(n).display());
-    rt.start(&json!({
+    let metrics = "127.0.0.1:19711";
+    rt.start_with(&json!({
         "pluginTimeout": 1,
         "podNetworks": [
             {"name": "hang", "aci": file("hang.aci"), "type": "x"},
@@ -244,7 +245,7 @@ fn hung_failing_and_exiting_plugins_are_reported_and_the_runtime_goes_on() {
             {"name": "fails", "aci": file("fails.aci"), "type": "x"},
             {"name": "exits", "aci": file("exits.aci"), "type": "x"}
         ]
-    }));
+    }), &["--metrics-listen", metrics]);
     let hang_pid = rt.plugin_pid("hang").unwrap();
 
     // No network named: the defaults, with names that do not collide.
@@ -328,6 +329,29 @@ fn hung_failing_and_exiting_plugins_are_reported_and_the_runtime_goes_on() {
             })
         },
     );
+    // The host is alive but not ready, and says which plugin is down and why.
+    let fetch = |path: &str| {
+        let url = format!("http://{metrics}{path}");
+        rt.host_ns
+            .open()
+            .run(|| match ureq::get(&url).call() {
+                Ok(r) => (r.status(), r.into_string().unwrap()),
+                Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+                Err(e) => panic!("{url}: {e}"),
+            })
+            .unwrap()
+    };
+    assert_eq!(fetch("/healthz").0, 200);
+    let (status, why) = fetch("/readyz");
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("exits: its main process exited"), "{why}");
+    let (_, text) = fetch("/metrics");
+    assert!(
+        text.contains("corvid_kurma_plugin_exits_total{network=\"exits\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("corvid_kurma_plugin_running{network=\"ok\"} 1"));
+    assert!(text.contains("corvid_kurma_plugin_running{network=\"exits\"} 0"));
     let record = rt.add(&uuid(3), &["exits"]);
     assert!(
         record["networks"][0]["error"]

@@ -10,6 +10,7 @@ use crate::aci::Aci;
 use crate::config::{Config, ConfigError, PodNetwork};
 use crate::runtime::container::{self, Spec, Volume, NETNS_IN_CONTAINER, STATE_IN_CONTAINER};
 use crate::runtime::fetch::Fetcher;
+use crate::runtime::metrics;
 use crate::runtime::store::{Store, StoreError};
 use crate::runtime::{start_time, write_json, HostState, Layout, Plugin, PluginStatus};
 
@@ -111,10 +112,12 @@ impl Running {
                     started: start_time(pid).unwrap_or_default(),
                 };
                 tracing::info!(network = %name, pid, image = %self.image.id, "plugin started");
+                metrics::running(name);
                 self.child = Some(child);
             }
             Err(e) => {
                 tracing::error!(network = %name, error = %e, "plugin could not start");
+                metrics::stopped(name, &format!("could not start: {e}"));
                 self.status = PluginStatus::Failed {
                     reason: format!("could not start: {e}"),
                 };
@@ -133,6 +136,8 @@ impl Running {
         self.child = None;
         let reason = format!("its main process exited with {status}");
         tracing::error!(network = %self.network.name, %reason, "plugin failed");
+        metrics::exited(&self.network.name);
+        metrics::stopped(&self.network.name, &reason);
         self.status = PluginStatus::Failed { reason };
         if restart {
             // A plugin that ran a while is not failing in a loop: start the backoff over.
@@ -250,6 +255,7 @@ pub fn run(layout: &Layout, text: &str, stop: &AtomicBool) -> Result<(), HostErr
             changed |= p.check(config.settings.restart);
             if p.restart_at.is_some_and(|at| Instant::now() >= at) {
                 tracing::info!(network = %p.network.name, "restarting the plugin");
+                metrics::restarted(&p.network.name);
                 p.start(layout);
                 changed = true;
             }

@@ -5,6 +5,7 @@ pub mod container;
 pub mod enter;
 pub mod fetch;
 pub mod host;
+pub mod metrics;
 pub mod pod;
 pub mod registry;
 pub mod store;

@@ -65,6 +65,11 @@ impl Runtime {
 
     /// Writes `config` and starts the host on it; waits until it publishes its plugins.
     pub fn start(&mut self, config: &Value) {
+        self.start_with(config, &[]);
+    }
+
+    /// As `start`, with extra arguments to `run-networks`.
+    pub fn start_with(&mut self, config: &Value, extra: &[&str]) {
         let path = self.dir.path().join("kurma.json");
         std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
         let child = self
@@ -72,6 +77,7 @@ impl Runtime {
             .arg("run-networks")
             .arg("--config")
             .arg(&path)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
