@@ -32,6 +32,11 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 # The Kurma fetch tests pull from Debian's registry and sign images with gpg.
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v gpg >/dev/null || need+=(gnupg)
+# The package test installs corvid's .deb into a clean Debian root and checks its units
+# with systemd-analyze; the Docker driver's socket activation runs under
+# systemd-socket-activate.
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v systemd-socket-activate >/dev/null || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
@@ -54,6 +59,17 @@ fi
 # The Kubernetes tests (crates/corvid/tests/kubernetes.rs) run a real kube-apiserver 1.20:
 # built from Debian's source package once, cached outside the checkout.
 scripts/build-kube-apiserver.sh
+
+# The package test (crates/corvid/tests/package.rs) installs into a clean root: Debian's
+# minimal base with systemd, made once by debootstrap and cached outside the checkout.
+debroot=/var/cache/corvid-debroot
+if [ ! -e "$debroot/lib/systemd/system/sysinit.target" ]; then
+    rm -rf "$debroot.tmp"
+    debootstrap --variant=minbase --include=systemd bookworm "$debroot.tmp" \
+        http://deb.debian.org/debian
+    rm -rf "$debroot"
+    mv "$debroot.tmp" "$debroot"
+fi
 
 # The Kurma tests check corvid's plugin image with appc's actool: Debian's appc-spec,
 # unpacked (not installed: it depends on golang-go), cached outside the checkout.

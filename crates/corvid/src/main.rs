@@ -1,6 +1,7 @@
 //! The corvid command line: argument parsing only; the work is done by the libraries.
 
 mod cni;
+mod docs;
 mod kube_watch;
 mod kurma;
 mod signal;
@@ -80,6 +81,9 @@ enum Command {
     KubeWatch(kube_watch::KubeWatchArgs),
     /// Kurma network plugins: run the networking pod, set up pods, build corvid's image.
     Kurma(kurma::KurmaArgs),
+    /// Write the man pages and shell completions (for packaging).
+    #[command(hide = true)]
+    GenerateDocs(docs::DocsArgs),
 }
 
 /// How a process reaches the controller.
@@ -155,8 +159,9 @@ impl MetricsArgs {
 /// How a host-side process reaches the controller and names its host.
 #[derive(clap::Args)]
 struct HostArgs {
-    /// This host's ID, as ports name it in binding:host_id.
-    #[arg(long, env = "CORVID_HOST_ID")]
+    /// This host's ID, as ports name it in binding:host_id (the host name by default, as
+    /// the kubelet names its node).
+    #[arg(long, env = "CORVID_HOST_ID", default_value_t = corvid_net::hostname())]
     host_id: String,
     #[command(flatten)]
     client: ControllerClientArgs,
@@ -295,6 +300,7 @@ fn main() -> ExitCode {
         Command::Up(a) => up::run(a),
         Command::KubeWatch(a) => kube_watch::run(a),
         Command::Kurma(a) => kurma::run(a),
+        Command::GenerateDocs(a) => exit("generate-docs", docs::run(a)),
         Command::DockerPlugin(a) => exit("docker-plugin", docker_plugin(a)),
         Command::Agent(a) => exit("agent", agent(a)),
     }

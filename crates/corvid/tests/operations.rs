@@ -646,3 +646,50 @@ fn plugins_log_to_the_file_their_configuration_names() {
         .unwrap()
         .contains("command=\"DEL\""));
 }
+
+#[test]
+fn the_controller_runs_unprivileged() {
+    // nobody, with no capability: the store's directory is all it needs.
+    let dir = tempfile::Builder::new()
+        .prefix("cvt-nobody")
+        .tempdir()
+        .unwrap();
+    rustix::fs::chown(
+        dir.path(),
+        Some(rustix::fs::Uid::from_raw(65534)),
+        Some(rustix::fs::Gid::from_raw(65534)),
+    )
+    .unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let store = format!("redb:{}", dir.path().join("state.redb").display());
+    let child = {
+        use std::os::unix::process::CommandExt;
+        Command::new(env!("CARGO_BIN_EXE_corvid"))
+            .args(["controller", "--store", &store])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .uid(65534)
+            .gid(65534)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let controller = Proc(child);
+    let client = Client::new(&url);
+    wait_until(
+        "the unprivileged controller",
+        Duration::from_secs(20),
+        || client.version().is_ok(),
+    );
+    let _: Network = client.create(json!({"name": "cvt-nobody"})).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", controller.0.id())).unwrap();
+    assert!(status
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.contains("65534")));
+    assert!(
+        status.lines().any(|l| l == "CapEff:\t0000000000000000"),
+        "{status}"
+    );
+    assert_eq!(get(&format!("{url}/readyz")).0, 200);
+}
