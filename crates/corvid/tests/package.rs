@@ -159,3 +159,73 @@ fn the_package_installs_into_a_clean_root_and_is_removed_cleanly() {
     in_root(&root, &["dpkg", "-P", "corvid"]);
     assert!(!root.join("etc/corvid").exists());
 }
+
+#[test]
+fn the_container_image_builds_from_the_binaries_and_runs() {
+    assert!(
+        Path::new(CLEAN_ROOT).join("usr/bin/dpkg").exists(),
+        "{CLEAN_ROOT} is missing: scripts/test.sh makes it with debootstrap"
+    );
+    // Private image storage; the clean root stands in for the Debian base image, which
+    // this machine cannot pull.
+    let work = tempfile::Builder::new()
+        .prefix("cvt-img")
+        .tempdir()
+        .unwrap();
+    let podman = |args: &[&str]| {
+        let mut cmd = Command::new("podman");
+        cmd.arg("--root")
+            .arg(work.path().join("root"))
+            .arg("--runroot")
+            .arg(work.path().join("run"))
+            .args(["--storage-driver", "vfs"])
+            .args(args);
+        cmd
+    };
+    let base = run(Command::new("sh").arg("-c").arg(format!(
+        "tar -C {CLEAN_ROOT} -c . | podman --root {0}/root --runroot {0}/run --storage-driver vfs import - localhost/cvt-base:1",
+        work.path().display()
+    )));
+    assert!(!base.stdout.is_empty());
+    let context = work.path().join("context");
+    std::fs::create_dir(&context).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_corvid")).parent().unwrap();
+    for b in ["corvid", "corvid-plugins"] {
+        std::fs::copy(bin.join(b), context.join(b)).unwrap();
+    }
+    let containerfile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/Containerfile");
+    run(podman(&[
+        "build",
+        "--quiet",
+        "--build-arg",
+        "BASE=localhost/cvt-base:1",
+        "-t",
+        "localhost/cvt-corvid:1",
+        "-f",
+    ])
+    .arg(&containerfile)
+    .arg(&context));
+    // The sandbox refuses the runtime's default rlimits: small explicit ones are set.
+    let limits = [
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1000:1000",
+        "--network",
+        "none",
+    ];
+    let version = run(podman(&["run", "--rm"])
+        .args(limits)
+        .arg("localhost/cvt-corvid:1")
+        .arg("--version"));
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("corvid {}", env!("CARGO_PKG_VERSION"))
+    );
+    // What the node DaemonSet's init container does: install the plugins with a shell.
+    let installed = run(podman(&["run", "--rm", "--entrypoint", "sh"])
+        .args(limits)
+        .arg("localhost/cvt-corvid:1")
+        .args(["-c", "corvid cni install --dir /tmp/bin >/dev/null && CNI_COMMAND=VERSION /tmp/bin/bridge </dev/null"]));
+    assert!(String::from_utf8_lossy(&installed.stdout).contains("supportedVersions"));
+}
