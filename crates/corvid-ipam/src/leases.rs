@@ -193,6 +193,33 @@ impl Drop for LeaseLock<'_> {
     }
 }
 
+/// The leases of `network` under `data_dir`, read without the lock and without touching
+/// anything (for inspection: `corvid doctor`); none when the directory does not exist.
+pub fn inspect(data_dir: &Path, network: &str) -> Result<Vec<Lease>, Error> {
+    let dir = data_dir.join(network);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(format!("read {}", dir.display()))(e)),
+    };
+    let mut out: Vec<Lease> = entries
+        .flatten()
+        .filter_map(|e| {
+            let ip = e.file_name().to_string_lossy().parse::<IpAddr>().ok()?;
+            let (container_id, ifname) = fs::read_to_string(e.path())
+                .map(|c| parse_owner(&c))
+                .unwrap_or_default();
+            Some(Lease {
+                ip,
+                container_id,
+                ifname,
+            })
+        })
+        .collect();
+    out.sort_by_key(|l| crate::range::to_u128(l.ip));
+    Ok(out)
+}
+
 fn parse_owner(content: &str) -> (String, String) {
     let trimmed = content.trim();
     match trimmed

@@ -65,7 +65,7 @@ pub fn run(a: KubeWatchArgs) -> ExitCode {
     }
     let config = Config {
         kubeconfig: a.kubeconfig,
-        controller: a.client.controller.clone(),
+        controller: a.client.url(),
         credentials,
         service_cidr: a.service_cidr,
         public_network: a.public_network,

@@ -2,6 +2,7 @@
 
 mod cni;
 mod docs;
+mod doctor;
 mod kube_watch;
 mod kurma;
 mod signal;
@@ -81,6 +82,9 @@ enum Command {
     KubeWatch(kube_watch::KubeWatchArgs),
     /// Kurma network plugins: run the networking pod, set up pods, build corvid's image.
     Kurma(kurma::KurmaArgs),
+    /// Check this host and say what is wrong: plugins, configurations, the controller and
+    /// the agent, kernel modules, leftovers (with the command that removes each).
+    Doctor(doctor::DoctorArgs),
     /// Write the man pages and shell completions (for packaging).
     #[command(hide = true)]
     GenerateDocs(docs::DocsArgs),
@@ -89,13 +93,10 @@ enum Command {
 /// How a process reaches the controller.
 #[derive(clap::Args)]
 struct ControllerClientArgs {
-    /// The controller's URL.
-    #[arg(
-        long,
-        env = "CORVID_CONTROLLER",
-        default_value = "http://127.0.0.1:9696"
-    )]
-    controller: String,
+    /// The controller's URL [default: http://127.0.0.1:9696; `corvid doctor` checks no
+    /// controller unless one is named].
+    #[arg(long, env = "CORVID_CONTROLLER")]
+    controller: Option<String>,
     /// The controller's token (`ps` shows it: prefer --token-file).
     #[arg(long, env = "CORVID_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -114,6 +115,13 @@ struct ControllerClientArgs {
 }
 
 impl ControllerClientArgs {
+    /// The controller's URL, given or the default.
+    fn url(&self) -> String {
+        self.controller
+            .clone()
+            .unwrap_or_else(|| "http://127.0.0.1:9696".into())
+    }
+
     /// The token (from the file when one is named) and the TLS side.
     fn credentials(&self) -> Result<corvid_api::Credentials, String> {
         Ok(corvid_api::Credentials {
@@ -301,6 +309,7 @@ fn main() -> ExitCode {
         Command::KubeWatch(a) => kube_watch::run(a),
         Command::Kurma(a) => kurma::run(a),
         Command::GenerateDocs(a) => exit("generate-docs", docs::run(a)),
+        Command::Doctor(a) => doctor::run(a),
         Command::DockerPlugin(a) => exit("docker-plugin", docker_plugin(a)),
         Command::Agent(a) => exit("agent", agent(a)),
     }
@@ -319,7 +328,7 @@ fn exit(daemon: &str, outcome: Result<(), String>) -> ExitCode {
 
 fn docker_plugin(a: DockerPluginArgs) -> Result<(), String> {
     let driver = corvid_docker::Driver::new(corvid_docker::Config {
-        controller: a.host.client.controller.clone(),
+        controller: a.host.client.url(),
         credentials: a.host.client.credentials()?,
         host_id: a.host.host_id,
         scope: a.scope,
@@ -356,7 +365,7 @@ fn group_id(name: &str) -> Result<u32, String> {
 fn agent(a: AgentArgs) -> Result<(), String> {
     let config = corvid_agent::Config {
         host_id: a.host.host_id,
-        controller: a.host.client.controller.clone(),
+        controller: a.host.client.url(),
         credentials: a.host.client.credentials()?,
         underlay_ip: a.underlay_ip,
         resync: std::time::Duration::from_secs(a.resync.max(1)),
