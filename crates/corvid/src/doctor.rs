@@ -303,7 +303,9 @@ fn agent(a: &DoctorArgs, client: Option<&Client>, r: &mut Report) {
 /// modules, or a sandbox, lists none).
 fn module(name: &str) -> Status {
     let working = match name {
-        "nf_tables" => corvid_net::nftables::Nftables::open().and_then(|mut n| n.sets()).is_ok(),
+        "nf_tables" => corvid_net::nftables::Nftables::open()
+            .and_then(|mut n| n.sets())
+            .is_ok(),
         "br_netfilter" => Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists(),
         _ => false,
     };
@@ -399,14 +401,20 @@ fn leftovers(
 }
 
 /// host-local leases whose attachment no runtime cached, or whose namespace is gone.
-fn leases(a: &DoctorArgs, n: &NetConfList, cached: &[corvid_cni::exec::CacheEntry], r: &mut Report) {
+fn leases(
+    a: &DoctorArgs,
+    n: &NetConfList,
+    cached: &[corvid_cni::exec::CacheEntry],
+    r: &mut Report,
+) {
     let Ok(held) = corvid_ipam::leases::inspect(&a.ipam_dir, &n.name) else {
         return;
     };
     for lease in held {
-        let owner = cached
-            .iter()
-            .find(|c| c.container_id == lease.container_id && (lease.ifname.is_empty() || c.if_name == lease.ifname));
+        let owner = cached.iter().find(|c| {
+            c.container_id == lease.container_id
+                && (lease.ifname.is_empty() || c.if_name == lease.ifname)
+        });
         match owner {
             None => r.fix(
                 "leftovers",
