@@ -85,6 +85,9 @@ impl From<StoreError> for NeutronError {
 
 impl IntoResponse for NeutronError {
     fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(status = self.status.as_u16(), kind = %self.kind, "{}", self.message);
+        }
         let body =
             json!({"NeutronError": {"type": self.kind, "message": self.message, "detail": ""}});
         (self.status, Json(body)).into_response()

@@ -30,6 +30,10 @@ async fn handle(
         .await
         .unwrap_or_else(|e| Err(crate::DriverError::new(format!("driver failed: {e}"))));
     crate::metrics::called(&method, answer.is_ok(), started.elapsed().as_secs_f64());
+    match &answer {
+        Ok(_) => tracing::info!(%method, "answered"),
+        Err(e) => tracing::warn!(%method, "{e}"),
+    }
     let (status, v) = match answer {
         Ok(v) => (StatusCode::OK, v),
         Err(e) => (

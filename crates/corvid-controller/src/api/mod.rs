@@ -144,6 +144,11 @@ async fn measure(req: Request, next: Next) -> Response {
     let method = req.method().to_string();
     let started = std::time::Instant::now();
     let response = next.run(req).await;
+    // A write that took effect is a state change: one line each. Reads are not logged.
+    let code = response.status();
+    if is_write(&method) && code.is_success() {
+        tracing::info!(%method, %route, code = code.as_u16(), ms = started.elapsed().as_millis() as u64, "changed");
+    }
     let m = &crate::metrics::METRICS;
     m.request_seconds
         .get_or_create(&crate::metrics::RouteLabels {
@@ -173,6 +178,11 @@ async fn too_large(response: Response) -> Response {
         "The request body is larger than the controller takes (--max-body).",
     )
     .into_response()
+}
+
+/// Whether a request of `method` asks for a change.
+fn is_write(method: &str) -> bool {
+    matches!(method, "POST" | "PUT" | "DELETE" | "PATCH")
 }
 
 async fn authenticate(State(ctl): Ctl, req: Request, next: Next) -> Response {
