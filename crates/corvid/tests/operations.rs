@@ -328,6 +328,44 @@ fn tls_client_certificates_body_limit_and_tokens_kept_out_of_logs() {
     );
     assert!(pool.contains("PoolID"), "{pool}");
 
+    // The `corvid` plugin reaches the https controller with the same files from its
+    // configuration; without the CA it cannot, and a bad token setting is refused.
+    let subnet: Subnet = good
+        .create(json!({"network_id": net.id, "cidr": "10.79.0.0/24", "ip_version": 4}))
+        .unwrap();
+    let plugin_conf = |extra: serde_json::Value| {
+        let mut conf = json!({"cniVersion": "1.1.0", "name": "cvt-tls", "type": "corvid",
+            "mpurl": url, "project": subnet.project_id, "subnet": subnet.id, "hostId": "cvt",
+            "tokenFile": pki.path("token")});
+        conf.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        conf
+    };
+    let files = json!({"ca": pki.path("ca.pem"), "cert": pki.path("client.pem"),
+        "key": pki.path("client.key")});
+    let nowhere = Path::new("/nonexistent");
+    let out = run_plugin("corvid", "STATUS", nowhere, &plugin_conf(files.clone()));
+    assert!(out.status.success(), "{out:?}");
+    let out = run_plugin("corvid", "STATUS", nowhere, &plugin_conf(json!({})));
+    assert!(!out.status.success());
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["code"], 50, "{e}");
+    let mut both = files.clone();
+    both["token"] = json!("inline");
+    let out = run_plugin("corvid", "STATUS", nowhere, &plugin_conf(both));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["code"], 7, "{e}");
+    let mut missing = files;
+    missing["tokenFile"] = json!("/nonexistent/token");
+    let out = run_plugin("corvid", "STATUS", nowhere, &plugin_conf(missing));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["code"], 7, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("/nonexistent/token"),
+        "{e}"
+    );
+
     for p in [&controller, &driver] {
         let log = p.log();
         assert!(!log.is_empty());
