@@ -1,6 +1,7 @@
 //! `corvid doctor` on a healthy host namespace and on one broken on purpose: a
 //! configuration that does not parse, one naming a missing plugin, a lease and nftables
-//! elements whose attachment the runtime forgot, and an agent veth no port owns. Each
+//! elements whose attachment the runtime forgot, a lease whose namespace is gone, and an
+//! agent veth no port owns. Each
 //! is reported with the command that fixes it, and after those commands the host is
 //! healthy again. Runs as root in `cvt*` namespaces (support/cluster.rs).
 
@@ -105,7 +106,18 @@ fn doctor_finds_a_healthy_host_healthy_and_names_what_is_broken() {
         .contains(env!("CARGO_PKG_VERSION")));
     assert_eq!(findings(&report, "conflists", "ok").len(), 3, "{report:#}");
 
-    // Broken on purpose.
+    // Broken on purpose: the runtime forgets p2's attachment, ...
+    for entry in std::fs::read_dir(c.cache.path()).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("brk-") {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    // ... a container's namespace goes without a DEL, so its lease stays behind, ...
+    let p3 = c.pod("p3");
+    let gone = p3.path.display().to_string();
+    cluster::cni_result(&c.cni(0, &["add", "brk", &gone]).output().unwrap());
+    drop(p3);
+    // ... a configuration does not parse, another names a plugin that is not there, ...
     std::fs::write(c.conf.path().join("zz-bad.conflist"), "{not json").unwrap();
     let missing = json!({"cniVersion": "1.1.0", "name": "missing",
         "plugins": [{"type": "cvt-nosuch"}]});
@@ -114,11 +126,7 @@ fn doctor_finds_a_healthy_host_healthy_and_names_what_is_broken() {
         missing.to_string(),
     )
     .unwrap();
-    for entry in std::fs::read_dir(c.cache.path()).unwrap().flatten() {
-        if entry.file_name().to_string_lossy().starts_with("brk-") {
-            std::fs::remove_file(entry.path()).unwrap();
-        }
-    }
+    // ... and an agent veth is left without its port.
     c.hosts[0].ip("link add cvp0ddba11 type veth peer name cvtdocpeer");
 
     let (out, report) = doctor(&c, ipam.path());
@@ -138,9 +146,16 @@ fn doctor_finds_a_healthy_host_healthy_and_names_what_is_broken() {
     let left = findings(&report, "leftovers", "fail");
     let lease = left
         .iter()
-        .find(|(m, _)| m.contains("lease 10.90.0.") && m.contains("network brk"))
+        .find(|(m, _)| m.contains("network brk") && m.contains("no runtime has attached"))
         .unwrap_or_else(|| panic!("no lease finding: {left:?}"));
     assert_eq!(lease.1, "corvid cni gc brk");
+    let orphaned = left
+        .iter()
+        .find(|(m, _)| m.contains(&format!("whose namespace {gone} is gone")))
+        .unwrap_or_else(|| panic!("no finding of the gone namespace: {left:?}"));
+    assert!(orphaned
+        .1
+        .starts_with(&format!("corvid cni del brk {gone} --container-id ")));
     let elements = left
         .iter()
         .find(|(m, _)| m.contains("nftables elements of network brk"))
@@ -159,6 +174,9 @@ fn doctor_finds_a_healthy_host_healthy_and_names_what_is_broken() {
     // The fixes it named, run as named, leave a healthy host.
     std::fs::remove_file(c.conf.path().join("zz-bad.conflist")).unwrap();
     std::fs::remove_file(c.conf.path().join("zz-missing.conflist")).unwrap();
+    let del: Vec<&str> = orphaned.1.split(' ').skip(2).collect();
+    let del = c.cni(0, &del).output().unwrap();
+    assert!(del.status.success(), "{del:?}");
     let gc = c.cni(0, &["gc", "brk"]).output().unwrap();
     assert!(gc.status.success(), "{gc:?}");
     c.hosts[0].ip("link del cvp0ddba11");
