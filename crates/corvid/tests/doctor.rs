@@ -1,9 +1,9 @@
 //! `corvid doctor` on a healthy host namespace and on one broken on purpose: a
 //! configuration that does not parse, one naming a missing plugin, a lease and nftables
 //! elements whose attachment the runtime forgot, a lease whose namespace is gone, and an
-//! agent veth no port owns. Each
-//! is reported with the command that fixes it, and after those commands the host is
-//! healthy again. Runs as root in `cvt*` namespaces (support/cluster.rs).
+//! agent veth no port owns. Each is reported with the command that fixes it, and after
+//! those commands the host is healthy again. Runs as root in `cvt*` namespaces
+//! (support/cluster.rs).
 
 #[path = "support/cluster.rs"]
 mod cluster;
