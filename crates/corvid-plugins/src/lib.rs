@@ -17,13 +17,14 @@ pub mod install;
 pub mod kurma;
 pub mod loopback;
 pub mod portmap;
+pub mod static_ipam;
 pub mod tuning;
 pub mod wait;
 
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 9] = [
+pub const PLUGIN_NAMES: [&str; 10] = [
     "bandwidth",
     "bridge",
     "corvid",
@@ -32,6 +33,7 @@ pub const PLUGIN_NAMES: [&str; 9] = [
     "host-local",
     "loopback",
     "portmap",
+    "static",
     "tuning",
 ];
 
@@ -46,6 +48,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         "portmap" => Some(&portmap::Portmap),
+        "static" => Some(&static_ipam::Static),
         "tuning" => Some(&tuning::Tuning),
         _ => None,
     }
