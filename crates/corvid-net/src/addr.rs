@@ -39,11 +39,27 @@ impl Netlink {
     /// Adds an address; IPv6 addresses skip duplicate address detection, so they are
     /// usable at once and nobody has to poll for them to settle.
     pub fn add_address(&mut self, index: u32, addr: &IpNet) -> Result<()> {
+        self.add_address_with(index, addr, false)
+    }
+
+    /// Adds an address without the route to its subnet the kernel would add with it (for
+    /// point-to-point links, whose subnet is reached through the gateway).
+    pub fn add_address_without_subnet_route(&mut self, index: u32, addr: &IpNet) -> Result<()> {
+        self.add_address_with(index, addr, true)
+    }
+
+    fn add_address_with(&mut self, index: u32, addr: &IpNet, no_prefix_route: bool) -> Result<()> {
         let mut m = message(index, addr);
+        let mut flags = AddressFlags::empty();
         if addr.addr().is_ipv6() {
             m.header.flags = AddressHeaderFlags::Nodad;
-            m.attributes
-                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+            flags |= AddressFlags::Nodad;
+        }
+        if no_prefix_route {
+            flags |= AddressFlags::Noprefixroute;
+        }
+        if !flags.is_empty() {
+            m.attributes.push(AddressAttribute::Flags(flags));
         }
         self.request(
             RouteNetlinkMessage::NewAddress(m),

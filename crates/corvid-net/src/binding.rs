@@ -172,6 +172,26 @@ pub fn plug(
     bridge: &Link,
     spec: &VethSpec,
 ) -> Result<VethPair> {
+    make_pair(host, container, netns, Some(bridge), spec)
+}
+
+/// As [`plug`], with the host end on no bridge: a point-to-point link (ptp).
+pub fn pair(
+    host: &mut Netlink,
+    container: &mut Netlink,
+    netns: &Netns,
+    spec: &VethSpec,
+) -> Result<VethPair> {
+    make_pair(host, container, netns, None, spec)
+}
+
+fn make_pair(
+    host: &mut Netlink,
+    container: &mut Netlink,
+    netns: &Netns,
+    bridge: Option<&Link>,
+    spec: &VethSpec,
+) -> Result<VethPair> {
     // Choosing the container end's MAC here, with the kernel echoing the host end (and
     // the peer's index), spares two lookups that wait on the kernel's work on the new pair.
     let peer_mac = spec.mac.map_or_else(random_mac, str::to_string);
@@ -183,7 +203,7 @@ pub fn plug(
         };
         match host.add_veth(
             &name,
-            Some(bridge.index),
+            bridge.map(|b| b.index),
             spec.ifname,
             netns,
             spec.mtu,
@@ -202,7 +222,7 @@ pub fn plug(
                     op: format!(
                         "plug {name} into bridge {}: it has the 1,024 ports a Linux bridge \
                          can take",
-                        bridge.name
+                        bridge.map_or("", |b| b.name.as_str())
                     ),
                     source: io::Error::from_raw_os_error(libc::EXFULL),
                 })

@@ -30,6 +30,8 @@ pub struct RouteSpec {
     pub advmss: Option<u32>,
     /// Scope; universe with a gateway, link without, when none.
     pub scope: Option<u8>,
+    /// The source address packets on this route get, when set.
+    pub src: Option<IpAddr>,
 }
 
 impl RouteSpec {
@@ -44,6 +46,7 @@ impl RouteSpec {
             mtu: None,
             advmss: None,
             scope: None,
+            src: None,
         }
     }
 }
@@ -94,6 +97,10 @@ fn message(r: &RouteSpec) -> RouteMessage {
             .push(RouteAttribute::Gateway(route_address(gw)));
     }
     m.attributes.push(RouteAttribute::Oif(r.oif));
+    if let Some(src) = r.src {
+        m.attributes
+            .push(RouteAttribute::PrefSource(route_address(src)));
+    }
     if let Some(p) = r.priority {
         m.attributes.push(RouteAttribute::Priority(p));
     }
@@ -169,6 +176,7 @@ impl Netlink {
                         RouteAttribute::Oif(o) => spec.oif = *o,
                         RouteAttribute::Priority(p) => spec.priority = Some(*p),
                         RouteAttribute::Table(t) => spec.table = Some(*t),
+                        RouteAttribute::PrefSource(s) => spec.src = from_route_address(s),
                         _ => {}
                     }
                 }

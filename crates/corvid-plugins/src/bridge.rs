@@ -1,6 +1,7 @@
 //! bridge: a veth pair from the container to a Linux bridge on the host, addresses from
 //! the IPAM plugin, optional gateway, default route and masquerade.
 
+use crate::veth::{self, container_end, ipam_type, joined, masqueraded, netns_path, ContainerEnd};
 use crate::{attachments, delegate, errors};
 use corvid_cni::result::{Interface, Route};
 use corvid_cni::skel::{validate_ifname, CmdArgs, Plugin};
@@ -142,24 +143,6 @@ fn load(args: &CmdArgs) -> Result<BridgeConf, Error> {
     }
     c.is_gateway |= c.is_default_gateway;
     Ok(c)
-}
-
-fn ipam_type(args: &CmdArgs) -> Option<&str> {
-    args.conf.ipam.as_ref().map(|i| i.ipam_type.as_str())
-}
-
-fn netns_path(args: &CmdArgs) -> Result<&std::path::Path, Error> {
-    args.netns
-        .as_deref()
-        .ok_or_else(|| Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))
-}
-
-/// The outcome of an in-process IPAM call run on its own thread.
-fn joined(
-    h: std::thread::ScopedJoinHandle<'_, Result<Option<CniResult>, Error>>,
-) -> Result<Option<CniResult>, Error> {
-    h.join()
-        .unwrap_or_else(|_| Err(Error::new(ErrorCode::Internal, "IPAM thread panicked")))
 }
 
 /// What ADD has made so far, undone in reverse when a later step fails.
@@ -403,51 +386,6 @@ fn finish(
     Ok(())
 }
 
-/// What DEL finds of the container's end of the pair.
-enum ContainerEnd {
-    /// The namespace is gone.
-    Gone,
-    /// The namespace is there, the interface is not.
-    Removed,
-    /// The interface, and a socket in its namespace.
-    Plugged(Netlink, Link),
-}
-
-fn container_end(args: &CmdArgs) -> Result<ContainerEnd, Error> {
-    let Some(ns) = args.netns.as_ref().and_then(|p| Netns::open(p).ok()) else {
-        return Ok(ContainerEnd::Gone);
-    };
-    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-    Ok(
-        match container.link_by_name(&args.ifname).map_err(errors::net)? {
-            Some(link) => ContainerEnd::Plugged(container, link),
-            None => ContainerEnd::Removed,
-        },
-    )
-}
-
-/// The addresses whose masquerade DEL removes: those on the container's interface, as
-/// the reference reads them, and prevResult's; none known means look for the tag.
-fn masqueraded(args: &CmdArgs, end: &mut ContainerEnd) -> Option<Vec<IpNet>> {
-    let mut addrs: Vec<IpNet> = Vec::new();
-    if let ContainerEnd::Plugged(container, link) = end {
-        addrs.extend(
-            container
-                .addresses(Some(link.index))
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(_, a)| a)
-                .filter(|a| !matches!(a, IpNet::V6(v6) if v6.addr().is_unicast_link_local())),
-        );
-    }
-    if let Some(prev) = &args.prev_result {
-        addrs.extend(prev.ips.iter().map(|ip| ip.address));
-    }
-    addrs.sort();
-    addrs.dedup();
-    (!addrs.is_empty()).then_some(addrs)
-}
-
 /// Removes the container's veth pair, from inside the namespace when it still exists.
 fn unplug(args: &CmdArgs, conf: &BridgeConf, end: ContainerEnd) -> Result<(), Error> {
     match end {
@@ -530,33 +468,7 @@ fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
             args.ifname, conf.bridge
         ));
     }
-    let have = container.addresses(Some(link.index)).map_err(errors::net)?;
-    for ip in prev
-        .ips
-        .iter()
-        .filter(|ip| ip.interface.is_none() || ip.interface == own)
-    {
-        if !have.iter().any(|(_, a)| *a == ip.address) {
-            return fail(format!(
-                "address {} is missing from {}",
-                ip.address, args.ifname
-            ));
-        }
-    }
-    let routes = container.routes().map_err(errors::net)?;
-    for r in &prev.routes {
-        let found = routes
-            .iter()
-            .any(|k| k.dst == r.dst.trunc() && r.gw.is_none_or(|gw| k.gw == Some(gw)));
-        if !found {
-            return fail(format!(
-                "route to {} is missing in {}",
-                r.dst,
-                ns.path().display()
-            ));
-        }
-    }
-    Ok(())
+    veth::check_addresses_and_routes(&mut container, &link, prev, own, &ns)
 }
 
 impl Plugin for Bridge {

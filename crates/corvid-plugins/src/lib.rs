@@ -19,6 +19,7 @@ pub mod loopback;
 pub mod portmap;
 pub mod static_ipam;
 pub mod tuning;
+mod veth;
 pub mod wait;
 
 use corvid_cni::skel::Plugin;

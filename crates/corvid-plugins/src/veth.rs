@@ -1,0 +1,115 @@
+//! What the plugins that give a container a veth (bridge, ptp) share: finding the
+//! container's end, the addresses whose masquerade DEL removes, and CHECK's comparison
+//! of addresses and routes with `prevResult`.
+
+use crate::errors;
+use corvid_cni::skel::CmdArgs;
+use corvid_cni::{CniResult, Error, ErrorCode};
+use corvid_net::link::Link;
+use corvid_net::{Netlink, Netns};
+use ipnet::IpNet;
+
+/// The IPAM plugin's type, when the configuration has an IPAM section.
+pub(crate) fn ipam_type(args: &CmdArgs) -> Option<&str> {
+    args.conf.ipam.as_ref().map(|i| i.ipam_type.as_str())
+}
+
+/// CNI_NETNS, which ADD and CHECK need.
+pub(crate) fn netns_path(args: &CmdArgs) -> Result<&std::path::Path, Error> {
+    args.netns
+        .as_deref()
+        .ok_or_else(|| Error::new(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))
+}
+
+/// The outcome of an in-process IPAM call run on its own thread.
+pub(crate) fn joined(
+    h: std::thread::ScopedJoinHandle<'_, Result<Option<CniResult>, Error>>,
+) -> Result<Option<CniResult>, Error> {
+    h.join()
+        .unwrap_or_else(|_| Err(Error::new(ErrorCode::Internal, "IPAM thread panicked")))
+}
+
+/// What DEL finds of the container's end of the pair.
+pub(crate) enum ContainerEnd {
+    /// The namespace is gone.
+    Gone,
+    /// The namespace is there, the interface is not.
+    Removed,
+    /// The interface, and a socket in its namespace.
+    Plugged(Netlink, Link),
+}
+
+/// The container's end of the pair, as DEL finds it.
+pub(crate) fn container_end(args: &CmdArgs) -> Result<ContainerEnd, Error> {
+    let Some(ns) = args.netns.as_ref().and_then(|p| Netns::open(p).ok()) else {
+        return Ok(ContainerEnd::Gone);
+    };
+    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    Ok(
+        match container.link_by_name(&args.ifname).map_err(errors::net)? {
+            Some(link) => ContainerEnd::Plugged(container, link),
+            None => ContainerEnd::Removed,
+        },
+    )
+}
+
+/// The addresses whose masquerade DEL removes: those on the container's interface, as
+/// the reference reads them, and prevResult's; none known means look for the tag.
+pub(crate) fn masqueraded(args: &CmdArgs, end: &mut ContainerEnd) -> Option<Vec<IpNet>> {
+    let mut addrs: Vec<IpNet> = Vec::new();
+    if let ContainerEnd::Plugged(container, link) = end {
+        addrs.extend(
+            container
+                .addresses(Some(link.index))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(_, a)| a)
+                .filter(|a| !matches!(a, IpNet::V6(v6) if v6.addr().is_unicast_link_local())),
+        );
+    }
+    if let Some(prev) = &args.prev_result {
+        addrs.extend(prev.ips.iter().map(|ip| ip.address));
+    }
+    addrs.sort();
+    addrs.dedup();
+    (!addrs.is_empty()).then_some(addrs)
+}
+
+/// CHECK: every address of `prev` for the interface (`own`, its index there) is on
+/// `link`, and every route of `prev` is in the namespace.
+pub(crate) fn check_addresses_and_routes(
+    container: &mut Netlink,
+    link: &Link,
+    prev: &CniResult,
+    own: Option<usize>,
+    ns: &Netns,
+) -> Result<(), Error> {
+    let fail = |msg: String| Err(Error::new(ErrorCode::CheckFailed, msg));
+    let have = container.addresses(Some(link.index)).map_err(errors::net)?;
+    for ip in prev
+        .ips
+        .iter()
+        .filter(|ip| ip.interface.is_none() || ip.interface == own)
+    {
+        if !have.iter().any(|(_, a)| *a == ip.address) {
+            return fail(format!(
+                "address {} is missing from {}",
+                ip.address, link.name
+            ));
+        }
+    }
+    let routes = container.routes().map_err(errors::net)?;
+    for r in &prev.routes {
+        let found = routes
+            .iter()
+            .any(|k| k.dst == r.dst.trunc() && r.gw.is_none_or(|gw| k.gw == Some(gw)));
+        if !found {
+            return fail(format!(
+                "route to {} is missing in {}",
+                r.dst,
+                ns.path().display()
+            ));
+        }
+    }
+    Ok(())
+}
