@@ -533,23 +533,12 @@ impl Plugin for Bridge {
     }
 
     fn gc(&self, args: &CmdArgs) -> Result<(), Error> {
-        let conf = load(args)?;
-        if let Some(t) = ipam_type(args) {
-            delegate::run(t, Command::Gc, args)?;
-        }
-        if conf.ip_masq {
-            masquerade::gc_masquerade(&args.conf.name, &attachments::valid(args))
-                .map_err(errors::net)?;
-        }
-        Ok(())
+        veth::gc(args, load(args)?.ip_masq)
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
         load(args)?;
-        match ipam_type(args) {
-            Some(t) => delegate::run(t, Command::Status, args).map(drop),
-            None => Ok(()),
-        }
+        veth::status(args)
     }
 }
 

@@ -17,6 +17,7 @@ pub mod install;
 pub mod kurma;
 pub mod loopback;
 pub mod portmap;
+pub mod ptp;
 pub mod static_ipam;
 pub mod tuning;
 mod veth;
@@ -25,7 +26,7 @@ pub mod wait;
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 10] = [
+pub const PLUGIN_NAMES: [&str; 11] = [
     "bandwidth",
     "bridge",
     "corvid",
@@ -34,6 +35,7 @@ pub const PLUGIN_NAMES: [&str; 10] = [
     "host-local",
     "loopback",
     "portmap",
+    "ptp",
     "static",
     "tuning",
 ];
@@ -49,6 +51,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         "portmap" => Some(&portmap::Portmap),
+        "ptp" => Some(&ptp::Ptp),
         "static" => Some(&static_ipam::Static),
         "tuning" => Some(&tuning::Tuning),
         _ => None,

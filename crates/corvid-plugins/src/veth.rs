@@ -2,10 +2,12 @@
 //! container's end, the addresses whose masquerade DEL removes, and CHECK's comparison
 //! of addresses and routes with `prevResult`.
 
-use crate::errors;
+use crate::{attachments, delegate, errors};
 use corvid_cni::skel::CmdArgs;
+use corvid_cni::Command;
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::link::Link;
+use corvid_net::nftables::masquerade;
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 
@@ -112,4 +114,24 @@ pub(crate) fn check_addresses_and_routes(
         }
     }
     Ok(())
+}
+
+/// GC: the IPAM plugin's, then the masquerade of attachments not kept.
+pub(crate) fn gc(args: &CmdArgs, ip_masq: bool) -> Result<(), Error> {
+    if let Some(t) = ipam_type(args) {
+        delegate::run(t, Command::Gc, args)?;
+    }
+    if ip_masq {
+        masquerade::gc_masquerade(&args.conf.name, &attachments::valid(args))
+            .map_err(errors::net)?;
+    }
+    Ok(())
+}
+
+/// STATUS: the IPAM plugin's.
+pub(crate) fn status(args: &CmdArgs) -> Result<(), Error> {
+    match ipam_type(args) {
+        Some(t) => delegate::run(t, Command::Status, args).map(drop),
+        None => Ok(()),
+    }
 }
