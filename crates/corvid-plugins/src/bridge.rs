@@ -215,22 +215,7 @@ fn ensure_bridge_and_plug(
 }
 
 fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
-    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
-    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-    if container
-        .link_by_name(&args.ifname)
-        .map_err(errors::net)?
-        .is_some()
-    {
-        return Err(Error::new(
-            ErrorCode::InterfaceExists,
-            format!(
-                "interface \"{}\" already exists in {}",
-                args.ifname,
-                ns.path().display()
-            ),
-        ));
-    }
+    let (ns, mut container) = veth::open_free(args)?;
     let mut host = Netlink::open().map_err(errors::net)?;
     // This binary's own host-local needs no interface, so it allocates on a second thread
     // while the kernel builds the veth pair. An exec'd IPAM plugin runs after the pair

@@ -91,22 +91,7 @@ impl Made {
 }
 
 fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
-    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
-    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-    if container
-        .link_by_name(&args.ifname)
-        .map_err(errors::net)?
-        .is_some()
-    {
-        return Err(Error::new(
-            ErrorCode::InterfaceExists,
-            format!(
-                "interface \"{}\" already exists in {}",
-                args.ifname,
-                ns.path().display()
-            ),
-        ));
-    }
+    let (ns, mut container) = veth::open_free(args)?;
     let mut host = Netlink::open().map_err(errors::net)?;
     let t = ipam_type(args).unwrap_or_default();
     let mut result = delegate::run(t, Command::Add, args)?.unwrap_or_default();

@@ -135,3 +135,24 @@ pub(crate) fn status(args: &CmdArgs) -> Result<(), Error> {
         None => Ok(()),
     }
 }
+
+/// The container's namespace and a socket in it, for an ADD: CNI_IFNAME must be free there.
+pub(crate) fn open_free(args: &CmdArgs) -> Result<(Netns, Netlink), Error> {
+    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
+    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    if container
+        .link_by_name(&args.ifname)
+        .map_err(errors::net)?
+        .is_some()
+    {
+        return Err(Error::new(
+            ErrorCode::InterfaceExists,
+            format!(
+                "interface \"{}\" already exists in {}",
+                args.ifname,
+                ns.path().display()
+            ),
+        ));
+    }
+    Ok((ns, container))
+}
