@@ -33,6 +33,25 @@ impl CniArgs {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
+
+    /// Refuses a key `plugin` does not read (code 4), as the reference's plugins do
+    /// unless `IgnoreUnknown` is 1 or true (which runtimes such as the kubelet send).
+    pub fn only(&self, plugin: &str, known: &[&str]) -> Result<(), Error> {
+        let ignore = self
+            .get("IgnoreUnknown")
+            .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+        match self
+            .0
+            .iter()
+            .find(|(k, _)| k != "IgnoreUnknown" && !known.contains(&k.as_str()))
+        {
+            Some((k, _)) if !ignore => Err(Error::new(
+                ErrorCode::InvalidEnvironment,
+                format!("{plugin}: unknown CNI_ARGS key \"{k}\" (set IgnoreUnknown=1 to pass it)"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

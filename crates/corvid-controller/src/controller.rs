@@ -166,7 +166,9 @@ const RETRIES: usize = 64;
 impl Controller {
     /// The write path: `prepare` reads the view and returns a transaction and what to
     /// answer if it commits; a lost compare-and-swap race re-runs `prepare` on a fresher
-    /// view.
+    /// view. "Not found" is answered only once the view has caught up with the store: an
+    /// object another controller just made (a network made on one, its subnet asked of
+    /// another) may not have reached this one's view yet.
     pub async fn transact<T>(
         &self,
         prepare: impl FnMut(&View) -> Result<(Txn, T), NeutronError>,
@@ -188,9 +190,9 @@ impl Controller {
     async fn transact_with<T>(
         &self,
         mut prepare: impl FnMut(&View) -> Result<(Txn, T), NeutronError>,
-        settle_not_found: bool,
+        named: bool,
     ) -> Result<T, NeutronError> {
-        let mut synced = !settle_not_found;
+        let mut synced = false;
         for _ in 0..RETRIES {
             let prepared = {
                 let v = self.view();
@@ -199,7 +201,9 @@ impl Controller {
             let (txn, out, seen) = match prepared {
                 Err(e) if e.status == StatusCode::NOT_FOUND && !synced => {
                     synced = true;
-                    drop(self.creates.write().await);
+                    if named {
+                        drop(self.creates.write().await);
+                    }
                     self.catch_up_with_store().await;
                     continue;
                 }

@@ -245,6 +245,7 @@ fn make_pair(
                 master: None,
                 peer_index: Some(host_link.index),
                 kind: LinkKind::Veth,
+                macvlan_mode: None,
                 up: false,
                 promisc: false,
                 allmulti: false,

@@ -6,8 +6,8 @@ use crate::{netlink_err, Result};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL};
 use netlink_packet_route::link::{
     AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridge, InfoBridgePort, InfoData,
-    InfoKind, InfoPortData, InfoPortKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags,
-    LinkInfo, LinkMessage,
+    InfoKind, InfoMacVlan, InfoPortData, InfoPortKind, InfoVeth, LinkAttribute, LinkExtentMask,
+    LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
@@ -22,6 +22,8 @@ pub enum LinkKind {
     Vlan,
     /// A VXLAN tunnel device.
     Vxlan,
+    /// A macvlan on a parent device.
+    Macvlan,
     /// Anything else (loopback, physical, ...), with the kernel's kind name if any.
     Other(String),
 }
@@ -51,6 +53,70 @@ pub struct Link {
     pub allmulti: bool,
     /// The transmit queue length.
     pub txqlen: u32,
+    /// For a macvlan, how it shares its parent.
+    pub macvlan_mode: Option<MacvlanMode>,
+}
+
+/// How a macvlan shares its parent device with its siblings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MacvlanMode {
+    /// Siblings reach each other directly.
+    Bridge,
+    /// Siblings cannot reach each other.
+    Private,
+    /// Traffic between siblings goes out to the switch and back.
+    Vepa,
+    /// The one macvlan takes the parent over.
+    Passthru,
+}
+
+impl MacvlanMode {
+    /// The mode named as the reference plugin names it (empty: bridge).
+    pub fn parse(s: &str) -> Option<MacvlanMode> {
+        match s {
+            "" | "bridge" => Some(MacvlanMode::Bridge),
+            "private" => Some(MacvlanMode::Private),
+            "vepa" => Some(MacvlanMode::Vepa),
+            "passthru" => Some(MacvlanMode::Passthru),
+            _ => None,
+        }
+    }
+
+    fn to_kernel(self) -> MacVlanMode {
+        match self {
+            MacvlanMode::Bridge => MacVlanMode::Bridge,
+            MacvlanMode::Private => MacVlanMode::Private,
+            MacvlanMode::Vepa => MacVlanMode::Vepa,
+            MacvlanMode::Passthru => MacVlanMode::Passthrough,
+        }
+    }
+
+    fn from_kernel(m: MacVlanMode) -> Option<MacvlanMode> {
+        match m {
+            MacVlanMode::Bridge => Some(MacvlanMode::Bridge),
+            MacVlanMode::Private => Some(MacvlanMode::Private),
+            MacVlanMode::Vepa => Some(MacvlanMode::Vepa),
+            MacVlanMode::Passthrough => Some(MacvlanMode::Passthru),
+            _ => None,
+        }
+    }
+}
+
+/// A macvlan to create.
+#[derive(Debug, Clone)]
+pub struct MacvlanSpec<'a> {
+    /// Its name in the target namespace.
+    pub name: &'a str,
+    /// The parent device's index (in the namespace of the socket that creates it).
+    pub parent: u32,
+    /// The mode.
+    pub mode: MacvlanMode,
+    /// MTU; the parent's when none.
+    pub mtu: Option<u32>,
+    /// MAC; a random one when none.
+    pub mac: Option<&'a str>,
+    /// Length of the broadcast queue, when set.
+    pub bcqueuelen: Option<u32>,
 }
 
 /// Formats a hardware address the way `ip link` and CNI results do.
@@ -88,6 +154,7 @@ impl Link {
             master: None,
             peer_index: None,
             kind: LinkKind::Other(String::new()),
+            macvlan_mode: None,
             up: m.header.flags.contains(LinkFlags::Up),
             promisc: m.header.flags.contains(LinkFlags::Promisc),
             allmulti: m.header.flags.contains(LinkFlags::Allmulti),
@@ -103,12 +170,19 @@ impl Link {
                 LinkAttribute::Link(v) => link.peer_index = Some(v),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
+                        if let LinkInfo::Data(InfoData::MacVlan(data)) = &info {
+                            link.macvlan_mode = data.iter().find_map(|d| match d {
+                                InfoMacVlan::Mode(m) => MacvlanMode::from_kernel(*m),
+                                _ => None,
+                            });
+                        }
                         if let LinkInfo::Kind(k) = info {
                             link.kind = match k {
                                 InfoKind::Bridge => LinkKind::Bridge,
                                 InfoKind::Veth => LinkKind::Veth,
                                 InfoKind::Vlan => LinkKind::Vlan,
                                 InfoKind::Vxlan => LinkKind::Vxlan,
+                                InfoKind::MacVlan => LinkKind::Macvlan,
                                 other => LinkKind::Other(other.to_string()),
                             };
                         }
@@ -280,6 +354,39 @@ impl Netlink {
             RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
             _ => None,
         }))
+    }
+
+    /// Creates a macvlan on `spec.parent`, down, directly in `netns` when given (the
+    /// parent stays where it is), else next to its parent.
+    pub fn add_macvlan(&mut self, spec: &MacvlanSpec, netns: Option<&Netns>) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.attributes
+            .push(LinkAttribute::IfName(spec.name.to_string()));
+        m.attributes.push(LinkAttribute::Link(spec.parent));
+        if let Some(mtu) = spec.mtu {
+            m.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        if let Some(mac) = spec.mac {
+            m.attributes
+                .push(LinkAttribute::Address(mac_bytes(mac, spec.name)?));
+        }
+        if let Some(ns) = netns {
+            m.attributes.push(LinkAttribute::NetNsFd(ns.fd()));
+        }
+        let mut data = vec![InfoMacVlan::Mode(spec.mode.to_kernel())];
+        if let Some(len) = spec.bcqueuelen {
+            data.push(InfoMacVlan::BcQueueLen(len));
+        }
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::MacVlan),
+            LinkInfo::Data(InfoData::MacVlan(data)),
+        ]));
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!("create macvlan {}", spec.name)))
     }
 
     /// Sets a link's MAC. The kernel marks the address as chosen, so a bridge keeps it

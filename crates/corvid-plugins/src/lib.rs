@@ -16,6 +16,7 @@ pub mod host_local;
 pub mod install;
 pub mod kurma;
 pub mod loopback;
+pub mod macvlan;
 pub mod portmap;
 pub mod ptp;
 pub mod static_ipam;
@@ -26,7 +27,7 @@ pub mod wait;
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 11] = [
+pub const PLUGIN_NAMES: [&str; 12] = [
     "bandwidth",
     "bridge",
     "corvid",
@@ -34,6 +35,7 @@ pub const PLUGIN_NAMES: [&str; 11] = [
     "firewall",
     "host-local",
     "loopback",
+    "macvlan",
     "portmap",
     "ptp",
     "static",
@@ -50,6 +52,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "firewall" => Some(&firewall::Firewall),
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
+        "macvlan" => Some(&macvlan::Macvlan),
         "portmap" => Some(&portmap::Portmap),
         "ptp" => Some(&ptp::Ptp),
         "static" => Some(&static_ipam::Static),

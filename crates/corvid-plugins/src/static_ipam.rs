@@ -37,7 +37,7 @@ struct AddressConf {
 }
 
 /// CNI_ARGS keys this plugin reads; `MAC` is the main plugin's, and passes.
-const KNOWN_ARGS: [&str; 4] = ["IP", "GATEWAY", "MAC", "IgnoreUnknown"];
+const KNOWN_ARGS: [&str; 3] = ["IP", "GATEWAY", "MAC"];
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorCode::InvalidNetworkConfig, msg)
@@ -54,23 +54,7 @@ fn cidr(s: &str, field: &str) -> Result<IpNet, Error> {
 
 /// Every address ADD reports, with its gateway, in the order the reference gives them.
 fn addresses(args: &CmdArgs, conf: IpamConf) -> Result<(Vec<IpConfig>, IpamConf), Error> {
-    let ignore_unknown = args
-        .args
-        .get("IgnoreUnknown")
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"));
-    if !ignore_unknown {
-        if let Some((k, _)) = args
-            .args
-            .0
-            .iter()
-            .find(|(k, _)| !KNOWN_ARGS.contains(&k.as_str()))
-        {
-            return Err(Error::new(
-                ErrorCode::InvalidEnvironment,
-                format!("static: unknown CNI_ARGS key \"{k}\" (set IgnoreUnknown=1 to pass it)"),
-            ));
-        }
-    }
+    args.args.only("static", &KNOWN_ARGS)?;
     let mut ips = conf
         .addresses
         .iter()

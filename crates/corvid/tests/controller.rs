@@ -652,6 +652,38 @@ fn two_controllers_on_one_etcd_never_share_an_address() {
 }
 
 #[test]
+fn a_write_on_one_controller_names_what_another_just_made() {
+    // A network made on a is at once the network of a subnet asked of b, and a subnet
+    // of b that of a port asked of a: a controller whose view has not caught up yet
+    // asks the store before it answers "not found". The window is a few milliseconds on
+    // an idle machine (the CI run that found it was loaded), so many rounds are tried.
+    let etcd = Etcd::start();
+    let spec = format!("etcd:{}", etcd.url);
+    let (a, b) = (
+        ControllerProcess::start(&spec, None),
+        ControllerProcess::start(&spec, None),
+    );
+    for i in 0..120 {
+        let net: Network = a.client().create(json!({"name": format!("n{i}")})).unwrap();
+        let subnet: Subnet = b
+            .client()
+            .create(
+                json!({"network_id": net.id, "cidr": format!("10.4.{i}.0/24"), "ip_version": 4}),
+            )
+            .unwrap_or_else(|e| panic!("round {i}: subnet on b: {e}"));
+        a.client()
+            .create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": subnet.id}]}))
+            .unwrap_or_else(|e| panic!("round {i}: port on a: {e}"));
+    }
+    // What exists nowhere is still "not found", once the store has been asked.
+    let e = b
+        .client()
+        .create::<Subnet>(json!({"network_id": "0190e5a5-0000-7000-8000-000000000000", "cidr": "10.5.0.0/24", "ip_version": 4}))
+        .unwrap_err();
+    assert_eq!(e.status(), Some(404), "{e}");
+}
+
+#[test]
 fn a_killed_controller_keeps_every_acknowledged_create() {
     let (_dir, spec) = redb_store();
     let etcd = Etcd::start();
