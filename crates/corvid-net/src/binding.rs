@@ -246,6 +246,7 @@ fn make_pair(
                 peer_index: Some(host_link.index),
                 kind: LinkKind::Veth,
                 macvlan_mode: None,
+                alias: String::new(),
                 up: false,
                 promisc: false,
                 allmulti: false,

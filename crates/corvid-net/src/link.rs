@@ -55,6 +55,8 @@ pub struct Link {
     pub txqlen: u32,
     /// For a macvlan, how it shares its parent.
     pub macvlan_mode: Option<MacvlanMode>,
+    /// The link's alias (`ip link set X alias Y`), empty when none.
+    pub alias: String,
 }
 
 /// How a macvlan shares its parent device with its siblings.
@@ -155,6 +157,7 @@ impl Link {
             peer_index: None,
             kind: LinkKind::Other(String::new()),
             macvlan_mode: None,
+            alias: String::new(),
             up: m.header.flags.contains(LinkFlags::Up),
             promisc: m.header.flags.contains(LinkFlags::Promisc),
             allmulti: m.header.flags.contains(LinkFlags::Allmulti),
@@ -163,6 +166,7 @@ impl Link {
         for attr in m.attributes {
             match attr {
                 LinkAttribute::IfName(n) => link.name = n,
+                LinkAttribute::IfAlias(a) => link.alias = a,
                 LinkAttribute::Address(a) => link.mac = format_mac(&a),
                 LinkAttribute::Mtu(v) => link.mtu = v,
                 LinkAttribute::TxQueueLen(v) => link.txqlen = v,
@@ -387,6 +391,30 @@ impl Netlink {
         )
         .map(drop)
         .map_err(netlink_err(format!("create macvlan {}", spec.name)))
+    }
+
+    /// Moves `link` into `netns` as `name`, with `alias`, up or down, in one request: the
+    /// name is only looked up in `netns`, so a link of that name here is no conflict.
+    pub fn move_link(
+        &mut self,
+        link: &Link,
+        netns: &Netns,
+        name: &str,
+        alias: &str,
+        up: bool,
+    ) -> Result<()> {
+        let mut m = change(link.index);
+        m.header.change_mask = LinkFlags::Up;
+        if up {
+            m.header.flags = LinkFlags::Up;
+        }
+        m.attributes.push(LinkAttribute::NetNsFd(netns.fd()));
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        m.attributes.push(LinkAttribute::IfAlias(alias.to_string()));
+        self.change_link(
+            m,
+            format!("move {} to {} as {name}", link.name, netns.path().display()),
+        )
     }
 
     /// Sets a link's MAC. The kernel marks the address as chosen, so a bridge keeps it

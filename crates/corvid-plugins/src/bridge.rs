@@ -1,7 +1,9 @@
 //! bridge: a veth pair from the container to a Linux bridge on the host, addresses from
 //! the IPAM plugin, optional gateway, default route and masquerade.
 
-use crate::veth::{self, container_end, ipam_type, joined, masqueraded, netns_path, ContainerEnd};
+use crate::attach::{
+    self, container_end, ipam_type, joined, masqueraded, netns_path, ContainerEnd,
+};
 use crate::{attachments, delegate, errors};
 use corvid_cni::result::{Interface, Route};
 use corvid_cni::skel::{validate_ifname, CmdArgs, Plugin};
@@ -13,7 +15,6 @@ use corvid_net::binding::{
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
 use corvid_net::nftables::Nftables;
-use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Netlink, Netns};
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -215,7 +216,7 @@ fn ensure_bridge_and_plug(
 }
 
 fn add(args: &CmdArgs, conf: &BridgeConf) -> Result<CniResult, Error> {
-    let (ns, mut container) = veth::open_free(args)?;
+    let (ns, mut container) = attach::open_free(args)?;
     let mut host = Netlink::open().map_err(errors::net)?;
     // This binary's own host-local needs no interface, so it allocates on a second thread
     // while the kernel builds the veth pair. An exec'd IPAM plugin runs after the pair
@@ -300,26 +301,7 @@ fn finish(
         }
     }
     let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
-    let routes: Vec<RouteSpec> = result
-        .routes
-        .iter()
-        .map(|r| {
-            let gw = r.gw.or_else(|| {
-                result
-                    .ips
-                    .iter()
-                    .find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4())
-                    .and_then(|ip| ip.gateway)
-            });
-            let mut spec = RouteSpec::new(r.dst, gw, port.container.index);
-            spec.mtu = r.mtu;
-            spec.advmss = r.advmss;
-            spec.priority = r.priority;
-            spec.table = r.table;
-            spec.scope = r.scope;
-            spec
-        })
-        .collect();
+    let routes = attach::result_routes(result, port.container.index);
     configure(container, &port.container, &addrs, &routes).map_err(errors::net)?;
     if conf.is_gateway {
         for ip in &result.ips {
@@ -453,7 +435,7 @@ fn check(args: &CmdArgs, conf: &BridgeConf) -> Result<(), Error> {
             args.ifname, conf.bridge
         ));
     }
-    veth::check_addresses_and_routes(&mut container, &link, prev, own, &ns)
+    attach::check_addresses_and_routes(&mut container, &link, prev, own, &ns)
 }
 
 impl Plugin for Bridge {
@@ -518,12 +500,12 @@ impl Plugin for Bridge {
     }
 
     fn gc(&self, args: &CmdArgs) -> Result<(), Error> {
-        veth::gc(args, load(args)?.ip_masq)
+        attach::gc(args, load(args)?.ip_masq)
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
         load(args)?;
-        veth::status(args)
+        attach::status(args)
     }
 }
 

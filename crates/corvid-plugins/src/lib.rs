@@ -3,6 +3,7 @@
 
 #![deny(missing_docs)]
 
+mod attach;
 pub mod attachments;
 pub mod bandwidth;
 pub mod bridge;
@@ -12,6 +13,7 @@ pub mod credentials;
 pub mod delegate;
 pub mod errors;
 pub mod firewall;
+pub mod host_device;
 pub mod host_local;
 pub mod install;
 pub mod kurma;
@@ -21,18 +23,18 @@ pub mod portmap;
 pub mod ptp;
 pub mod static_ipam;
 pub mod tuning;
-mod veth;
 pub mod wait;
 
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 12] = [
+pub const PLUGIN_NAMES: [&str; 13] = [
     "bandwidth",
     "bridge",
     "corvid",
     "corvid-k8s",
     "firewall",
+    "host-device",
     "host-local",
     "loopback",
     "macvlan",
@@ -50,6 +52,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "corvid" => Some(&corvid::Corvid),
         "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),
         "firewall" => Some(&firewall::Firewall),
+        "host-device" => Some(&host_device::HostDevice),
         "host-local" => Some(&host_local::HostLocal),
         "loopback" => Some(&loopback::Loopback),
         "macvlan" => Some(&macvlan::Macvlan),

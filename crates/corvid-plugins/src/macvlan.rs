@@ -3,15 +3,13 @@
 //! (`linkInContainer`), in mode bridge, private, vepa or passthru. With an IPAM section it
 //! gets addresses and routes; without, it is only brought up (layer 2).
 
-use crate::veth::{self, ipam_type, netns_path};
+use crate::attach::{self, ipam_type};
 use crate::{delegate, errors};
-use corvid_cni::result::Interface;
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::Command;
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::binding::configure;
 use corvid_net::link::{Link, LinkKind, MacvlanMode, MacvlanSpec};
-use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Netlink, Netns};
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -138,7 +136,7 @@ fn link_in_container(args: &CmdArgs) -> bool {
 }
 
 fn add(args: &CmdArgs) -> Result<CniResult, Error> {
-    let (ns, mut container) = veth::open_free(args)?;
+    let (ns, mut container) = attach::open_free(args)?;
     let mut host = Netlink::open().map_err(errors::net)?;
     let setup = if link_in_container(args) {
         load(args, &mut container)?
@@ -187,26 +185,7 @@ fn add(args: &CmdArgs) -> Result<CniResult, Error> {
             })
             .map_err(errors::net)?;
             let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
-            let routes: Vec<RouteSpec> = result
-                .routes
-                .iter()
-                .map(|r| {
-                    let gw = r.gw.or_else(|| {
-                        result
-                            .ips
-                            .iter()
-                            .find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4())
-                            .and_then(|ip| ip.gateway)
-                    });
-                    let mut spec = RouteSpec::new(r.dst, gw, link.index);
-                    spec.mtu = r.mtu;
-                    spec.advmss = r.advmss;
-                    spec.priority = r.priority;
-                    spec.table = r.table;
-                    spec.scope = r.scope;
-                    spec
-                })
-                .collect();
+            let routes = attach::result_routes(&result, link.index);
             container.set_up(&link).map_err(errors::net)?;
             configure(&mut container, &link, &addrs, &routes).map_err(errors::net)?;
             for ip in &mut result.ips {
@@ -215,15 +194,7 @@ fn add(args: &CmdArgs) -> Result<CniResult, Error> {
         } else {
             container.set_up(&link).map_err(errors::net)?;
         }
-        result.interfaces = vec![Interface {
-            name: link.name.clone(),
-            mac: link.mac.clone(),
-            sandbox: ns.path().display().to_string(),
-            ..Interface::default()
-        }];
-        if let Some(dns) = args.conf.dns.as_ref() {
-            result.dns = dns.clone();
-        }
+        attach::single_interface(args, &mut result, &link, &ns);
         Ok(result)
     })();
     done.inspect_err(|_| {
@@ -238,55 +209,24 @@ fn add(args: &CmdArgs) -> Result<CniResult, Error> {
 
 fn check(args: &CmdArgs) -> Result<(), Error> {
     let fail = |msg: String| Err(Error::new(ErrorCode::CheckFailed, msg));
-    let prev = args
-        .prev_result
-        .as_ref()
-        .ok_or_else(|| invalid("macvlan: Required prevResult missing"))?;
-    if let Some(t) = ipam_type(args).filter(|t| !t.is_empty()) {
-        delegate::run(t, Command::Check, args)?;
-    }
-    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
-    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    let (prev, mut c) = attach::checked(args, "macvlan")?;
     let mut host = Netlink::open().map_err(errors::net)?;
     let setup = if link_in_container(args) {
-        load(args, &mut container)?
+        load(args, &mut c.container)?
     } else {
         load(args, &mut host)?
     };
-    let sandbox = ns.path().display().to_string();
-    let Some(own) = prev
-        .interfaces
-        .iter()
-        .position(|i| i.name == args.ifname && i.sandbox == sandbox)
-    else {
-        return fail(format!(
-            "prevResult has no interface {} in {sandbox}",
-            args.ifname
-        ));
-    };
-    let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? else {
-        return fail(format!(
-            "interface {} does not exist in {sandbox}",
-            args.ifname
-        ));
-    };
-    if link.kind != LinkKind::Macvlan {
+    if c.link.kind != LinkKind::Macvlan {
         return fail(format!("interface {} is not a macvlan", args.ifname));
     }
-    if link.macvlan_mode != Some(setup.mode) {
+    if c.link.macvlan_mode != Some(setup.mode) {
         return fail(format!(
             "interface {} is in mode {:?}, the configuration says {:?}",
-            args.ifname, link.macvlan_mode, setup.mode
+            args.ifname, c.link.macvlan_mode, setup.mode
         ));
     }
-    let want = &prev.interfaces[own].mac;
-    if !want.is_empty() && !want.eq_ignore_ascii_case(&link.mac) {
-        return fail(format!(
-            "interface {} has MAC {}, the result says {want}",
-            args.ifname, link.mac
-        ));
-    }
-    veth::check_addresses_and_routes(&mut container, &link, prev, Some(own), &ns)
+    attach::check_mac(prev, &c)?;
+    attach::check_addresses_and_routes(&mut c.container, &c.link, prev, Some(c.own), &c.ns)
 }
 
 impl Plugin for Macvlan {
@@ -321,10 +261,10 @@ impl Plugin for Macvlan {
     }
 
     fn gc(&self, args: &CmdArgs) -> Result<(), Error> {
-        veth::gc(args, false)
+        attach::gc(args, false)
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
-        veth::status(args)
+        attach::status(args)
     }
 }

@@ -3,7 +3,7 @@
 //! end of the pair (a /32 or /128), and the host routes the container's address to that
 //! end. Optional masquerade, as bridge's.
 
-use crate::veth::{self, container_end, ipam_type, masqueraded, netns_path, ContainerEnd};
+use crate::attach::{self, container_end, ipam_type, masqueraded, ContainerEnd};
 use crate::{attachments, delegate, errors};
 use corvid_cni::result::Interface;
 use corvid_cni::skel::{CmdArgs, Plugin};
@@ -13,7 +13,7 @@ use corvid_net::binding::{pair, VethPair, VethSpec};
 use corvid_net::link::LinkKind;
 use corvid_net::nftables::{masquerade, Nftables};
 use corvid_net::route::RouteSpec;
-use corvid_net::{sysctl, Netlink, Netns};
+use corvid_net::{sysctl, Netlink};
 use ipnet::IpNet;
 use serde::Deserialize;
 
@@ -91,7 +91,7 @@ impl Made {
 }
 
 fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
-    let (ns, mut container) = veth::open_free(args)?;
+    let (ns, mut container) = attach::open_free(args)?;
     let mut host = Netlink::open().map_err(errors::net)?;
     let t = ipam_type(args).unwrap_or_default();
     let mut result = delegate::run(t, Command::Add, args)?.unwrap_or_default();
@@ -194,22 +194,7 @@ fn configure_container(
         subnet.src = Some(ip.address.addr());
         routes.extend([to_gw, subnet]);
     }
-    for r in &result.routes {
-        let gw = r.gw.or_else(|| {
-            result
-                .ips
-                .iter()
-                .find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4())
-                .and_then(|ip| ip.gateway)
-        });
-        let mut spec = RouteSpec::new(r.dst, gw, index);
-        spec.mtu = r.mtu;
-        spec.advmss = r.advmss;
-        spec.priority = r.priority;
-        spec.table = r.table;
-        spec.scope = r.scope;
-        routes.push(spec);
-    }
+    routes.extend(attach::result_routes(result, index));
     for r in &routes {
         match container.add_route(r) {
             // A default route another network put first stays, as the spec asks.
@@ -264,44 +249,15 @@ fn delete_host_end(args: &CmdArgs) -> Result<(), Error> {
 }
 
 fn check(args: &CmdArgs) -> Result<(), Error> {
-    let fail = |msg: String| Err(Error::new(ErrorCode::CheckFailed, msg));
-    let prev = args
-        .prev_result
-        .as_ref()
-        .ok_or_else(|| invalid("ptp: Required prevResult missing"))?;
-    if let Some(t) = ipam_type(args) {
-        delegate::run(t, Command::Check, args)?;
-    }
-    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
-    let sandbox = ns.path().display().to_string();
-    let Some(own) = prev
-        .interfaces
-        .iter()
-        .position(|i| i.name == args.ifname && i.sandbox == sandbox)
-    else {
-        return fail(format!(
-            "prevResult has no interface {} in {sandbox}",
-            args.ifname
-        ));
-    };
-    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
-    let Some(link) = container.link_by_name(&args.ifname).map_err(errors::net)? else {
-        return fail(format!(
-            "interface {} does not exist in {sandbox}",
-            args.ifname
-        ));
-    };
-    if link.kind != LinkKind::Veth {
-        return fail(format!("interface {} is not a veth", args.ifname));
-    }
-    let want = &prev.interfaces[own].mac;
-    if !want.is_empty() && !want.eq_ignore_ascii_case(&link.mac) {
-        return fail(format!(
-            "interface {} has MAC {}, the result says {want}",
-            args.ifname, link.mac
+    let (prev, mut c) = attach::checked(args, "ptp")?;
+    if c.link.kind != LinkKind::Veth {
+        return Err(Error::new(
+            ErrorCode::CheckFailed,
+            format!("interface {} is not a veth", args.ifname),
         ));
     }
-    veth::check_addresses_and_routes(&mut container, &link, prev, Some(own), &ns)
+    attach::check_mac(prev, &c)?;
+    attach::check_addresses_and_routes(&mut c.container, &c.link, prev, Some(c.own), &c.ns)
 }
 
 impl Plugin for Ptp {
@@ -350,12 +306,12 @@ impl Plugin for Ptp {
     }
 
     fn gc(&self, args: &CmdArgs) -> Result<(), Error> {
-        veth::gc(args, load(args)?.ip_masq)
+        attach::gc(args, load(args)?.ip_masq)
     }
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
         load(args)?;
-        veth::status(args)
+        attach::status(args)
     }
 }
 

@@ -21,30 +21,17 @@ struct Segment {
     data: tempfile::TempDir,
 }
 
-fn ip(ns: &TestNs, args: &str) {
-    let ok = ns
-        .command("ip")
-        .args(args.split_whitespace())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "ip {args}");
-}
-
 impl Segment {
     fn new() -> Segment {
         let (host, lan) = (TestNs::new(), TestNs::new());
-        ip(
-            &host,
-            &format!(
-                "link add cvtm0 type veth peer name cvtlan0 netns {}",
-                lan.name
-            ),
-        );
-        ip(&host, "link set cvtm0 up");
-        ip(&host, "route add default dev cvtm0");
-        ip(&lan, "addr add 10.90.1.254/24 dev cvtlan0");
-        ip(&lan, "link set cvtlan0 up");
+        host.ip(&format!(
+            "link add cvtm0 type veth peer name cvtlan0 netns {}",
+            lan.name
+        ));
+        host.ip("link set cvtm0 up");
+        host.ip("route add default dev cvtm0");
+        lan.ip("addr add 10.90.1.254/24 dev cvtlan0");
+        lan.ip("link set cvtlan0 up");
         Segment {
             host,
             lan,
@@ -155,16 +142,13 @@ fn private_mode_default_master_link_in_container_and_layer_2() {
 
     // linkInContainer: the master is a device of the container.
     let p4 = TestNs::new();
-    ip(
-        &s.lan,
-        &format!(
-            "link add cvtlan1 type veth peer name cvtin0 netns {}",
-            p4.name
-        ),
-    );
-    ip(&s.lan, "link set cvtlan1 up");
-    ip(&s.lan, "addr add 10.90.2.254/24 dev cvtlan1");
-    ip(&p4, "link set cvtin0 up");
+    s.lan.ip(&format!(
+        "link add cvtlan1 type veth peer name cvtin0 netns {}",
+        p4.name
+    ));
+    s.lan.ip("link set cvtlan1 up");
+    s.lan.ip("addr add 10.90.2.254/24 dev cvtlan1");
+    p4.ip("link set cvtin0 up");
     let mut c: Value = serde_json::from_str(&s.conf(
         "1.0.0",
         json!({"master": "cvtin0", "linkInContainer": true}),

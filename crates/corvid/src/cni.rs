@@ -43,7 +43,7 @@ struct Paths {
 
 #[derive(Subcommand)]
 enum CniCommand {
-    /// Install the plugins (bandwidth, bridge, corvid, corvid-k8s, firewall, host-local, loopback, macvlan, portmap, ptp, static, tuning) into a CNI bin directory.
+    /// Install the plugins (bandwidth, bridge, corvid, corvid-k8s, firewall, host-device, host-local, loopback, macvlan, portmap, ptp, static, tuning) into a CNI bin directory.
     Install {
         /// The directory.
         #[arg(long, default_value = corvid_plugins::install::DEFAULT_BIN_DIR)]

@@ -72,6 +72,17 @@ impl TestNs {
         cmd
     }
 
+    /// Runs `ip ARGS` here; it must succeed.
+    pub fn ip(&self, args: &str) {
+        let ok = self
+            .command("ip")
+            .args(args.split_whitespace())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip {args}");
+    }
+
     /// True when one ping to `addr` from this namespace is answered.
     pub fn ping(&self, addr: &str) -> bool {
         self.command("ping")

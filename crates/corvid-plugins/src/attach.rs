@@ -1,13 +1,17 @@
-//! What the plugins that give a container a veth (bridge, ptp) share: finding the
-//! container's end, the addresses whose masquerade DEL removes, and CHECK's comparison
-//! of addresses and routes with `prevResult`.
+//! What the plugins that attach an interface (bridge, ptp, macvlan, host-device) share:
+//! opening the container's namespace, the result's routes as the kernel takes them, the
+//! container's interface in a result, finding the container's end on DEL, the addresses
+//! whose masquerade DEL removes, CHECK's comparison with `prevResult`, and GC and STATUS
+//! passed to the IPAM plugin.
 
 use crate::{attachments, delegate, errors};
+use corvid_cni::result::Interface;
 use corvid_cni::skel::CmdArgs;
 use corvid_cni::Command;
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::link::Link;
 use corvid_net::nftables::masquerade;
+use corvid_net::route::RouteSpec;
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 
@@ -155,4 +159,120 @@ pub(crate) fn open_free(args: &CmdArgs) -> Result<(Netns, Netlink), Error> {
         ));
     }
     Ok((ns, container))
+}
+
+/// The result's routes on interface `oif`; a route without a gateway goes through the
+/// gateway of its family's first address, as the reference's plugins install them.
+pub(crate) fn result_routes(result: &CniResult, oif: u32) -> Vec<RouteSpec> {
+    result
+        .routes
+        .iter()
+        .map(|r| {
+            let gw = r.gw.or_else(|| {
+                result
+                    .ips
+                    .iter()
+                    .find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4())
+                    .and_then(|ip| ip.gateway)
+            });
+            let mut spec = RouteSpec::new(r.dst, gw, oif);
+            spec.mtu = r.mtu;
+            spec.advmss = r.advmss;
+            spec.priority = r.priority;
+            spec.table = r.table;
+            spec.scope = r.scope;
+            spec
+        })
+        .collect()
+}
+
+/// Finishes a one-interface result: `link` in `ns` as its only interface, and the
+/// network's own `dns` when it has one.
+pub(crate) fn single_interface(args: &CmdArgs, result: &mut CniResult, link: &Link, ns: &Netns) {
+    result.interfaces = vec![Interface {
+        name: link.name.clone(),
+        mac: link.mac.clone(),
+        sandbox: ns.path().display().to_string(),
+        ..Interface::default()
+    }];
+    if let Some(dns) = args.conf.dns.as_ref() {
+        result.dns = dns.clone();
+    }
+}
+
+/// What CHECK compares: `prevResult`'s entry for the container's interface, and that
+/// interface in the namespace.
+pub(crate) struct Checked {
+    /// The namespace.
+    pub ns: Netns,
+    /// A socket in it.
+    pub container: Netlink,
+    /// The interface there.
+    pub link: Link,
+    /// Its index in `prevResult`'s interfaces.
+    pub own: usize,
+}
+
+/// CHECK's start, for `plugin`: `prevResult` is there, the IPAM plugin agrees, and the
+/// interface `prevResult` puts in this namespace exists.
+pub(crate) fn checked<'a>(
+    args: &'a CmdArgs,
+    plugin: &str,
+) -> Result<(&'a CniResult, Checked), Error> {
+    let fail = |msg: String| Error::new(ErrorCode::CheckFailed, msg);
+    let prev = args.prev_result.as_ref().ok_or_else(|| {
+        Error::new(
+            ErrorCode::InvalidNetworkConfig,
+            format!("{plugin}: Required prevResult missing"),
+        )
+    })?;
+    if let Some(t) = ipam_type(args).filter(|t| !t.is_empty()) {
+        delegate::run(t, Command::Check, args)?;
+    }
+    let ns = Netns::open(netns_path(args)?).map_err(errors::net)?;
+    let sandbox = ns.path().display().to_string();
+    let own = prev
+        .interfaces
+        .iter()
+        .position(|i| i.name == args.ifname && i.sandbox == sandbox)
+        .ok_or_else(|| {
+            fail(format!(
+                "prevResult has no interface {} in {sandbox}",
+                args.ifname
+            ))
+        })?;
+    let mut container = Netlink::open_in(&ns).map_err(errors::net)?;
+    let link = container
+        .link_by_name(&args.ifname)
+        .map_err(errors::net)?
+        .ok_or_else(|| {
+            fail(format!(
+                "interface {} does not exist in {sandbox}",
+                args.ifname
+            ))
+        })?;
+    Ok((
+        prev,
+        Checked {
+            ns,
+            container,
+            link,
+            own,
+        },
+    ))
+}
+
+/// CHECK: the MAC `prevResult` gives the interface, if any, is the interface's.
+pub(crate) fn check_mac(prev: &CniResult, c: &Checked) -> Result<(), Error> {
+    let want = &prev.interfaces[c.own].mac;
+    if !want.is_empty() && !want.eq_ignore_ascii_case(&c.link.mac) {
+        return Err(Error::new(
+            ErrorCode::CheckFailed,
+            format!(
+                "interface {} has MAC {}, the result says {want}",
+                c.link.name, c.link.mac
+            ),
+        ));
+    }
+    Ok(())
 }
