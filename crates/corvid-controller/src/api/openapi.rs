@@ -30,7 +30,8 @@ fn op(summary: String, ok: &str, body: Option<Value>) -> Value {
             "400": {"$ref": "#/components/responses/Error"},
             "401": {"$ref": "#/components/responses/Error"},
             "404": {"$ref": "#/components/responses/Error"},
-            "409": {"$ref": "#/components/responses/Error"}
+            "409": {"$ref": "#/components/responses/Error"},
+            "413": {"$ref": "#/components/responses/Error"}
         }
     });
     if let Some(schema) = body {

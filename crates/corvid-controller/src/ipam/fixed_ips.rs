@@ -72,6 +72,11 @@ pub fn assign_fixed_ips(
     let mut fixed_ips: Vec<FixedIp> = Vec::new();
     for r in requests {
         let subnet = match (&r.subnet_id, r.ip_address) {
+            // A subnet nobody has (yet, as this view knows) is not found, as in Neutron,
+            // which also lets the write ask the store before answering.
+            (Some(s), _) if !v.subnets.contains_key(s.as_str()) => {
+                return Err(NeutronError::not_found("Subnet", s))
+            }
             (Some(s), _) => subnets.iter().find(|x| x.id == *s).copied().ok_or_else(|| {
                 NeutronError::invalid_input(format!("Subnet {s} is not on network {network_id}"))
             })?,
