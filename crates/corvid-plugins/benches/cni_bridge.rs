@@ -158,10 +158,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let n: usize = std::env::var("CORVID_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+    let n = support::containers();
     let masqs: Vec<bool> = match std::env::var("CORVID_BENCH_MASQ").as_deref() {
         Ok("0") => vec![false],
         Ok("1") => vec![true],

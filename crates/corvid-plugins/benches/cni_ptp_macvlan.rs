@@ -39,10 +39,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let n: usize = std::env::var("CORVID_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+    let n = support::containers();
     let ours = tempfile::tempdir().unwrap();
     let impls = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins"));
     let tag = format!("cvbq{}", std::process::id());

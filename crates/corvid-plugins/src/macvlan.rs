@@ -71,9 +71,11 @@ fn default_route_link(nl: &mut Netlink) -> Result<Option<Link>, Error> {
     }
 }
 
-/// Reads the configuration and finds the master where it lives (`parent_nl`'s namespace).
-fn load(args: &CmdArgs, parent_nl: &mut Netlink) -> Result<Setup, Error> {
+/// Reads the configuration and finds the master where it lives: on the host (`host`) or,
+/// with `linkInContainer`, in the container (`container`).
+fn load(args: &CmdArgs, host: &mut Netlink, container: &mut Netlink) -> Result<Setup, Error> {
     let c: Conf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
+    let parent_nl = if c.link_in_container { container } else { host };
     args.args.only("macvlan", &["MAC"])?;
     let mode = MacvlanMode::parse(&c.mode)
         .ok_or_else(|| invalid(format!("unknown macvlan mode: \"{}\"", c.mode)))?;
@@ -129,20 +131,10 @@ fn load(args: &CmdArgs, parent_nl: &mut Netlink) -> Result<Setup, Error> {
     })
 }
 
-/// Whether the configuration puts the master in the container.
-fn link_in_container(args: &CmdArgs) -> bool {
-    serde_json::from_slice::<serde_json::Value>(&args.stdin)
-        .is_ok_and(|v| v["linkInContainer"] == true)
-}
-
 fn add(args: &CmdArgs) -> Result<CniResult, Error> {
     let (ns, mut container) = attach::open_free(args)?;
     let mut host = Netlink::open().map_err(errors::net)?;
-    let setup = if link_in_container(args) {
-        load(args, &mut container)?
-    } else {
-        load(args, &mut host)?
-    };
+    let setup = load(args, &mut host, &mut container)?;
     let spec = MacvlanSpec {
         name: &args.ifname,
         parent: setup.master.index,
@@ -211,11 +203,7 @@ fn check(args: &CmdArgs) -> Result<(), Error> {
     let fail = |msg: String| Err(Error::new(ErrorCode::CheckFailed, msg));
     let (prev, mut c) = attach::checked(args, "macvlan")?;
     let mut host = Netlink::open().map_err(errors::net)?;
-    let setup = if link_in_container(args) {
-        load(args, &mut c.container)?
-    } else {
-        load(args, &mut host)?
-    };
+    let setup = load(args, &mut host, &mut c.container)?;
     if c.link.kind != LinkKind::Macvlan {
         return fail(format!("interface {} is not a macvlan", args.ifname));
     }

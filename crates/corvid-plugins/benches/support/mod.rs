@@ -8,6 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The number of containers a bench runs: CORVID_BENCH_N, 64 by default.
+pub fn containers() -> usize {
+    std::env::var("CORVID_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
 /// A named namespace, deleted on drop.
 pub struct Ns(pub PathBuf);
 
