@@ -12,6 +12,7 @@ pub mod netns;
 pub mod nftables;
 pub mod overlay;
 pub mod route;
+pub mod rule;
 pub mod shaping;
 pub mod sysctl;
 

@@ -3,7 +3,7 @@
 use crate::netlink::Netlink;
 use crate::{netlink_err, Result};
 use ipnet::IpNet;
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
     RouteScope, RouteType,
@@ -32,6 +32,8 @@ pub struct RouteSpec {
     pub scope: Option<u8>,
     /// The source address packets on this route get, when set.
     pub src: Option<IpAddr>,
+    /// Who made the route (an `RTPROT_*` value); `boot` when none.
+    pub protocol: Option<u8>,
 }
 
 impl RouteSpec {
@@ -47,6 +49,7 @@ impl RouteSpec {
             advmss: None,
             scope: None,
             src: None,
+            protocol: None,
         }
     }
 }
@@ -74,7 +77,7 @@ fn message(r: &RouteSpec) -> RouteMessage {
         AddressFamily::Inet6
     };
     m.header.destination_prefix_length = r.dst.prefix_len();
-    m.header.protocol = RouteProtocol::Boot;
+    m.header.protocol = r.protocol.map_or(RouteProtocol::Boot, RouteProtocol::from);
     m.header.kind = RouteType::Unicast;
     m.header.scope = match r.scope {
         Some(s) => RouteScope::from(s),
@@ -136,6 +139,16 @@ impl Netlink {
         .map_err(netlink_err(format!("add {}", describe(r))))
     }
 
+    /// Installs a route, replacing one to the same destination and metric in its table.
+    pub fn replace_route(&mut self, r: &RouteSpec) -> Result<()> {
+        self.request(
+            RouteNetlinkMessage::NewRoute(message(r)),
+            NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!("replace {}", describe(r))))
+    }
+
     /// Removes a route; one that is already gone is fine.
     pub fn delete_route(&mut self, r: &RouteSpec) -> Result<()> {
         let mut m = message(r);
@@ -150,7 +163,7 @@ impl Netlink {
         }
     }
 
-    /// The unicast routes of every table, as (destination, gateway, outgoing interface).
+    /// The unicast routes of every table, with what `replace_route` needs to copy them.
     pub fn routes(&mut self) -> Result<Vec<RouteSpec>> {
         let mut out = Vec::new();
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
@@ -169,6 +182,8 @@ impl Netlink {
                 let mut dst = None;
                 let mut spec = RouteSpec::new(IpNet::default(), None, 0);
                 spec.table = Some(m.header.table as u32);
+                spec.scope = Some(u8::from(m.header.scope));
+                spec.protocol = Some(u8::from(m.header.protocol));
                 for a in &m.attributes {
                     match a {
                         RouteAttribute::Destination(d) => dst = from_route_address(d),
@@ -177,6 +192,15 @@ impl Netlink {
                         RouteAttribute::Priority(p) => spec.priority = Some(*p),
                         RouteAttribute::Table(t) => spec.table = Some(*t),
                         RouteAttribute::PrefSource(s) => spec.src = from_route_address(s),
+                        RouteAttribute::Metrics(ms) => {
+                            for metric in ms {
+                                match metric {
+                                    RouteMetric::Mtu(v) => spec.mtu = Some(*v),
+                                    RouteMetric::Advmss(v) => spec.advmss = Some(*v),
+                                    _ => {}
+                                }
+                            }
+                        }
                         _ => {}
                     }
                 }

@@ -21,6 +21,7 @@ pub mod loopback;
 pub mod macvlan;
 pub mod portmap;
 pub mod ptp;
+pub mod sbr;
 pub mod static_ipam;
 pub mod tuning;
 pub mod wait;
@@ -28,7 +29,7 @@ pub mod wait;
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 13] = [
+pub const PLUGIN_NAMES: [&str; 14] = [
     "bandwidth",
     "bridge",
     "corvid",
@@ -40,6 +41,7 @@ pub const PLUGIN_NAMES: [&str; 13] = [
     "macvlan",
     "portmap",
     "ptp",
+    "sbr",
     "static",
     "tuning",
 ];
@@ -58,6 +60,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "macvlan" => Some(&macvlan::Macvlan),
         "portmap" => Some(&portmap::Portmap),
         "ptp" => Some(&ptp::Ptp),
+        "sbr" => Some(&sbr::Sbr),
         "static" => Some(&static_ipam::Static),
         "tuning" => Some(&tuning::Tuning),
         _ => None,

@@ -123,6 +123,19 @@ impl PluginDir {
     pub fn plugin(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
+
+    /// corvid's plugin `name`, or the reference's: its path and the CNI_PATH to run it
+    /// with.
+    pub fn pick(&self, name: &str, reference: bool) -> (PathBuf, String) {
+        if reference {
+            (
+                PathBuf::from(REFERENCE_DIR).join(name),
+                REFERENCE_DIR.into(),
+            )
+        } else {
+            (self.plugin(name), self.path().display().to_string())
+        }
+    }
 }
 
 /// The reference plugins' directory, from Debian's containernetworking-plugins.
@@ -431,17 +444,7 @@ impl Site {
     /// corvid's plugin `name`, or the reference's: its path and the CNI_PATH to run it
     /// with.
     pub fn plugin(&self, name: &str, reference: bool) -> (PathBuf, String) {
-        if reference {
-            (
-                PathBuf::from(REFERENCE_DIR).join(name),
-                REFERENCE_DIR.into(),
-            )
-        } else {
-            (
-                self.plugins.plugin(name),
-                self.plugins.path().display().to_string(),
-            )
-        }
+        self.plugins.pick(name, reference)
     }
 
     /// Runs corvid's plugin `name`.
