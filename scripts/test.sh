@@ -39,6 +39,8 @@ command -v gpg >/dev/null || need+=(gnupg)
 # with systemd-analyze; the Docker driver's socket activation runs under
 # systemd-socket-activate.
 command -v debootstrap >/dev/null || need+=(debootstrap)
+# The dhcp plugin's tests get leases from dnsmasq in a namespace.
+command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
 command -v systemd-socket-activate >/dev/null || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -454,6 +454,13 @@ impl Netlink {
         self.change_link(m, format!("set {} up", link.name))
     }
 
+    /// Sets a link administratively down.
+    pub fn set_down(&mut self, link: &Link) -> Result<()> {
+        let mut m = change(link.index);
+        m.header.change_mask = LinkFlags::Up;
+        self.change_link(m, format!("set {} down", link.name))
+    }
+
     /// Turns promiscuous mode on or off.
     pub fn set_promisc(&mut self, link: &Link, on: bool) -> Result<()> {
         self.set_flag(link, LinkFlags::Promisc, on, "promiscuous mode")

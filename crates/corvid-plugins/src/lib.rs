@@ -11,6 +11,7 @@ pub mod corvid;
 pub mod corvid_k8s;
 pub mod credentials;
 pub mod delegate;
+pub mod dhcp;
 pub mod errors;
 pub mod firewall;
 pub mod host_device;
@@ -29,11 +30,12 @@ pub mod wait;
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 14] = [
+pub const PLUGIN_NAMES: [&str; 15] = [
     "bandwidth",
     "bridge",
     "corvid",
     "corvid-k8s",
+    "dhcp",
     "firewall",
     "host-device",
     "host-local",
@@ -53,6 +55,7 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "bridge" => Some(&bridge::Bridge),
         "corvid" => Some(&corvid::Corvid),
         "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),
+        "dhcp" => Some(&dhcp::Dhcp),
         "firewall" => Some(&firewall::Firewall),
         "host-device" => Some(&host_device::HostDevice),
         "host-local" => Some(&host_local::HostLocal),

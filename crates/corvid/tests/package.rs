@@ -94,6 +94,8 @@ fn the_package_installs_into_a_clean_root_and_is_removed_cleanly() {
         "lib/systemd/system/corvid-agent.service",
         "lib/systemd/system/corvid-docker-plugin.service",
         "lib/systemd/system/corvid-docker-plugin.socket",
+        "lib/systemd/system/corvid-dhcp.service",
+        "lib/systemd/system/corvid-dhcp.socket",
         "etc/corvid/controller.env",
         "etc/corvid/agent.env",
         "etc/corvid/docker-plugin.env",
@@ -129,6 +131,8 @@ fn the_package_installs_into_a_clean_root_and_is_removed_cleanly() {
         "corvid-agent.service",
         "corvid-docker-plugin.service",
         "corvid-docker-plugin.socket",
+        "corvid-dhcp.service",
+        "corvid-dhcp.socket",
     ]
     .iter()
     .map(|u| root.join("lib/systemd/system").join(u))
