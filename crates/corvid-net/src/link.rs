@@ -6,8 +6,8 @@ use crate::{netlink_err, Result};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL};
 use netlink_packet_route::link::{
     AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridge, InfoBridgePort, InfoData,
-    InfoKind, InfoMacVlan, InfoPortData, InfoPortKind, InfoVeth, LinkAttribute, LinkExtentMask,
-    LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
+    InfoIpVlan, InfoKind, InfoMacVlan, InfoPortData, InfoPortKind, InfoVeth, InfoVlan, InfoVrf,
+    IpVlanMode, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
@@ -24,6 +24,12 @@ pub enum LinkKind {
     Vxlan,
     /// A macvlan on a parent device.
     Macvlan,
+    /// An ipvlan on a parent device.
+    Ipvlan,
+    /// A dummy device.
+    Dummy,
+    /// A VRF device (a routing table of its own for its ports).
+    Vrf,
     /// Anything else (loopback, physical, ...), with the kernel's kind name if any.
     Other(String),
 }
@@ -53,8 +59,10 @@ pub struct Link {
     pub allmulti: bool,
     /// The transmit queue length.
     pub txqlen: u32,
-    /// For a macvlan, how it shares its parent.
-    pub macvlan_mode: Option<MacvlanMode>,
+    /// For a macvlan, ipvlan or VLAN, how it shares its parent.
+    pub child: Option<ChildKind>,
+    /// For a VRF, its routing table.
+    pub vrf_table: Option<u32>,
     /// The link's alias (`ip link set X alias Y`), empty when none.
     pub alias: String,
 }
@@ -104,20 +112,71 @@ impl MacvlanMode {
     }
 }
 
-/// A macvlan to create.
+/// How an ipvlan tells its siblings' traffic apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpvlanMode {
+    /// By address at layer 2: siblings share the parent's MAC and see broadcasts.
+    L2,
+    /// Routed at layer 3: no broadcasts or multicast.
+    L3,
+    /// As L3, with netfilter seeing the traffic in the parent's namespace.
+    L3s,
+}
+
+impl IpvlanMode {
+    /// The mode named as the reference plugin names it (empty: l2).
+    pub fn parse(s: &str) -> Option<IpvlanMode> {
+        match s {
+            "" | "l2" => Some(IpvlanMode::L2),
+            "l3" => Some(IpvlanMode::L3),
+            "l3s" => Some(IpvlanMode::L3s),
+            _ => None,
+        }
+    }
+
+    fn to_kernel(self) -> IpVlanMode {
+        match self {
+            IpvlanMode::L2 => IpVlanMode::L2,
+            IpvlanMode::L3 => IpVlanMode::L3,
+            IpvlanMode::L3s => IpVlanMode::L3S,
+        }
+    }
+
+    fn from_kernel(m: IpVlanMode) -> Option<IpvlanMode> {
+        match m {
+            IpVlanMode::L2 => Some(IpvlanMode::L2),
+            IpVlanMode::L3 => Some(IpvlanMode::L3),
+            IpVlanMode::L3S => Some(IpvlanMode::L3s),
+            _ => None,
+        }
+    }
+}
+
+/// What a link made on a parent device is, and how it shares the parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildKind {
+    /// A macvlan, with a MAC of its own.
+    Macvlan(MacvlanMode),
+    /// An ipvlan, with the parent's MAC.
+    Ipvlan(IpvlanMode),
+    /// An 802.1Q VLAN of this ID.
+    Vlan(u16),
+}
+
+/// A macvlan, ipvlan or VLAN to create on a parent device.
 #[derive(Debug, Clone)]
-pub struct MacvlanSpec<'a> {
+pub struct ChildSpec<'a> {
     /// Its name in the target namespace.
     pub name: &'a str,
     /// The parent device's index (in the namespace of the socket that creates it).
     pub parent: u32,
-    /// The mode.
-    pub mode: MacvlanMode,
+    /// What it is.
+    pub kind: ChildKind,
     /// MTU; the parent's when none.
     pub mtu: Option<u32>,
-    /// MAC; a random one when none.
+    /// MAC, for a macvlan; a random one when none.
     pub mac: Option<&'a str>,
-    /// Length of the broadcast queue, when set.
+    /// Length of a macvlan's broadcast queue, when set.
     pub bcqueuelen: Option<u32>,
 }
 
@@ -156,7 +215,8 @@ impl Link {
             master: None,
             peer_index: None,
             kind: LinkKind::Other(String::new()),
-            macvlan_mode: None,
+            child: None,
+            vrf_table: None,
             alias: String::new(),
             up: m.header.flags.contains(LinkFlags::Up),
             promisc: m.header.flags.contains(LinkFlags::Promisc),
@@ -174,11 +234,36 @@ impl Link {
                 LinkAttribute::Link(v) => link.peer_index = Some(v),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
-                        if let LinkInfo::Data(InfoData::MacVlan(data)) = &info {
-                            link.macvlan_mode = data.iter().find_map(|d| match d {
-                                InfoMacVlan::Mode(m) => MacvlanMode::from_kernel(*m),
-                                _ => None,
-                            });
+                        match &info {
+                            LinkInfo::Data(InfoData::MacVlan(data)) => {
+                                link.child = data.iter().find_map(|d| match d {
+                                    InfoMacVlan::Mode(m) => {
+                                        MacvlanMode::from_kernel(*m).map(ChildKind::Macvlan)
+                                    }
+                                    _ => None,
+                                });
+                            }
+                            LinkInfo::Data(InfoData::IpVlan(data)) => {
+                                link.child = data.iter().find_map(|d| match d {
+                                    InfoIpVlan::Mode(m) => {
+                                        IpvlanMode::from_kernel(*m).map(ChildKind::Ipvlan)
+                                    }
+                                    _ => None,
+                                });
+                            }
+                            LinkInfo::Data(InfoData::Vlan(data)) => {
+                                link.child = data.iter().find_map(|d| match d {
+                                    InfoVlan::Id(id) => Some(ChildKind::Vlan(*id)),
+                                    _ => None,
+                                });
+                            }
+                            LinkInfo::Data(InfoData::Vrf(data)) => {
+                                link.vrf_table = data.iter().find_map(|d| match d {
+                                    InfoVrf::TableId(t) => Some(*t),
+                                    _ => None,
+                                });
+                            }
+                            _ => {}
                         }
                         if let LinkInfo::Kind(k) = info {
                             link.kind = match k {
@@ -187,6 +272,9 @@ impl Link {
                                 InfoKind::Vlan => LinkKind::Vlan,
                                 InfoKind::Vxlan => LinkKind::Vxlan,
                                 InfoKind::MacVlan => LinkKind::Macvlan,
+                                InfoKind::IpVlan => LinkKind::Ipvlan,
+                                InfoKind::Dummy => LinkKind::Dummy,
+                                InfoKind::Vrf => LinkKind::Vrf,
                                 other => LinkKind::Other(other.to_string()),
                             };
                         }
@@ -360,9 +448,9 @@ impl Netlink {
         }))
     }
 
-    /// Creates a macvlan on `spec.parent`, down, directly in `netns` when given (the
-    /// parent stays where it is), else next to its parent.
-    pub fn add_macvlan(&mut self, spec: &MacvlanSpec, netns: Option<&Netns>) -> Result<()> {
+    /// Creates a macvlan, ipvlan or VLAN on `spec.parent`, down, directly in `netns` when
+    /// given (the parent stays where it is), else next to its parent.
+    pub fn add_child(&mut self, spec: &ChildSpec, netns: Option<&Netns>) -> Result<()> {
         let mut m = LinkMessage::default();
         m.attributes
             .push(LinkAttribute::IfName(spec.name.to_string()));
@@ -377,20 +465,84 @@ impl Netlink {
         if let Some(ns) = netns {
             m.attributes.push(LinkAttribute::NetNsFd(ns.fd()));
         }
-        let mut data = vec![InfoMacVlan::Mode(spec.mode.to_kernel())];
-        if let Some(len) = spec.bcqueuelen {
-            data.push(InfoMacVlan::BcQueueLen(len));
-        }
+        let (kind, data, what) = match spec.kind {
+            ChildKind::Macvlan(mode) => {
+                let mut data = vec![InfoMacVlan::Mode(mode.to_kernel())];
+                if let Some(len) = spec.bcqueuelen {
+                    data.push(InfoMacVlan::BcQueueLen(len));
+                }
+                (InfoKind::MacVlan, InfoData::MacVlan(data), "macvlan")
+            }
+            ChildKind::Ipvlan(mode) => (
+                InfoKind::IpVlan,
+                InfoData::IpVlan(vec![InfoIpVlan::Mode(mode.to_kernel())]),
+                "ipvlan",
+            ),
+            ChildKind::Vlan(id) => (
+                InfoKind::Vlan,
+                InfoData::Vlan(vec![InfoVlan::Id(id)]),
+                "vlan",
+            ),
+        };
         m.attributes.push(LinkAttribute::LinkInfo(vec![
-            LinkInfo::Kind(InfoKind::MacVlan),
-            LinkInfo::Data(InfoData::MacVlan(data)),
+            LinkInfo::Kind(kind),
+            LinkInfo::Data(data),
         ]));
         self.request(
             RouteNetlinkMessage::NewLink(m),
             NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
         )
         .map(drop)
-        .map_err(netlink_err(format!("create macvlan {}", spec.name)))
+        .map_err(netlink_err(format!("create {what} {}", spec.name)))
+    }
+
+    /// Creates a dummy device, down, directly in `netns` when given.
+    pub fn add_dummy(&mut self, name: &str, mtu: Option<u32>, netns: Option<&Netns>) -> Result<()> {
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        if let Some(mtu) = mtu {
+            m.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        if let Some(ns) = netns {
+            m.attributes.push(LinkAttribute::NetNsFd(ns.fd()));
+        }
+        m.attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+                InfoKind::Dummy,
+            )]));
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!("create dummy {name}")))
+    }
+
+    /// Creates a VRF device bound to routing table `table`, up.
+    pub fn add_vrf(&mut self, name: &str, table: u32) -> Result<()> {
+        let mut m = new_up_link(name, None);
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Vrf),
+            LinkInfo::Data(InfoData::Vrf(vec![InfoVrf::TableId(table)])),
+        ]));
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(format!("create vrf {name} (table {table})")))
+    }
+
+    /// Makes `master` (a bridge or VRF) the master of `link`, or frees it with `None`.
+    pub fn set_master(&mut self, link: &Link, master: Option<&Link>) -> Result<()> {
+        let mut m = change(link.index);
+        m.attributes
+            .push(LinkAttribute::Controller(master.map_or(0, |l| l.index)));
+        let what = match master {
+            Some(l) => format!("put {} into {}", link.name, l.name),
+            None => format!("free {} from its master", link.name),
+        };
+        self.change_link(m, what)
     }
 
     /// Moves `link` into `netns` as `name`, with `alias`, up or down, in one request: the

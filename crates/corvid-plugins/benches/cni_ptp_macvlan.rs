@@ -10,7 +10,7 @@
 mod support;
 
 use corvid_net::binding::{pair, VethSpec};
-use corvid_net::link::{MacvlanMode, MacvlanSpec};
+use corvid_net::link::{ChildKind, ChildSpec, MacvlanMode};
 use corvid_net::{Netlink, Netns};
 use serde_json::json;
 use std::collections::HashMap;
@@ -220,15 +220,15 @@ fn kernel_floors(tag: &str, host: &Netns, n: usize) -> (Phase, Phase) {
         made.push((container, p.container));
     }
     for (_, ns) in macvlan_pods {
-        let spec = MacvlanSpec {
+        let spec = ChildSpec {
             name: "eth0",
             parent: parent.index,
-            mode: MacvlanMode::Bridge,
+            kind: ChildKind::Macvlan(MacvlanMode::Bridge),
             mtu: None,
             mac: None,
             bcqueuelen: None,
         };
-        host_nl.add_macvlan(&spec, Some(ns)).unwrap();
+        host_nl.add_child(&spec, Some(ns)).unwrap();
         let mut container = Netlink::open_in(ns).unwrap();
         let l = container.link_by_name("eth0").unwrap().unwrap();
         made.push((container, l));

@@ -7,16 +7,19 @@ mod attach;
 pub mod attachments;
 pub mod bandwidth;
 pub mod bridge;
+mod child;
 pub mod corvid;
 pub mod corvid_k8s;
 pub mod credentials;
 pub mod delegate;
 pub mod dhcp;
+pub mod dummy;
 pub mod errors;
 pub mod firewall;
 pub mod host_device;
 pub mod host_local;
 pub mod install;
+pub mod ipvlan;
 pub mod kurma;
 pub mod loopback;
 pub mod macvlan;
@@ -25,20 +28,24 @@ pub mod ptp;
 pub mod sbr;
 pub mod static_ipam;
 pub mod tuning;
+pub mod vlan;
+pub mod vrf;
 pub mod wait;
 
 use corvid_cni::skel::Plugin;
 
 /// The plugin names this binary answers to.
-pub const PLUGIN_NAMES: [&str; 15] = [
+pub const PLUGIN_NAMES: [&str; 19] = [
     "bandwidth",
     "bridge",
     "corvid",
     "corvid-k8s",
     "dhcp",
+    "dummy",
     "firewall",
     "host-device",
     "host-local",
+    "ipvlan",
     "loopback",
     "macvlan",
     "portmap",
@@ -46,6 +53,8 @@ pub const PLUGIN_NAMES: [&str; 15] = [
     "sbr",
     "static",
     "tuning",
+    "vlan",
+    "vrf",
 ];
 
 /// The plugin behind a name, if this binary has one.
@@ -56,9 +65,11 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "corvid" => Some(&corvid::Corvid),
         "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),
         "dhcp" => Some(&dhcp::Dhcp),
+        "dummy" => Some(&dummy::Dummy),
         "firewall" => Some(&firewall::Firewall),
         "host-device" => Some(&host_device::HostDevice),
         "host-local" => Some(&host_local::HostLocal),
+        "ipvlan" => Some(&ipvlan::Ipvlan),
         "loopback" => Some(&loopback::Loopback),
         "macvlan" => Some(&macvlan::Macvlan),
         "portmap" => Some(&portmap::Portmap),
@@ -66,6 +77,8 @@ pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
         "sbr" => Some(&sbr::Sbr),
         "static" => Some(&static_ipam::Static),
         "tuning" => Some(&tuning::Tuning),
+        "vlan" => Some(&vlan::Vlan),
+        "vrf" => Some(&vrf::Vrf),
         _ => None,
     }
 }

@@ -173,23 +173,29 @@ fn version_gates_and_negotiation() {
     let s = Setup::new();
     let c = TestNs::new();
     let rt = s.runtime();
-    let (_, old) = s.list("0.3.1", json!({"type": "sbr"}));
+    // A plugin that stops at 1.0.0, as a third party's may (corvid's set speaks 1.1.0).
+    s.script(
+        "cvtold",
+        r#"[ "$CNI_COMMAND" = VERSION ] || { echo '{"cniVersion":"1.0.0","code":1,"msg":"only VERSION"}'; exit 1; }
+echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0"]}'"#,
+    );
+    let (_, old) = s.list("0.3.1", json!({"type": "cvtold"}));
     assert_eq!(rt.check(&old, &attachment(&c)).unwrap_err().code, 1);
-    let (_, new) = s.list("1.1.0", json!({"type": "sbr"}));
+    let (_, new) = s.list("1.1.0", json!({"type": "cvtold"}));
     let e = rt.validate(&new).unwrap_err();
     assert_eq!(e.code, 1);
-    assert!(e.msg.contains("sbr") && e.msg.contains("1.1.0"), "{e}");
-    let (_, ok) = s.list("1.0.0", json!({"type": "sbr"}));
+    assert!(e.msg.contains("cvtold") && e.msg.contains("1.1.0"), "{e}");
+    let (_, ok) = s.list("1.0.0", json!({"type": "cvtold"}));
     rt.validate(&ok).unwrap();
-    // ADD of a 1.1.0 list whose second plugin (the reference's sbr, a plugin corvid has not replaced yet) stops at 1.0.0: the
-    // error names both, and the list is undone.
-    let (bytes, new) = s.list("1.1.0", json!({"type": "sbr"}));
+    // ADD of a 1.1.0 list whose second plugin stops at 1.0.0: the error names both, and
+    // the list is undone.
+    let (bytes, new) = s.list("1.1.0", json!({"type": "cvtold"}));
     let e = s
         .host
         .run(|| rt.add(&bytes, &new, &attachment(&c)))
         .unwrap_err();
     assert_eq!(e.code, 1, "{e}");
-    assert!(e.msg.contains("sbr does not support CNI 1.1.0"), "{e}");
+    assert!(e.msg.contains("cvtold does not support CNI 1.1.0"), "{e}");
     s.assert_clean();
 }
 
