@@ -41,7 +41,15 @@ command -v gpg >/dev/null || need+=(gnupg)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 # The dhcp plugin's tests get leases from dnsmasq in a namespace.
 command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
+command -v cpio >/dev/null || need+=(cpio)
 command -v systemd-socket-activate >/dev/null || need+=(systemd)
+# The ipvlan, vlan, dummy and vrf tests run in a VM (this kernel lacks those modules);
+# qemu's recommends (a desktop's worth) are not needed for a serial console.
+if ! command -v qemu-system-x86_64 >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    apt-get install -y --no-install-recommends qemu-system-x86
+fi
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
@@ -74,6 +82,27 @@ if [ ! -e "$debroot/lib/systemd/system/sysinit.target" ]; then
         http://deb.debian.org/debian
     rm -rf "$debroot"
     mv "$debroot.tmp" "$debroot"
+fi
+
+# The VM of crates/corvid-plugins/tests/link_kinds.rs boots Debian's kernel with the
+# modules of the link kinds it tests: taken from the linux-image package once, cached.
+vmkernel=/var/cache/corvid-vmkernel
+if [ ! -e "$vmkernel/modules/order" ]; then
+    deb=$(mktemp -d)
+    image=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/ {print $2; exit}')
+    (cd "$deb" && { apt-get download "$image" 2>/dev/null \
+        || { apt-get update && apt-get download "$image"; }; })
+    dpkg-deb -x "$deb"/*.deb "$deb/root"
+    rm -rf "$vmkernel.tmp" && mkdir -p "$vmkernel.tmp/modules"
+    cp "$deb"/root/boot/vmlinuz-* "$vmkernel.tmp/vmlinuz"
+    # Dependencies first: 8021q needs mrp and garp, garp needs stp, stp needs llc.
+    order="llc stp garp mrp 8021q ipvlan macvlan vrf veth dummy"
+    for m in $order; do
+        cp "$(find "$deb/root/lib/modules" -name "$m.ko" | head -1)" "$vmkernel.tmp/modules/"
+    done
+    echo "$order" > "$vmkernel.tmp/modules/order"
+    rm -rf "$vmkernel" "$deb"
+    mv "$vmkernel.tmp" "$vmkernel"
 fi
 
 # The Kurma tests check corvid's plugin image with appc's actool: Debian's appc-spec,
