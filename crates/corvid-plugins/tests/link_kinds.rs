@@ -236,6 +236,23 @@ fn every_version(seg: &Segment, conf: impl Fn(&str) -> String, kind: &str) {
     }
 }
 
+/// ADD by corvid's `plugin` and by the reference's, each on a segment of its own: the same
+/// result (but for the MAC and namespace) and the same link.
+fn side_by_side(plugin: &str, subnet: &str, extra: Value) {
+    let mut seen = Vec::new();
+    for reference in [false, true] {
+        let seg = Segment::new();
+        let pod = TestNs::new();
+        let c = seg.conf("1.0.0", plugin, subnet, extra.clone());
+        let mut r = seg.call(reference, "ADD", "cvtref", &pod, &c).ok();
+        r["interfaces"][0]["mac"] = json!("");
+        r["interfaces"][0]["sandbox"] = json!("");
+        seen.push((r, link(&pod, "eth0")));
+        seg.call(reference, "DEL", "cvtref", &pod, &c).ok();
+    }
+    assert_eq!(seen[0], seen[1], "corvid's {plugin} and the reference's");
+}
+
 /// `conf` refused with `code`, the pod left as it was.
 fn refused(seg: &Segment, conf: &str, code: u64, why: &str) {
     let pod = TestNs::new();
@@ -292,23 +309,11 @@ fn ipvlan_every_version_siblings_and_the_segment() {
 #[test]
 #[ignore = "runs inside the VM of link_kinds_in_a_vm: this kernel has no ipvlan, vlan, dummy or vrf"]
 fn ipvlan_side_by_side_chained_and_refusals() {
-    let mut seen = Vec::new();
-    for reference in [false, true] {
-        let seg = Segment::new();
-        let pod = TestNs::new();
-        let c = seg.conf(
-            "1.0.0",
-            "ipvlan",
-            "10.91.0.0/24",
-            json!({"master": "cvtm0", "mode": "l3", "mtu": 1400}),
-        );
-        let mut r = seg.call(reference, "ADD", "cvtref", &pod, &c).ok();
-        r["interfaces"][0]["mac"] = json!("");
-        r["interfaces"][0]["sandbox"] = json!("");
-        seen.push((r, link(&pod, "eth0")));
-        seg.call(reference, "DEL", "cvtref", &pod, &c).ok();
-    }
-    assert_eq!(seen[0], seen[1], "corvid's ipvlan and the reference's");
+    side_by_side(
+        "ipvlan",
+        "10.91.0.0/24",
+        json!({"master": "cvtm0", "mode": "l3", "mtu": 1400}),
+    );
     let seg = Segment::new();
 
     // Chained without IPAM: the previous result's addresses, on its single interface.
@@ -397,23 +402,11 @@ fn vlan_every_version_and_isolation() {
 #[test]
 #[ignore = "runs inside the VM of link_kinds_in_a_vm: this kernel has no ipvlan, vlan, dummy or vrf"]
 fn vlan_side_by_side_and_refusals() {
-    let mut seen = Vec::new();
-    for reference in [false, true] {
-        let seg = Segment::new();
-        let pod = TestNs::new();
-        let c = seg.conf(
-            "1.0.0",
-            "vlan",
-            "10.94.0.0/24",
-            json!({"master": "cvtm0", "vlanId": 7, "mtu": 1300}),
-        );
-        let mut r = seg.call(reference, "ADD", "cvtref", &pod, &c).ok();
-        r["interfaces"][0]["mac"] = json!("");
-        r["interfaces"][0]["sandbox"] = json!("");
-        seen.push((r, link(&pod, "eth0")));
-        seg.call(reference, "DEL", "cvtref", &pod, &c).ok();
-    }
-    assert_eq!(seen[0], seen[1], "corvid's vlan and the reference's");
+    side_by_side(
+        "vlan",
+        "10.94.0.0/24",
+        json!({"master": "cvtm0", "vlanId": 7, "mtu": 1300}),
+    );
     let seg = Segment::new();
     let bad = |extra: Value| seg.conf("1.0.0", "vlan", "10.94.0.0/24", extra);
     refused(
