@@ -109,7 +109,8 @@ fn main() {
             }
         }
     }
-    // The floors: starting corvid's binary, and deleting the link in process.
+    // The floors: starting corvid's binary, and deleting the link (up, addressed) in
+    // process.
     let floor_ns = Ns::new(format!("{tag}-floor"));
     let floor_host = Netns::open(&floor_ns.0).unwrap();
     master(&floor_host);
@@ -189,7 +190,7 @@ fn master(host: &Netns) {
 }
 
 /// Deleting the container's link from a socket in its namespace, timed: a veth pair
-/// (ptp's), and a macvlan. All links are made first and deleted in a second pass, as the
+/// (ptp's), and a macvlan, each up with an address. All links are made first and deleted in a second pass, as the
 /// plugins' DELs come long after their ADDs (a link deleted at once after its creation
 /// waits on the kernel's work for the new link as well).
 fn kernel_floors(tag: &str, host: &Netns, n: usize) -> (Phase, Phase) {
@@ -232,6 +233,15 @@ fn kernel_floors(tag: &str, host: &Netns, n: usize) -> (Phase, Phase) {
         let mut container = Netlink::open_in(ns).unwrap();
         let l = container.link_by_name("eth0").unwrap().unwrap();
         made.push((container, l));
+    }
+    // Up and addressed, as the plugins leave them: deleting a link with addresses, routes
+    // and IPv6 link-local state costs the kernel more than deleting a bare one.
+    for (i, (container, link)) in made.iter_mut().enumerate() {
+        container.set_up(link).unwrap();
+        let addr: ipnet::IpNet = format!("10.205.{}.{}/16", i / 250, i % 250 + 2)
+            .parse()
+            .unwrap();
+        container.add_address(link.index, &addr).unwrap();
     }
     // As long as the plugins' ADD phase took, roughly: the new links' timers settle.
     std::thread::sleep(std::time::Duration::from_secs(2));

@@ -84,7 +84,8 @@ export PATH=/usr/sbin:/bin
 mount -t devtmpfs dev /dev
 mount -t proc proc /proc
 mount -t sysfs sys /sys
-mount -t tmpfs tmp /tmp
+# /tmp stays the initramfs's own: the plugin binary may live under it, as in a clone
+# in /tmp.
 mount -t tmpfs run /run
 mkdir -p /run/netns
 for m in {order}; do insmod /mods/$m.ko; done
