@@ -22,10 +22,9 @@ fn load(args: &CmdArgs) -> Result<(), Error> {
 fn add(args: &CmdArgs) -> Result<CniResult, Error> {
     load(args)?;
     let (ns, mut container) = attach::open_free(args)?;
-    container
-        .add_dummy(&args.ifname, None, None)
-        .map_err(errors::net)?;
-    child::address(args, "dummy", &ns, &mut container, Addressing::Ipam)
+    child::make(args, "dummy", &ns, &mut container, Addressing::Ipam, |c| {
+        c.add_dummy(&args.ifname, None, None)
+    })
 }
 
 impl Plugin for Dummy {
