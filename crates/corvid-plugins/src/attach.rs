@@ -120,40 +120,6 @@ pub(crate) fn check_addresses_and_routes(
     Ok(())
 }
 
-/// Runs the IPAM plugin `ipam`'s ADD on a thread of its own while `work` makes the
-/// interface here: the lease's fsync (or the IPAM binary's start) overlaps the kernel's
-/// work instead of adding to it. Only for the IPAM plugins that never look at the
-/// interface (host-local, static); others (dhcp talks on it) run after `work`. Both
-/// outcomes come back; undoing either is the caller's.
-pub(crate) fn alongside_ipam<T>(
-    args: &CmdArgs,
-    ipam: Option<&str>,
-    work: impl FnOnce() -> Result<T, Error>,
-) -> (Option<Result<CniResult, Error>>, Result<T, Error>) {
-    let allocate = |t: &str| delegate::run(t, Command::Add, args).map(Option::unwrap_or_default);
-    match ipam {
-        Some(t @ ("host-local" | "static")) => std::thread::scope(|s| {
-            let pending = s.spawn(move || allocate(t));
-            let made = work();
-            let allocated = pending.join().unwrap_or_else(|_| {
-                Err(Error::new(
-                    ErrorCode::Internal,
-                    "the IPAM plugin's ADD panicked",
-                ))
-            });
-            (Some(allocated), made)
-        }),
-        _ => {
-            let made = work();
-            let allocated = match (&made, ipam) {
-                (Ok(_), Some(t)) => Some(allocate(t)),
-                _ => None,
-            };
-            (allocated, made)
-        }
-    }
-}
-
 /// GC: the IPAM plugin's, then the masquerade of attachments not kept.
 pub(crate) fn gc(args: &CmdArgs, ip_masq: bool) -> Result<(), Error> {
     if let Some(t) = ipam_type(args) {

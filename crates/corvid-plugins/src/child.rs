@@ -93,62 +93,36 @@ pub(crate) fn add_child(
     spec: &ChildSpec,
     addressing: Addressing,
 ) -> Result<CniResult, Error> {
-    make(
-        args,
-        plugin,
-        ns,
-        container,
-        addressing,
-        |c| match parent_nl {
-            Some(host) => host.add_child(spec, Some(ns)),
-            None => c.add_child(spec, None),
-        },
-    )
+    let made = match parent_nl {
+        Some(host) => host.add_child(spec, Some(ns)),
+        None => container.add_child(spec, None),
+    };
+    made.map_err(errors::net)?;
+    address(args, plugin, ns, container, addressing)
 }
 
-/// Makes CNI_IFNAME with `create` (given the container's socket) while the IPAM plugin
-/// allocates, then gives it its addresses and routes and brings it up. On failure the
-/// interface goes and what IPAM gave is released.
-pub(crate) fn make(
+/// Gives the new CNI_IFNAME its addresses and routes and brings it up; on failure removes
+/// it and releases what IPAM gave.
+pub(crate) fn address(
     args: &CmdArgs,
     plugin: &str,
     ns: &Netns,
     container: &mut Netlink,
     addressing: Addressing,
-    create: impl FnOnce(&mut Netlink) -> corvid_net::Result<()>,
 ) -> Result<CniResult, Error> {
+    let link = container
+        .link_by_name(&args.ifname)
+        .map_err(errors::net)?
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::Internal,
+                format!("{plugin}: {} vanished", args.ifname),
+            )
+        })?;
     let ipam = ipam_type(args).filter(|t| !t.is_empty());
-    let release = || {
-        if let Some(t) = ipam {
-            let _ = delegate::run(t, Command::Del, args);
-        }
-    };
-    let (allocated, made) =
-        attach::alongside_ipam(args, ipam, || create(container).map_err(errors::net));
-    let link = made.and_then(|()| {
-        container
-            .link_by_name(&args.ifname)
-            .map_err(errors::net)?
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::Internal,
-                    format!("{plugin}: {} vanished", args.ifname),
-                )
-            })
-    });
-    let link = match link {
-        Ok(l) => l,
-        Err(e) => {
-            if matches!(allocated, Some(Ok(_))) {
-                release();
-            }
-            return Err(e);
-        }
-    };
-    let ipam_done = matches!(allocated, Some(Ok(_)));
+    let mut ipam_done = false;
     let done = (|| {
-        let mut result = match (allocated, addressing) {
-            (Some(r), _) => r?,
+        let mut result = match (ipam, addressing) {
             (None, Addressing::PreviousOrIpam) => match &args.prev_result {
                 Some(prev) if !prev.ips.is_empty() => prev.clone(),
                 _ => {
@@ -167,6 +141,11 @@ pub(crate) fn make(
                 let mut result = CniResult::default();
                 attach::single_interface(args, &mut result, &link, ns);
                 return Ok(result);
+            }
+            (Some(t), _) => {
+                let r = delegate::run(t, Command::Add, args)?.unwrap_or_default();
+                ipam_done = true;
+                r
             }
         };
         if result.ips.is_empty() {
@@ -195,7 +174,9 @@ pub(crate) fn make(
     done.inspect_err(|_| {
         let _ = container.delete_link(&link);
         if ipam_done {
-            release();
+            if let Some(t) = ipam {
+                let _ = delegate::run(t, Command::Del, args);
+            }
         }
     })
 }

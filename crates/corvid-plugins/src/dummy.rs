@@ -22,9 +22,10 @@ fn load(args: &CmdArgs) -> Result<(), Error> {
 fn add(args: &CmdArgs) -> Result<CniResult, Error> {
     load(args)?;
     let (ns, mut container) = attach::open_free(args)?;
-    child::make(args, "dummy", &ns, &mut container, Addressing::Ipam, |c| {
-        c.add_dummy(&args.ifname, None, None)
-    })
+    container
+        .add_dummy(&args.ifname, None, None)
+        .map_err(errors::net)?;
+    child::address(args, "dummy", &ns, &mut container, Addressing::Ipam)
 }
 
 impl Plugin for Dummy {

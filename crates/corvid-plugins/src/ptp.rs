@@ -94,35 +94,8 @@ fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
     let (ns, mut container) = attach::open_free(args)?;
     let mut host = Netlink::open().map_err(errors::net)?;
     let t = ipam_type(args).unwrap_or_default();
-    let spec = VethSpec {
-        ifname: &args.ifname,
-        mtu: conf.mtu.filter(|m| *m != 0),
-        hairpin: false,
-        vlan: None,
-        keep_default_vlan: true,
-        mac: None,
-        host_name: None,
-    };
-    let (allocated, paired) = attach::alongside_ipam(args, Some(t), || {
-        pair(&mut host, &mut container, &ns, &spec).map_err(errors::net)
-    });
+    let mut result = delegate::run(t, Command::Add, args)?.unwrap_or_default();
     let mut made = Made::default();
-    let (mut result, p) = match (allocated, paired) {
-        (Some(Ok(r)), Ok(p)) => (r, p),
-        (allocated, Err(e)) => {
-            if matches!(allocated, Some(Ok(_))) {
-                made.undo(args, &mut host);
-            }
-            return Err(e);
-        }
-        (allocated, Ok(p)) => {
-            let _ = host.delete_link(&p.host);
-            return Err(allocated.and_then(Result::err).unwrap_or_else(|| {
-                Error::new(ErrorCode::InvalidNetworkConfig, "ptp: no IPAM section")
-            }));
-        }
-    };
-    made.pair = Some(p.clone());
     let done = (|| {
         if result.ips.is_empty() {
             return Err(Error::new(
@@ -144,6 +117,22 @@ fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
             };
             sysctl::set(key, "1").map_err(errors::net)?;
         }
+        let p = pair(
+            &mut host,
+            &mut container,
+            &ns,
+            &VethSpec {
+                ifname: &args.ifname,
+                mtu: conf.mtu.filter(|m| *m != 0),
+                hairpin: false,
+                vlan: None,
+                keep_default_vlan: true,
+                mac: None,
+                host_name: None,
+            },
+        )
+        .map_err(errors::net)?;
+        made.pair = Some(p.clone());
         configure_container(&mut container, &p, &mut result)?;
         configure_host(&mut host, &p, &result)?;
         if conf.ip_masq {
