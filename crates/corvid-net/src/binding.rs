@@ -11,9 +11,6 @@ use ipnet::IpNet;
 use std::io;
 use std::net::IpAddr;
 
-/// The kernel's main routing table.
-const RT_TABLE_MAIN: u8 = 254;
-
 /// The bridge a port attaches to.
 #[derive(Debug, Clone)]
 pub struct BridgeSpec<'a> {
@@ -483,7 +480,7 @@ fn sync_routes(
     link: &Link,
     want: &[(IpNet, Option<IpAddr>)],
 ) -> Result<Vec<String>> {
-    let main = Some(u32::from(RT_TABLE_MAIN));
+    let main = Some(crate::route::MAIN_TABLE);
     let have: Vec<RouteSpec> = nl
         .routes()?
         .into_iter()

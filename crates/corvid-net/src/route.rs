@@ -11,6 +11,13 @@ use netlink_packet_route::route::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use std::net::IpAddr;
 
+/// The main routing table, where routes go when no table is named.
+pub const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
+/// The scope of a route through a gateway (`RouteSpec.scope`).
+pub const SCOPE_UNIVERSE: u8 = 0;
+/// The scope of an on-link route (`RouteSpec.scope`).
+pub const SCOPE_LINK: u8 = 253;
+
 /// A route to install or one found in the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteSpec {
@@ -84,7 +91,7 @@ fn message(r: &RouteSpec) -> RouteMessage {
         None if r.gw.is_some() => RouteScope::Universe,
         None => RouteScope::Link,
     };
-    let table = r.table.unwrap_or(RouteHeader::RT_TABLE_MAIN as u32);
+    let table = r.table.unwrap_or(MAIN_TABLE);
     if table < 256 {
         m.header.table = table as u8;
     } else {

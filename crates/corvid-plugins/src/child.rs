@@ -19,7 +19,7 @@ pub(crate) fn invalid(msg: impl Into<String>) -> Error {
 
 /// The link the default route leaves through, in the namespace of `nl`.
 fn default_route_link(nl: &mut Netlink) -> Result<Option<Link>, Error> {
-    let main = Some(254);
+    let main = Some(corvid_net::route::MAIN_TABLE);
     let oif = nl
         .routes()
         .map_err(errors::net)?

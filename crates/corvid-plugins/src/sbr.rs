@@ -8,7 +8,7 @@ use crate::errors;
 use corvid_cni::result::IpConfig;
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
-use corvid_net::route::RouteSpec;
+use corvid_net::route::{RouteSpec, MAIN_TABLE, SCOPE_LINK};
 use corvid_net::rule::RuleSpec;
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
@@ -22,8 +22,6 @@ pub struct Sbr;
 
 /// The first table sbr picks when the configuration names none, as the reference does.
 const FIRST_TABLE: u32 = 100;
-const RT_TABLE_MAIN: u32 = 254;
-const SCOPE_LINK: u8 = 253;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -104,10 +102,6 @@ fn lock_netns(path: &std::path::Path) -> Result<std::fs::File, Error> {
     Ok(file)
 }
 
-fn host_prefix(ip: IpAddr) -> IpNet {
-    IpNet::from(ip)
-}
-
 /// A table number no rule and no route uses yet, from `from` up.
 fn free_table(used: &BTreeSet<u32>, from: u32) -> u32 {
     (from..).find(|t| !used.contains(t)).unwrap_or(from)
@@ -127,7 +121,7 @@ fn add(args: &CmdArgs, l: &Loaded) -> Result<CniResult, Error> {
         Some(table) => ips.iter().try_for_each(|ip| {
             made.rule(
                 &mut nl,
-                RuleSpec::from_source(host_prefix(ip.address.addr()), table),
+                RuleSpec::from_source(IpNet::from(ip.address.addr()), table),
             )
         }),
         None => own_tables(&mut nl, args, l, &ips, &mut made),
@@ -199,12 +193,12 @@ fn own_tables(
     };
     let own: Vec<RouteSpec> = all_routes
         .into_iter()
-        .filter(|r| r.oif == link.index && r.table == Some(RT_TABLE_MAIN))
+        .filter(|r| r.oif == link.index && r.table == Some(MAIN_TABLE))
         .collect();
     let mut table = free_table(&used, FIRST_TABLE);
     for ip in ips {
         let addr = ip.address.addr();
-        made.rule(nl, RuleSpec::from_source(host_prefix(addr), table))?;
+        made.rule(nl, RuleSpec::from_source(IpNet::from(addr), table))?;
         let gateway = if addr.is_ipv4() { l.gw4 } else { l.gw6 }.or(ip.gateway);
         if let Some(gw) = gateway {
             let unspecified = if addr.is_ipv4() {
@@ -289,7 +283,7 @@ fn check(args: &CmdArgs, l: &Loaded) -> Result<(), Error> {
     let mut nl = Netlink::open_in(&ns).map_err(errors::net)?;
     let rules = nl.rules().map_err(errors::net)?;
     for ip in addresses(args, prev)? {
-        let from = host_prefix(ip.address.addr());
+        let from = IpNet::from(ip.address.addr());
         let found = rules
             .iter()
             .any(|r| r.src == Some(from) && l.conf.table.is_none_or(|t| t == r.table));

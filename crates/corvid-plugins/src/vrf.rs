@@ -8,16 +8,13 @@ use crate::errors;
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::link::{Link, LinkKind};
-use corvid_net::route::RouteSpec;
+use corvid_net::route::{RouteSpec, MAIN_TABLE, SCOPE_UNIVERSE};
 use corvid_net::{Netlink, Netns};
 use serde::Deserialize;
 use std::time::{Duration, Instant};
 
 /// The vrf plugin.
 pub struct Vrf;
-
-const RT_TABLE_MAIN: u32 = 254;
-const SCOPE_UNIVERSE: u8 = 0;
 
 #[derive(Deserialize)]
 struct Conf {
@@ -113,7 +110,7 @@ fn join(nl: &mut Netlink, link: &Link, vrf: &Link) -> Result<(), Error> {
         .into_iter()
         .filter(|r| {
             r.oif == link.index
-                && r.table == Some(RT_TABLE_MAIN)
+                && r.table == Some(MAIN_TABLE)
                 && r.scope == Some(SCOPE_UNIVERSE)
                 && r.gw.is_some()
         })

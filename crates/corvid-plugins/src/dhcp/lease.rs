@@ -4,6 +4,7 @@
 
 use super::wire::{resend_delay, Wire};
 use corvid_cni::result::Route;
+use corvid_net::route::SCOPE_LINK;
 use corvid_net::{Netlink, Netns};
 use dhcproto::v4::{
     DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode, UnknownOption,
@@ -85,7 +86,7 @@ impl Bound {
                 routes.push(Route {
                     dst: IpNet::V4(*dst),
                     gw: Some(IpAddr::V4(*gw)),
-                    scope: gw.is_unspecified().then_some(253),
+                    scope: gw.is_unspecified().then_some(SCOPE_LINK),
                     ..Route::default()
                 });
             }
@@ -479,7 +480,7 @@ mod tests {
         )]));
         let b = Bound::from_ack(&ack(with121)).unwrap();
         assert_eq!(b.routes.len(), 1, "121 replaces 33 and the router");
-        assert_eq!(b.routes[0].scope, Some(253));
+        assert_eq!(b.routes[0].scope, Some(SCOPE_LINK));
     }
 
     #[test]

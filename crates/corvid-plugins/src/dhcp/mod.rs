@@ -78,7 +78,8 @@ struct Conf {
 }
 
 fn ask(args: &CmdArgs, command: Asked) -> Result<Reply, Error> {
-    let conf: Conf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
+    let raw: serde_json::Value = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
+    let conf = Conf::deserialize(&raw).map_err(errors::config)?;
     let socket = conf
         .ipam
         .daemon_socket_path
@@ -104,7 +105,7 @@ fn ask(args: &CmdArgs, command: Asked) -> Result<Reply, Error> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(";"),
-        conf: serde_json::from_slice(&args.stdin).map_err(errors::config)?,
+        conf: raw,
     };
     let unreachable = |e: std::io::Error| {
         // STATUS says the plugin cannot serve ADDs; the others may work once it runs.
