@@ -170,8 +170,8 @@ impl Plugin for HostLocal {
             None => Dns::default(),
         };
         let store = LeaseDir::open(data_dir(&setup.conf), &args.conf.name).map_err(errors::ipam)?;
-        // Written and synced before the lock: concurrent ADDs then wait on each other only
-        // for the scan and the link, not for the disk.
+        // Written before the lock: concurrent ADDs then wait on each other only for the
+        // scan and the link.
         let mut prepared = (0..setup.sets.len())
             .map(|_| store.prepare_lease(&args.container_id, &args.ifname))
             .collect::<Result<Vec<_>, _>>()
