@@ -117,8 +117,8 @@ if [ ! -x "$actool" ]; then
 fi
 export CORVID_ACTOOL=$actool
 # The Kurma tests (crates/corvid/tests/kurma.rs) put the static plugin binary in an image.
-CORVID_KURMA_PLUGINS=$(scripts/build-kurma-plugins.sh)
-export CORVID_KURMA_PLUGINS
+CORVID_STATIC_PLUGINS=$(scripts/build-static-plugins.sh)
+export CORVID_STATIC_PLUGINS
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -24,7 +24,7 @@ pub const BINARY: &str = "opt/cni/bin/corvid-plugins";
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// The plugin binary is not a static program.
-    #[error("{}: not a static executable (it asks for a program interpreter); scripts/build-kurma-plugins.sh builds one", .0.display())]
+    #[error("{}: not a static executable (it asks for a program interpreter); scripts/build-static-plugins.sh builds one", .0.display())]
     NotStatic(PathBuf),
     /// Reading the binary or writing the image.
     #[error("{what}: {source}")]

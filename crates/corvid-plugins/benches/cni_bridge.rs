@@ -169,7 +169,7 @@ fn main() {
         _ => vec![1, 8],
     };
     let ours = tempfile::tempdir().unwrap();
-    let mut impls: Vec<Impl> = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins")).into();
+    let mut impls: Vec<Impl> = Impl::both(ours.path()).into();
     // CORVID_BENCH_REFERENCE=0 leaves the reference out: corvid's lanes and the floor alone.
     let with_reference = std::env::var("CORVID_BENCH_REFERENCE").map_or(true, |v| v != "0");
     if !with_reference {

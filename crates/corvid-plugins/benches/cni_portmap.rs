@@ -21,7 +21,7 @@ fn main() {
     }
     let n = support::containers();
     let ours = tempfile::tempdir().unwrap();
-    let impls = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins"));
+    let impls = Impl::both(ours.path());
     let tag = format!("cvbp{}", std::process::id());
     // Per implementation: a host namespace, a lease directory, N containers on a bridge.
     let setups: Vec<_> = impls

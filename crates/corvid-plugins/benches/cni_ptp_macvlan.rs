@@ -41,7 +41,7 @@ fn main() {
     }
     let n = support::containers();
     let ours = tempfile::tempdir().unwrap();
-    let impls = Impl::both(ours.path(), env!("CARGO_BIN_EXE_corvid-plugins"));
+    let impls = Impl::both(ours.path());
     let tag = format!("cvbq{}", std::process::id());
     let cases = [
         Case {

@@ -3,9 +3,12 @@
 //! and the extra exec of `/opt/network/add` cost. 100 pods one at a time, then ten at a
 //! time, both paths alternating; p50 and p99, and the floor of the extra hop (a process
 //! that does nothing, entered into the plugin container alike). Needs root and the static
-//! plugin binary (`CORVID_KURMA_PLUGINS=$(scripts/build-kurma-plugins.sh --release)`).
+//! plugin binary (`CORVID_STATIC_PLUGINS=$(scripts/build-static-plugins.sh --release)`).
 //!
 //! `cargo bench -p corvid --bench kurma` (CORVID_BENCH_N sets the pods per phase, 100).
+
+#[path = "../tests/support/static_plugins.rs"]
+mod static_plugins;
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -75,17 +78,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let plugins = std::env::var_os("CORVID_KURMA_PLUGINS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/x86_64-unknown-linux-gnu/image/corvid-plugins")
-        });
-    assert!(
-        plugins.is_file(),
-        "{}: run scripts/build-kurma-plugins.sh (--release for figures)",
-        plugins.display()
-    );
+    let plugins = static_plugins::path();
     let corvid = PathBuf::from(env!("CARGO_BIN_EXE_corvid"));
     let tag = format!("cvb{}", std::process::id());
     let host_ns =

@@ -8,6 +8,8 @@ mod kurma;
 mod ns;
 #[path = "support/registry.rs"]
 mod registry;
+#[path = "support/static_plugins.rs"]
+mod static_plugins;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -1,7 +1,11 @@
 //! The Debian package (scripts/build-deb.sh) installed into a clean Debian root (a chroot
 //! made by debootstrap, which scripts/test.sh caches): its files are where they belong,
-//! the plugins answer at /opt/cni/bin without displacing a plugin already there, systemd
-//! accepts its units, and removing and purging take back what they should.
+//! the plugins (the static binary that ships) answer at /opt/cni/bin without displacing a
+//! plugin already there, systemd accepts its units, and removing and purging take back
+//! what they should.
+
+#[path = "support/static_plugins.rs"]
+mod static_plugins;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -43,6 +47,8 @@ fn the_package_installs_into_a_clean_root_and_is_removed_cleanly() {
     let out = run(Command::new(repo.join("scripts/build-deb.sh"))
         .arg("--bin-dir")
         .arg(bin)
+        .arg("--plugins")
+        .arg(static_plugins::path())
         .arg("--out")
         .arg(work.path())
         .env("CORVID_DEB_COMPRESSION", "none"));

@@ -57,17 +57,42 @@ pub struct Impl {
     pub cni_path: PathBuf,
 }
 
+/// The corvid plugin binary benched: the one that ships, static
+/// (scripts/build-static-plugins.sh --release), or the one CORVID_STATIC_PLUGINS names. The
+/// binary `cargo bench` builds for this package is linked dynamically, and a third of its
+/// start goes to loading the C library before main; the figures are for what a host runs.
+pub fn corvid_binary() -> PathBuf {
+    let binary = match std::env::var_os("CORVID_STATIC_PLUGINS") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-static-plugins.sh");
+            eprintln!("building the static plugin binary ({})", script.display());
+            let out = Command::new(&script)
+                .arg("--release")
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("run scripts/build-static-plugins.sh");
+            assert!(out.status.success(), "{} failed", script.display());
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        }
+    };
+    println!("corvid: {}", binary.display());
+    binary
+}
+
 impl Impl {
-    /// corvid's multi-call binary linked under every plugin name in `dir`, and Debian's
-    /// reference plugins.
-    pub fn both(dir: &Path, binary: &str) -> [Impl; 2] {
+    /// corvid's multi-call binary ([`corvid_binary`]) linked under every plugin name in
+    /// `dir`, and Debian's reference plugins.
+    pub fn both(dir: &Path) -> [Impl; 2] {
+        let binary = corvid_binary();
         let reference = Path::new("/usr/lib/cni");
         assert!(
             reference.join("bridge").exists(),
             "install Debian's containernetworking-plugins"
         );
         for name in corvid_plugins::PLUGIN_NAMES {
-            std::os::unix::fs::symlink(binary, dir.join(name)).unwrap();
+            std::os::unix::fs::symlink(&binary, dir.join(name)).unwrap();
         }
         [
             Impl {

@@ -12,22 +12,6 @@ use serde_json::Value;
 
 use crate::ns::{wait_until, Ns};
 
-/// corvid's static plugin binary, as scripts/test.sh builds it.
-pub fn static_plugins() -> PathBuf {
-    let path = std::env::var_os("CORVID_KURMA_PLUGINS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/x86_64-unknown-linux-gnu/image/corvid-plugins")
-        });
-    assert!(
-        path.is_file(),
-        "{}: build the static plugin binary first (scripts/test.sh does: see scripts/build-kurma-plugins.sh)",
-        path.display()
-    );
-    path
-}
-
 /// A runtime: its host namespace, its directory, and its running host.
 pub struct Runtime {
     pub host_ns: Ns,
@@ -322,7 +306,7 @@ pub fn build_corvid_image(out: &Path) -> (PathBuf, PathBuf) {
             "0.1.0",
             "--plugins",
         ])
-        .arg(static_plugins())
+        .arg(crate::static_plugins::path())
         .arg("--out")
         .arg(out)
         .output()
