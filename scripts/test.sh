@@ -42,6 +42,9 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 # The dhcp plugin's tests get leases from dnsmasq in a namespace.
 command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
 command -v cpio >/dev/null || need+=(cpio)
+# The static plugin binary links musl (scripts/build-static-plugins.sh); ring's C needs
+# musl-gcc.
+command -v musl-gcc >/dev/null || need+=(musl-tools)
 command -v systemd-socket-activate >/dev/null || need+=(systemd)
 # The ipvlan, vlan, dummy and vrf tests run in a VM (this kernel lacks those modules);
 # qemu's recommends (a desktop's worth) are not needed for a serial console.
@@ -116,7 +119,8 @@ if [ ! -x "$actool" ]; then
     rm -rf "$deb"
 fi
 export CORVID_ACTOOL=$actool
-# The Kurma tests (crates/corvid/tests/kurma.rs) put the static plugin binary in an image.
+# The static plugin binary, the one that ships: the plugins' tests run it, the Kurma
+# tests (crates/corvid/tests/kurma.rs) put it in an image, the package test installs it.
 CORVID_STATIC_PLUGINS=$(scripts/build-static-plugins.sh)
 export CORVID_STATIC_PLUGINS
 

@@ -70,8 +70,8 @@ fn link_kinds_in_a_vm() {
     }
     let me = std::env::current_exe().unwrap();
     put_program(&root, &me, Path::new("/t"));
-    let plugins = Path::new(env!("CARGO_BIN_EXE_corvid-plugins"));
-    put_program(&root, plugins, plugins);
+    let plugins = support::plugin_binary();
+    put_program(&root, &plugins, &plugins);
     put_program(&root, Path::new("/usr/sbin/ip"), Path::new("/usr/sbin/ip"));
     for p in ["host-local", "ipvlan", "vlan", "vrf", "macvlan"] {
         let reference = Path::new(REFERENCE_DIR).join(p);
@@ -90,11 +90,15 @@ mount -t tmpfs run /run
 mkdir -p /run/netns
 for m in {order}; do insmod /mods/$m.ko; done
 ip link set lo up
-RUST_BACKTRACE=0 /t --ignored --test-threads=1 2>&1
+{binary_env}RUST_BACKTRACE=0 /t --ignored --test-threads=1 2>&1
 echo "CVT-VM-EXIT $?"
 poweroff -f
 "#,
-        order = order.split_whitespace().collect::<Vec<_>>().join(" ")
+        order = order.split_whitespace().collect::<Vec<_>>().join(" "),
+        // The tests inside run the same binary as the host's.
+        binary_env = std::env::var("CORVID_STATIC_PLUGINS")
+            .map(|p| format!("CORVID_STATIC_PLUGINS={p} "))
+            .unwrap_or_default(),
     );
     std::fs::write(root.join("init"), init).unwrap();
     std::fs::set_permissions(

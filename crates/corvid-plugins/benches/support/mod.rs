@@ -57,10 +57,10 @@ pub struct Impl {
     pub cni_path: PathBuf,
 }
 
-/// The corvid plugin binary benched: the one that ships, static
+/// The corvid plugin binary benched: the one that ships, static with musl
 /// (scripts/build-static-plugins.sh --release), or the one CORVID_STATIC_PLUGINS names. The
-/// binary `cargo bench` builds for this package is linked dynamically, and a third of its
-/// start goes to loading the C library before main; the figures are for what a host runs.
+/// binary `cargo bench` builds for this package links glibc dynamically and takes three
+/// times as long to start; the figures are for what a host runs.
 pub fn corvid_binary() -> PathBuf {
     let binary = match std::env::var_os("CORVID_STATIC_PLUGINS") {
         Some(path) => PathBuf::from(path),

@@ -101,7 +101,15 @@ impl Drop for TestNs {
     }
 }
 
-/// A directory holding the plugins under their names (links to the built binary).
+/// The plugin binary the tests run: the static one that ships when CORVID_STATIC_PLUGINS
+/// names it (scripts/test.sh does), else the one cargo built for these tests.
+pub fn plugin_binary() -> PathBuf {
+    std::env::var_os("CORVID_STATIC_PLUGINS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_corvid-plugins")))
+}
+
+/// A directory holding the plugins under their names (links to [`plugin_binary`]).
 pub struct PluginDir {
     pub dir: tempfile::TempDir,
 }
@@ -109,9 +117,9 @@ pub struct PluginDir {
 impl PluginDir {
     pub fn new() -> PluginDir {
         let dir = tempfile::tempdir().unwrap();
+        let binary = plugin_binary();
         for name in corvid_plugins::PLUGIN_NAMES {
-            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_corvid-plugins"), dir.path().join(name))
-                .unwrap();
+            std::os::unix::fs::symlink(&binary, dir.path().join(name)).unwrap();
         }
         PluginDir { dir }
     }
