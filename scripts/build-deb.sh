@@ -4,19 +4,19 @@
 # --bin-dir: where `corvid` is (by default the release build, made first); --plugins: the
 # plugin binary (by default the static release build of scripts/build-static-plugins.sh,
 # made first; with --bin-dir, the corvid-plugins there); --out: where the .deb goes
-# (target/deb). CORVID_DEB_COMPRESSION: xz (the
-# default), gzip or none (the tests, whose debug binaries are large). Only dpkg-deb is
-# needed: the layout is assembled here rather than by cargo-deb, one more tool to build.
+# (target/deb). CORVID_DEB_COMPRESSION: xz (the default), gzip or none (the tests, whose
+# debug binaries are large). Only dpkg-deb is needed: the layout is assembled here rather
+# than by cargo-deb, one more tool to build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bin=""
-plugins=""
+plugin_bin=""
 out=target/deb
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin-dir) bin=$2; shift 2 ;;
-        --plugins) plugins=$2; shift 2 ;;
+        --plugins) plugin_bin=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         *) echo "usage: $0 [--bin-dir DIR] [--plugins PATH] [--out DIR]" >&2; exit 2 ;;
     esac
@@ -24,9 +24,9 @@ done
 if [ -z "$bin" ]; then
     cargo build --release -p corvid >&2
     bin=target/release
-    [ -n "$plugins" ] || plugins=$(scripts/build-static-plugins.sh --release)
+    [ -n "$plugin_bin" ] || plugin_bin=$(scripts/build-static-plugins.sh --release)
 fi
-[ -n "$plugins" ] || plugins=$bin/corvid-plugins
+[ -n "$plugin_bin" ] || plugin_bin=$bin/corvid-plugins
 
 version=$("$bin/corvid" --version | awk '{print $2}')
 arch=$(dpkg --print-architecture)
@@ -36,7 +36,7 @@ pkg=$root/corvid
 
 install -D -m 0755 "$bin/corvid" "$pkg/usr/bin/corvid"
 # The plugin binary and one link per plugin name; the postinst offers each at /opt/cni/bin.
-"$bin/corvid" cni install --dir "$pkg/usr/lib/corvid/cni" --from "$plugins" >/dev/null
+"$bin/corvid" cni install --dir "$pkg/usr/lib/corvid/cni" --from "$plugin_bin" >/dev/null
 plugins=$(cd "$pkg/usr/lib/corvid/cni" && find . -type l -printf '%f\n' | sort | tr '\n' ' ')
 
 for unit in packaging/systemd/*; do
