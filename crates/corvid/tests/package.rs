@@ -199,10 +199,9 @@ fn the_container_image_builds_from_the_binaries_and_runs() {
     assert!(!base.stdout.is_empty());
     let context = work.path().join("context");
     std::fs::create_dir(&context).unwrap();
-    let bin = Path::new(env!("CARGO_BIN_EXE_corvid")).parent().unwrap();
-    for b in ["corvid", "corvid-plugins"] {
-        std::fs::copy(bin.join(b), context.join(b)).unwrap();
-    }
+    std::fs::copy(env!("CARGO_BIN_EXE_corvid"), context.join("corvid")).unwrap();
+    // The plugin binary that ships, static, as the DaemonSet copies it onto hosts.
+    std::fs::copy(static_plugins::path(), context.join("corvid-plugins")).unwrap();
     let containerfile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/Containerfile");
     run(podman(&[
         "build",
