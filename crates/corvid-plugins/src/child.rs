@@ -32,14 +32,21 @@ fn default_route_link(nl: &mut Netlink) -> Result<Option<Link>, Error> {
     }
 }
 
-/// The parent device named `name` in the namespace of `nl` (`where_` says which, for
-/// errors), or with no name the one the default route leaves through.
+/// The parent device named `name`, on the host or, with `linkInContainer`
+/// (`in_container`), in the container; with no name the one the default route leaves
+/// through there.
 pub(crate) fn master(
-    nl: &mut Netlink,
+    host: &mut Netlink,
+    container: &mut Netlink,
+    in_container: bool,
     plugin: &str,
     name: &str,
-    where_: &str,
 ) -> Result<Link, Error> {
+    let (nl, where_) = if in_container {
+        (container, "the container")
+    } else {
+        (host, "the host")
+    };
     if name.is_empty() {
         return default_route_link(nl)?.ok_or_else(|| {
             invalid(format!(

@@ -55,12 +55,7 @@ fn load(args: &CmdArgs, host: &mut Netlink, container: &mut Netlink) -> Result<S
             }
         }
     }
-    let (parent_nl, where_) = if c.link_in_container {
-        (container, "the container")
-    } else {
-        (host, "the host")
-    };
-    let master = child::master(parent_nl, "ipvlan", &name, where_)?;
+    let master = child::master(host, container, c.link_in_container, "ipvlan", &name)?;
     let mtu = child::check_mtu(c.mtu, &master)?;
     Ok(Setup {
         master,

@@ -54,16 +54,10 @@ struct Setup {
 /// with `linkInContainer`, in the container (`container`).
 fn load(args: &CmdArgs, host: &mut Netlink, container: &mut Netlink) -> Result<Setup, Error> {
     let c: Conf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
-    let parent_nl = if c.link_in_container { container } else { host };
     args.args.only("macvlan", &["MAC"])?;
     let mode = MacvlanMode::parse(&c.mode)
         .ok_or_else(|| invalid(format!("unknown macvlan mode: \"{}\"", c.mode)))?;
-    let where_ = if c.link_in_container {
-        "the container"
-    } else {
-        "the host"
-    };
-    let master = child::master(parent_nl, "macvlan", &c.master, where_)?;
+    let master = child::master(host, container, c.link_in_container, "macvlan", &c.master)?;
     let mtu = child::check_mtu(c.mtu, &master)?;
     let mac = [
         args.args.get("MAC").unwrap_or_default(),

@@ -48,12 +48,13 @@ fn load(args: &CmdArgs) -> Result<(Conf, u16), Error> {
 fn add(args: &CmdArgs) -> Result<CniResult, Error> {
     let (c, id) = load(args)?;
     let (ns, mut container, mut host) = child::open(args)?;
-    let (parent_nl, where_) = if c.link_in_container {
-        (&mut container, "the container")
-    } else {
-        (&mut host, "the host")
-    };
-    let master = child::master(parent_nl, "vlan", &c.master, where_)?;
+    let master = child::master(
+        &mut host,
+        &mut container,
+        c.link_in_container,
+        "vlan",
+        &c.master,
+    )?;
     let spec = ChildSpec {
         name: &args.ifname,
         parent: master.index,

@@ -158,17 +158,6 @@ impl Segment {
             conf,
         )
     }
-
-    fn pod_links(&self) -> Vec<String> {
-        self.pod
-            .netlink()
-            .links()
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .filter(|n| n != "lo")
-            .collect()
-    }
 }
 
 impl Drop for Segment {
@@ -263,7 +252,7 @@ fn leases_are_got_renewed_and_released_in_every_version() {
             || !seg.leases().iter().any(|l| l.1 == ip),
             "dnsmasq to see the release",
         );
-        assert!(seg.pod_links().is_empty(), "{version}: eth0 is gone");
+        assert!(seg.pod.links().is_empty(), "{version}: eth0 is gone");
         seg.call(false, false, "DEL", &id, &c).ok();
         if version.allows_check() {
             let o = seg
@@ -298,7 +287,7 @@ fn results_are_the_references_and_lists_mix() {
         seen.push(shape(&r));
         seg.call(macvlan_ref, dhcp_ref, "DEL", "cvtmix", &c).ok();
         wait_for(|| !seg.leases().iter().any(|l| l.1 == ip), "the release");
-        assert!(seg.pod_links().is_empty());
+        assert!(seg.pod.links().is_empty());
     }
     for (i, r) in seen.iter().enumerate().skip(1) {
         assert_eq!(&seen[0], r, "run {i} differs");
@@ -381,7 +370,7 @@ fn refusals_leave_no_interface() {
     let o = seg.call(false, false, "ADD", "cvtno", &c).run();
     assert!(!o.success);
     assert_eq!(o.code(), 11, "{}", o.stdout);
-    assert!(seg.pod_links().is_empty(), "no half-made eth0");
+    assert!(seg.pod.links().is_empty(), "no half-made eth0");
     let o = seg
         .call(false, false, "STATUS", "", &c)
         .unset("CNI_NETNS")
@@ -398,7 +387,7 @@ fn refusals_leave_no_interface() {
     );
     let o = seg.call(false, false, "ADD", "cvtbad", &bad).run();
     assert_eq!(o.code(), 7, "{}", o.stdout);
-    assert!(seg.pod_links().is_empty());
+    assert!(seg.pod.links().is_empty());
 
     // No server answers: the daemon gives up after -resendtimeout.
     if let Some(mut d) = seg.dnsmasq.take() {
@@ -408,7 +397,7 @@ fn refusals_leave_no_interface() {
     let o = seg.call(false, false, "ADD", "cvtquiet", &c).run();
     assert!(!o.success);
     assert!(o.stdout.contains("no DHCP answer"), "{}", o.stdout);
-    assert!(seg.pod_links().is_empty());
+    assert!(seg.pod.links().is_empty());
 
     // Stopped, the daemon removes its socket.
     assert!(daemon.stop().success());

@@ -213,16 +213,6 @@ fn link(ns: &TestNs, name: &str) -> Value {
            "mtu": l["mtu"], "up": l["flags"].as_array().is_some_and(|f| f.contains(&json!("UP")))})
 }
 
-fn links(ns: &TestNs) -> Vec<String> {
-    ns.netlink()
-        .links()
-        .unwrap()
-        .into_iter()
-        .map(|l| l.name)
-        .filter(|n| n != "lo")
-        .collect()
-}
-
 /// Every version's ADD, CHECK, DEL and DEL again of `conf(version)` in a new pod.
 fn every_version(seg: &Segment, conf: impl Fn(&str) -> String, kind: &str) {
     for version in ALL {
@@ -236,7 +226,7 @@ fn every_version(seg: &Segment, conf: impl Fn(&str) -> String, kind: &str) {
                 .ok();
         }
         seg.call(false, "DEL", "cvtv", &pod, &c).ok();
-        assert!(links(&pod).is_empty(), "{version}: eth0 is gone");
+        assert!(pod.links().is_empty(), "{version}: eth0 is gone");
         seg.call(false, "DEL", "cvtv", &pod, &c).ok();
     }
 }
@@ -264,7 +254,7 @@ fn refused(seg: &Segment, conf: &str, code: u64, why: &str) {
     let o = seg.call(false, "ADD", "cvtbad", &pod, conf).run();
     assert!(!o.success, "{why}: {}", o.stdout);
     assert_eq!(o.code(), code, "{why}: {}", o.stdout);
-    assert!(links(&pod).is_empty(), "{why}: half-made interface");
+    assert!(pod.links().is_empty(), "{why}: half-made interface");
     assert!(
         leases(seg.data.path(), "cvtlk").is_empty(),
         "{why}: an address was leaked"
@@ -684,6 +674,6 @@ fn mixed_lists_with_the_reference_host_local() {
         .ok();
         assert_eq!(result_ip(&r, true), "10.100.0.2", "{plugin}");
         Call::new(&seg.host, ours, "DEL", "cvtmix", &pod.path_str(), &path, &c).ok();
-        assert!(links(&pod).is_empty());
+        assert!(pod.links().is_empty());
     }
 }

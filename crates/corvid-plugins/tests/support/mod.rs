@@ -48,6 +48,17 @@ impl TestNs {
         Netlink::open_in(&self.open()).unwrap()
     }
 
+    /// Names of the links in this namespace but loopback.
+    pub fn links(&self) -> Vec<String> {
+        self.netlink()
+            .links()
+            .unwrap()
+            .into_iter()
+            .map(|l| l.name)
+            .filter(|n| n != "lo")
+            .collect()
+    }
+
     /// Names of the veth links in this namespace.
     pub fn veths(&self) -> Vec<String> {
         self.netlink()
