@@ -1060,20 +1060,36 @@ fn services_spread_over_ready_pods_and_follow_them() {
         json!({"spec": {"selector": {"app": "nobody"}, "ports": [{"port": 80}]}}),
         false,
     );
-    cluster.api(|c| {
-        c.request(
-            "POST",
-            "/v2/lbaas/loadbalancers",
-            Some(&json!({"loadbalancer": {"name": "squatter",
-                "vip_subnet_id": corvid_k8s::ids::service_network().1, "vip_address": "10.0.0.200"}})),
-        )
-    })
-    .unwrap();
+    // An address the API server has not handed out at random to an earlier service.
+    let taken: Vec<String> = kube.admin(|c| async move {
+        Api::<k8s_openapi::api::core::v1::Service>::all(c)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|s| s.spec?.cluster_ip)
+            .collect()
+    });
+    let clash_ip = (200..255)
+        .map(|i| format!("10.0.0.{i}"))
+        .find(|ip| !taken.contains(ip))
+        .unwrap();
+    cluster
+        .api(|c| {
+            c.request(
+                "POST",
+                "/v2/lbaas/loadbalancers",
+                Some(&json!({"loadbalancer": {"name": "squatter",
+                "vip_subnet_id": corvid_k8s::ids::service_network().1, "vip_address": clash_ip}})),
+            )
+        })
+        .unwrap();
     service(
         &kube,
         "shop",
         "clash",
-        json!({"spec": {"clusterIP": "10.0.0.200", "selector": {"app": "web"}, "ports": [{"port": 80}]}}),
+        json!({"spec": {"clusterIP": clash_ip, "selector": {"app": "web"}, "ports": [{"port": 80}]}}),
         false,
     );
     wait_until("the events", Duration::from_secs(10), || {
@@ -1084,10 +1100,10 @@ fn services_spread_over_ready_pods_and_follow_them() {
     let lbs: Vec<corvid_api::LoadBalancer> = cluster.api(|c| c.list(&[])).unwrap().0;
     assert_eq!(
         lbs.iter()
-            .filter(|l| l.vip_address.map(|a| a.to_string()).as_deref() == Some("10.0.0.200"))
+            .filter(|l| l.vip_address.map(|a| a.to_string()) == Some(clash_ip.clone()))
             .count(),
         1,
-        "only the squatter holds 10.0.0.200"
+        "only the squatter holds {clash_ip}"
     );
 }
 
