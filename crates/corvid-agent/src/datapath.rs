@@ -124,6 +124,12 @@ impl Datapath {
             .collect())
     }
 
+    /// Keeps corvid's bridges allowed through iptables' FORWARD while any is on this
+    /// host.
+    pub fn sync_forwarding(&mut self) -> std::result::Result<corvid_net::iptables::Change, String> {
+        corvid_net::iptables::sync_bridges_allowance(&mut self.nl)
+    }
+
     /// Deletes a link the agent owns (a veth's peer in its namespace goes with it).
     pub fn remove(&mut self, link: &Link) -> Result<()> {
         self.nl.delete_link(link)

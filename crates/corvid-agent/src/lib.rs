@@ -149,9 +149,33 @@ impl Agent {
     /// Runs until the process ends: registers, lists, reconciles, then follows the
     /// watch. A lost controller is waited for; a watch that fell behind lists again.
     pub fn run(&mut self) -> ! {
+        warn_of_forward_drops();
+        let mut stalls = 0u32;
         loop {
             self.sync();
-            self.follow();
+            match self.follow() {
+                Relist::Moved => stalls = 0,
+                Relist::Stalled => {
+                    // A feed compacted between the list and the first watch can happen once;
+                    // twice in a row, the lists' revision cannot resume the feed, and
+                    // listing again at once would only repeat it, as fast as the wire allows.
+                    stalls += 1;
+                    if stalls >= 2 {
+                        failed(ErrorKind::FeedStart);
+                        let wait = Duration::from_secs(1 << (stalls - 2).min(5));
+                        let why = format!(
+                            "the watch feed refuses revision {} that the controller's lists were read at",
+                            self.cache.revision
+                        );
+                        tracing::error!(
+                            "{why}: a controller bug; listing again in {} s",
+                            wait.as_secs()
+                        );
+                        self.health.stalled(why);
+                        std::thread::sleep(wait);
+                    }
+                }
+            }
         }
     }
 
@@ -181,7 +205,8 @@ impl Agent {
     }
 
     /// Applies the watch feed until it must list again (410, or the host vanished).
-    fn follow(&mut self) {
+    fn follow(&mut self) -> Relist {
+        let mut moved = false;
         let mut last_full = Instant::now();
         let mut failures = 0u32;
         loop {
@@ -193,11 +218,12 @@ impl Agent {
             ) {
                 Ok(page) => {
                     failures = 0;
-                    self.health.heard();
+                    moved = true;
+                    self.health.following();
                     let dirty = self.cache.apply(&page.events);
                     self.cache.revision = page.revision;
                     if !self.cache.hosts.contains_key(&self.cfg.host_id) {
-                        return;
+                        return Relist::Moved;
                     }
                     if last_full.elapsed() >= self.cfg.resync {
                         last_full = Instant::now();
@@ -208,7 +234,8 @@ impl Agent {
                         self.sync_services(false);
                     }
                 }
-                Err(ApiError::Neutron { status: 410, .. }) => return,
+                Err(ApiError::Neutron { status: 410, .. }) if moved => return Relist::Moved,
+                Err(ApiError::Neutron { status: 410, .. }) => return Relist::Stalled,
                 Err(e) => {
                     failed(ErrorKind::Watch);
                     failures += 1;
@@ -286,6 +313,7 @@ impl Agent {
     pub fn reconcile(&mut self, dirty: Dirty) {
         let started = Instant::now();
         let kind = if dirty.all { Pass::Full } else { Pass::Changes };
+        let networks: Vec<String> = self.plans.keys().cloned().collect();
         let mut reports = Vec::new();
         let done = if dirty.all {
             self.full_pass(&mut reports)
@@ -296,6 +324,9 @@ impl Agent {
         if let Err(e) = done {
             failed(ErrorKind::Datapath);
             tracing::error!("reconcile: {e}");
+        }
+        if dirty.all || !self.plans.keys().eq(networks.iter()) {
+            self.sync_forwarding();
         }
         let all: Vec<_> = self.plans.values().collect();
         if let Err(e) = self.dp.sync_masquerade(&all) {
@@ -312,6 +343,32 @@ impl Agent {
         metrics::objects(Object::Links, self.links.len());
         metrics::objects(Object::Services, self.services.services.len());
         metrics::pass(kind, started);
+    }
+
+    /// Lets bridged traffic through iptables' FORWARD while any corvid bridge is here:
+    /// checked at every full pass (a dockerd or firewall restart may have removed it) and
+    /// whenever a network comes or goes.
+    fn sync_forwarding(&mut self) {
+        use corvid_net::iptables::{Change, CHAIN};
+        match self.dp.sync_forwarding() {
+            Ok(Change::Added) => {
+                tracing::info!(
+                    chain = CHAIN,
+                    "iptables: corvid's bridges allowed through FORWARD"
+                )
+            }
+            Ok(Change::Removed) => {
+                tracing::info!(
+                    chain = CHAIN,
+                    "iptables: the last corvid bridge is gone, so is its allowance"
+                )
+            }
+            Ok(Change::None) => {}
+            Err(e) => {
+                failed(ErrorKind::Forwarding);
+                tracing::error!("iptables: letting corvid's bridges through FORWARD: {e}");
+            }
+        }
     }
 
     /// Unplugs what is no longer bound here, brings up every network, checks every port.
@@ -592,6 +649,32 @@ impl Agent {
             }
         }
     }
+}
+
+/// Warns of forward chains of other nftables tables whose policy drops: they drop
+/// corvid's forwarded traffic whatever corvid's own table accepts, and only the host's
+/// owner can change them.
+fn warn_of_forward_drops() {
+    let drops = corvid_net::nftables::Nftables::open().and_then(|mut n| n.forward_drops());
+    match drops {
+        Ok(drops) => {
+            for d in drops {
+                tracing::warn!(
+                    "{d} drops forwarded traffic: containers on corvid's bridges cannot reach each other or leave the host until it accepts them (`nft insert rule {} {} {} iifname \"cvb*\" accept` and the same with oifname; firewalld: `firewall-cmd --zone=trusted --add-interface=<bridge>`)",
+                    d.family, d.table, d.chain
+                );
+            }
+        }
+        Err(e) => tracing::warn!("cannot read the host's nftables chains: {e}"),
+    }
+}
+
+/// Why the agent lists again.
+enum Relist {
+    /// The feed moved on past the lists, or the host was unregistered.
+    Moved,
+    /// The feed refused the lists' own revision before answering once.
+    Stalled,
 }
 
 /// A port's status to report: its ID, the revision checked, the status.

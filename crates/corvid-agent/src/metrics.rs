@@ -30,6 +30,8 @@ pub enum ErrorKind {
     Controller,
     /// Following the watch feed.
     Watch,
+    /// The watch feed refused to resume from the revision the lists were read at.
+    FeedStart,
     /// Bringing up a network's bridge and VXLAN device.
     Network,
     /// Plugging a port.
@@ -40,6 +42,8 @@ pub enum ErrorKind {
     Overlay,
     /// The masquerade chain.
     Masquerade,
+    /// Letting corvid's bridges through iptables' FORWARD.
+    Forwarding,
     /// Service VIPs and floating IPs.
     Services,
     /// Reporting a port's status.
@@ -133,6 +137,8 @@ pub fn pass(kind: Pass, started: Instant) {
 #[derive(Default)]
 pub struct Health {
     synced: AtomicBool,
+    /// Why the watch feed cannot be followed, until it answers again.
+    stalled: std::sync::Mutex<Option<String>>,
     /// Milliseconds after `since` of the last answer from the controller.
     contact: AtomicU64,
     since: std::sync::OnceLock<Instant>,
@@ -153,6 +159,17 @@ impl Health {
         self.heard();
     }
 
+    /// The watch feed answered: whatever stalled it is over.
+    pub fn following(&self) {
+        self.heard();
+        *self.stalled.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The watch feed cannot be followed, for `why`: not ready until it answers.
+    pub fn stalled(&self, why: String) {
+        *self.stalled.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
     /// The controller answered just now.
     pub fn heard(&self) {
         let ms = self.start().elapsed().as_millis() as u64;
@@ -163,6 +180,9 @@ impl Health {
     pub fn ready(&self) -> Result<(), String> {
         if !self.synced.load(Ordering::Relaxed) {
             return Err("not yet registered with the controller and synced".into());
+        }
+        if let Some(why) = &*self.stalled.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(why.clone());
         }
         let last = Duration::from_millis(self.contact.load(Ordering::Relaxed));
         let silent = self.start().elapsed().saturating_sub(last);
@@ -202,6 +222,6 @@ pub fn endpoints(health: Arc<Health>) -> Endpoints {
 
 corvid_metrics::label_values!(Pass { Full => "full", Changes => "changes" });
 
-corvid_metrics::label_values!(ErrorKind { Controller => "controller", Watch => "watch", Network => "network", Plug => "plug", Unlink => "unlink", Overlay => "overlay", Masquerade => "masquerade", Services => "services", Report => "report", Datapath => "datapath" });
+corvid_metrics::label_values!(ErrorKind { Controller => "controller", Watch => "watch", FeedStart => "feed_start", Network => "network", Plug => "plug", Unlink => "unlink", Overlay => "overlay", Masquerade => "masquerade", Forwarding => "forwarding", Services => "services", Report => "report", Datapath => "datapath" });
 
 corvid_metrics::label_values!(Object { Networks => "networks", Ports => "ports", Links => "links", Services => "services" });

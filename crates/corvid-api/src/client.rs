@@ -231,10 +231,11 @@ impl Client {
         let path = format!("{}?{}", self.collection::<R>(), query.join("&"));
         let (status, value, revision) = self.request("GET", &path, None)?;
         let value = check(status, value)?;
-        Ok((
-            Self::decode(value[R::PLURAL].clone())?,
-            revision.unwrap_or(0),
-        ))
+        // Resuming the watch from 0 after a controller restart is a 410 for ever.
+        let revision = revision.ok_or_else(|| {
+            ApiError::Decode(format!("{path} answered without {REVISION_HEADER}"))
+        })?;
+        Ok((Self::decode(value[R::PLURAL].clone())?, revision))
     }
 
     /// Updates the given attributes of one resource.

@@ -31,6 +31,9 @@ pub struct Controller {
     /// Held shared by every create that names its own IDs until it has committed (or
     /// failed), even when its client is gone; a "not found" waits for it exclusively.
     creates: Arc<tokio::sync::RwLock<()>>,
+    /// Set when the process is stopping: long polls answer at once instead of keeping
+    /// the graceful shutdown waiting for their timeout.
+    stopping: watch::Sender<bool>,
 }
 
 /// How often the view is checked against the store while no change arrives.
@@ -61,6 +64,7 @@ impl Controller {
             confirmed: AtomicU64::new(0),
             started: Instant::now(),
             creates: Arc::default(),
+            stopping: watch::channel(false).0,
         });
         let follower = Arc::downgrade(&ctl);
         std::thread::Builder::new()
@@ -130,9 +134,24 @@ impl Controller {
         let _ = tokio::time::timeout(VIEW_WAIT, self.wait_for(revision)).await;
     }
 
-    /// Waits up to `timeout` for the view to move past `revision`.
+    /// Waits up to `timeout` for the view to move past `revision`, or until the process
+    /// stops.
     pub async fn wait_past(&self, revision: i64, timeout: Duration) {
-        let _ = tokio::time::timeout(timeout, self.wait_for(revision + 1)).await;
+        let mut stopping = self.stopping.subscribe();
+        tokio::select! {
+            _ = tokio::time::timeout(timeout, self.wait_for(revision + 1)) => {}
+            _ = stopping.wait_for(|s| *s) => {}
+        }
+    }
+
+    /// The process is stopping: wakes every long poll.
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Whether the process is stopping.
+    pub fn stopping(&self) -> bool {
+        *self.stopping.borrow()
     }
 
     /// Runs `txn` on the store. On success waits until the view shows it and returns the

@@ -57,6 +57,11 @@ pub fn run(
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
         let ctl = Controller::start(store, config.token).map_err(|e| e.to_string())?;
+        let stopping = ctl.clone();
+        let shutdown = async move {
+            shutdown.await;
+            stopping.stop();
+        };
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| format!("listening on {}: {e}", config.listen))?;

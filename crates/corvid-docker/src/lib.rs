@@ -4,14 +4,11 @@
 
 #![deny(missing_docs)]
 
-pub mod firewall;
 pub mod ipam;
 pub mod metrics;
 pub mod network;
 pub mod server;
 pub mod tags;
-
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use corvid_api::Client;
 use ipnet::IpNet;
@@ -67,8 +64,6 @@ pub type Result<T> = std::result::Result<T, DriverError>;
 pub struct Driver {
     client: Client,
     cfg: Config,
-    /// Set once the FORWARD rules for corvid's bridges are in place.
-    forwarding_allowed: AtomicBool,
 }
 
 /// A string field of a request, empty when absent.
@@ -88,11 +83,7 @@ impl Driver {
             .credentials
             .client(&cfg.controller)
             .map_err(DriverError::new)?;
-        Ok(Driver {
-            client,
-            cfg,
-            forwarding_allowed: AtomicBool::new(false),
-        })
+        Ok(Driver { client, cfg })
     }
 
     /// Deletes a controller object; one already gone is fine, since Docker repeats calls
@@ -102,15 +93,6 @@ impl Driver {
             Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Lets corvid's bridges past Docker's FORWARD policy, once per driver process.
-    pub(crate) fn allow_forwarding(&self) -> Result<()> {
-        if !self.forwarding_allowed.load(Ordering::Relaxed) {
-            firewall::allow_corvid_bridges().map_err(DriverError::new)?;
-            self.forwarding_allowed.store(true, Ordering::Relaxed);
-        }
-        Ok(())
     }
 
     /// Answers one call: `method` is the path without its slash (`NetworkDriver.Join`),

@@ -226,6 +226,7 @@ impl Driver {
             let mut nl = Netlink::open()?;
             if let Some(bridge) = nl.link_by_name(&corvid_net::names::bridge(&net.id))? {
                 nl.delete_link(&bridge)?;
+                corvid_net::iptables::sync_bridges_allowance(&mut nl).map_err(DriverError::new)?;
             }
             self.delete_network_fully(&net)?;
         }
@@ -341,12 +342,18 @@ impl Driver {
         let port = self.endpoint(docker_id(req, "EndpointID")?)?;
         let host_name = corvid_net::names::host_veth(&port.id);
         let src = container_veth(&port.id);
-        self.allow_forwarding()?;
         let mut nl = Netlink::open()?;
+        let bridge_name = corvid_net::names::bridge(&net.id);
+        if nl.link_by_name(&bridge_name)?.is_none() {
+            // A new bridge: whatever filters forwarding must let it through (checked per
+            // bridge, not per Join: an agent beside may have removed the allowance with
+            // the last bridge it saw).
+            corvid_net::iptables::allow_bridges().map_err(DriverError::new)?;
+        }
         let bridge = ensure_bridge(
             &mut nl,
             &BridgeSpec {
-                name: &corvid_net::names::bridge(&net.id),
+                name: &bridge_name,
                 mtu: Some(net.mtu),
                 vlan_filtering: false,
                 promisc: false,

@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod binding;
+pub mod iptables;
 pub mod link;
 pub mod names;
 pub mod netlink;

@@ -50,8 +50,21 @@ enum Status {
     Warn,
     /// Broken: the fix says what to do.
     Fail,
-    /// Not checked (nothing to check against).
-    Skip,
+    /// Not running where it was looked for, and nothing asked for it.
+    #[serde(rename = "not running")]
+    NotRunning,
+}
+
+impl Status {
+    /// How the text report shows it.
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "[ok]",
+            Status::Warn => "[warn]",
+            Status::Fail => "[fail]",
+            Status::NotRunning => "[off]",
+        }
+    }
 }
 
 /// One finding.
@@ -107,6 +120,7 @@ pub fn run(a: DoctorArgs) -> ExitCode {
     let client = controller(&a.host.client, &mut r);
     agent(&a, client.as_ref(), &mut r);
     kernel(&mut r);
+    forwarding(&mut r);
     leftovers(&a, &rt, &networks, client.as_ref(), &mut r);
     let failed = r.0.iter().any(|f| f.status == Status::Fail);
     // Written, not printed: a reader that stops early (`| head`) is not an error here.
@@ -116,8 +130,7 @@ pub fn run(a: DoctorArgs) -> ExitCode {
         let _ = writeln!(out, "{doc:#}");
     } else {
         for f in &r.0 {
-            let status = format!("[{:?}]", f.status).to_lowercase();
-            let _ = writeln!(out, "{status:<7}{}: {}", f.check, f.message);
+            let _ = writeln!(out, "{:<7}{}: {}", f.status.label(), f.check, f.message);
             if let Some(fix) = &f.fix {
                 let _ = writeln!(out, "       fix: {fix}");
             }
@@ -235,12 +248,10 @@ fn configurations(dir: &Path, rt: &Runtime, r: &mut Report) -> Vec<NetConfList> 
     networks
 }
 
-/// The controller, when one is named: reachable, and its version.
+/// The controller, the one named or the default `corvid up` serves: reachable, and its
+/// version. Only a named one that does not answer is a failure.
 fn controller(args: &crate::ControllerClientArgs, r: &mut Report) -> Option<Client> {
-    let Some(url) = &args.controller else {
-        r.add("controller", Status::Skip, "no --controller given");
-        return None;
-    };
+    let url = &args.url();
     let client = match args.credentials().and_then(|c| c.client(url)) {
         Ok(c) => c,
         Err(e) => {
@@ -253,11 +264,19 @@ fn controller(args: &crate::ControllerClientArgs, r: &mut Report) -> Option<Clie
             r.add("controller", Status::Ok, format!("{url}: corvid {v}"));
             Some(client)
         }
-        Err(e) => {
+        Err(e) if args.controller.is_some() => {
             r.fix(
                 "controller",
                 format!("{url}: {e}"),
                 "start it (systemctl start corvid-controller) or correct --controller".into(),
+            );
+            None
+        }
+        Err(_) => {
+            r.add(
+                "controller",
+                Status::NotRunning,
+                format!("not running: nothing answers at {url} (name another with --controller)"),
             );
             None
         }
@@ -287,8 +306,8 @@ fn agent(a: &DoctorArgs, client: Option<&Client>, r: &mut Report) {
         }
         Err(_) if client.is_none() => r.add(
             "agent",
-            Status::Skip,
-            format!("no agent answers at {url} (none is needed without a controller)"),
+            Status::NotRunning,
+            format!("not running: nothing answers at {url} (none is needed without a controller)"),
         ),
         Err(e) => r.add(
             "agent",
@@ -359,6 +378,79 @@ fn kernel(r: &mut Report) {
                 format!("{name} is neither loaded nor installed: {what} cannot work"),
             ),
         }
+    }
+}
+
+/// What would drop the traffic of corvid's bridges: iptables' FORWARD dropping without
+/// the agent's allowance (while a corvid bridge is here), and forward chains of other
+/// nftables tables whose policy drops, which only the host's owner may change.
+fn forwarding(r: &mut Report) {
+    let before = r.0.len();
+    let bridges = corvid_net::Netlink::open()
+        .and_then(|mut nl| nl.links())
+        .map(|links| {
+            links
+                .into_iter()
+                .filter(|l| l.name.starts_with(corvid_net::names::BRIDGE_PREFIX))
+                .map(|l| l.name)
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    if !bridges.is_empty() {
+        match corvid_net::iptables::blocked() {
+            Ok(tools) => {
+                for tool in tools {
+                    r.fix(
+                        "forwarding",
+                        format!(
+                            "{tool}'s FORWARD drops what is forwarded, and corvid's bridges ({}) have no accept there",
+                            bridges.join(", ")
+                        ),
+                        "start the agent (it adds the accepts at every full pass), or: \
+                         iptables -N CORVID-BRIDGES; iptables -A CORVID-BRIDGES -i cvb+ -j ACCEPT; \
+                         iptables -A CORVID-BRIDGES -o cvb+ -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT; \
+                         iptables -I FORWARD -j CORVID-BRIDGES"
+                            .into(),
+                    );
+                }
+            }
+            Err(e) => r.add(
+                "forwarding",
+                Status::Warn,
+                format!("cannot read iptables: {e}"),
+            ),
+        }
+    }
+    match corvid_net::nftables::Nftables::open().and_then(|mut n| n.forward_drops()) {
+        Ok(drops) => {
+            for d in drops {
+                r.fix(
+                    "forwarding",
+                    format!(
+                        "{d} has policy drop: it drops corvid's forwarded traffic (containers reaching each other and leaving the host), whatever corvid's own table accepts"
+                    ),
+                    format!(
+                        "nft insert rule {f} {t} {c} iifname \"cvb*\" accept; nft insert rule {f} {t} {c} oifname \"cvb*\" ct state established,related accept \
+                         (firewalld: firewall-cmd --permanent --zone=trusted --add-interface=<each cvb bridge>)",
+                        f = d.family,
+                        t = d.table,
+                        c = d.chain
+                    ),
+                );
+            }
+        }
+        Err(e) => r.add(
+            "forwarding",
+            Status::Warn,
+            format!("cannot read nftables: {e}"),
+        ),
+    }
+    if r.0.len() == before {
+        r.add(
+            "forwarding",
+            Status::Ok,
+            "nothing drops what corvid's bridges forward",
+        );
     }
 }
 

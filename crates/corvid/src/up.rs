@@ -29,6 +29,12 @@ pub struct UpArgs {
     /// The default network's subnet.
     #[arg(long, default_value = "10.77.0.0/16")]
     subnet: ipnet::IpNet,
+    /// Where the agent serves /metrics, /healthz and /readyz (`corvid doctor` looks there).
+    #[arg(long, env = "CORVID_METRICS_LISTEN", default_value = "127.0.0.1:9697")]
+    metrics_listen: SocketAddr,
+    /// Seconds between the agent's full comparisons of the host with the controller.
+    #[arg(long, default_value_t = 60)]
+    resync: u64,
     /// Where the CNI configuration list is written.
     #[arg(long, env = "NETCONFPATH", default_value = "/etc/cni/net.d")]
     conf_dir: PathBuf,
@@ -97,10 +103,14 @@ fn up(a: UpArgs) -> Result<(), String> {
         controller: url.clone(),
         credentials: Default::default(),
         underlay_ip: None,
-        resync: Duration::from_secs(60),
+        resync: Duration::from_secs(a.resync.max(1)),
         public_interface: None,
     })
     .map_err(|e| format!("agent: {e}"))?;
+    corvid_metrics::serve(
+        a.metrics_listen,
+        corvid_agent::metrics::endpoints(agent.health()),
+    )?;
     std::thread::spawn(move || agent.run());
 
     let conflist = json!({

@@ -925,3 +925,90 @@ fn a_bulk_too_large_for_etcd_is_refused_whole_and_redb_takes_it() {
     let (ports, _) = c.list::<Port>(&[("network_id", &net.id)]).unwrap();
     assert_eq!(ports.len(), 32, "nothing of the refused bulk was written");
 }
+
+#[test]
+fn every_list_and_show_carries_the_revision_to_resume_the_watch_from() {
+    // A client resumes the watch feed from a read's revision: a read without one once
+    // resumed from 0, which a restarted controller's feed refuses for ever.
+    on_both(|ctl| {
+        let c = ctl.client();
+        let (net, sub) = network_with_subnet(&c, "10.9.0.0/24", json!("10.9.0.1"));
+        let port: Port = c.create(json!({"network_id": net.id})).unwrap();
+        let pool: SubnetPool = c
+            .create(json!({"name": "p", "prefixes": ["10.200.0.0/16"]}))
+            .unwrap();
+        c.register_host("h1", "10.0.0.1".parse().unwrap()).unwrap();
+        let post = |path: &str, body: Value| -> Value {
+            let (status, v, _) = c.request("POST", path, Some(&body)).unwrap();
+            assert_eq!(status, 201, "{path}: {v}");
+            v
+        };
+        let lb = post(
+            "/v2/lbaas/loadbalancers",
+            json!({"loadbalancer": {"vip_subnet_id": sub.id}}),
+        )["loadbalancer"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let listener = post(
+            "/v2/lbaas/listeners",
+            json!({"listener": {"loadbalancer_id": lb, "protocol": "TCP", "protocol_port": 80}}),
+        )["listener"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let lb_pool = post(
+            "/v2/lbaas/pools",
+            json!({"pool": {"loadbalancer_id": lb, "protocol": "TCP", "lb_algorithm": "ROUND_ROBIN"}}),
+        )["pool"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let member = post(
+            &format!("/v2/lbaas/pools/{lb_pool}/members"),
+            json!({"member": {"address": "10.9.0.9", "protocol_port": 80}}),
+        )["member"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let project = &port.project_id;
+        let reads = [
+            format!("/v2.0/networks/{}", net.id),
+            format!("/v2.0/subnets/{}", sub.id),
+            format!("/v2.0/subnetpools/{}", pool.id),
+            format!("/v2.0/ports/{}", port.id),
+            "/v2.0/hosts/h1".to_string(),
+            format!("/v2/lbaas/loadbalancers/{lb}"),
+            format!("/v2/lbaas/listeners/{listener}"),
+            format!("/v2/lbaas/pools/{lb_pool}"),
+            format!("/v2/lbaas/pools/{lb_pool}/members/{member}"),
+            format!("/v2/lbaas/members/{member}"),
+            format!("/project/{project}/ports/{}", port.id),
+            format!("/project/{project}/subnets/{}", sub.id),
+        ];
+        let lists = [
+            "/v2.0/networks",
+            "/v2.0/subnets",
+            "/v2.0/subnetpools",
+            "/v2.0/ports",
+            "/v2.0/ports?device_id=x",
+            "/v2.0/hosts",
+            "/v2.0/floatingips",
+            "/v2/lbaas/loadbalancers",
+            "/v2/lbaas/listeners",
+            "/v2/lbaas/pools",
+            "/v2/lbaas/members",
+        ];
+        let (_, _, now) = c.request("GET", "/v2.0/networks", None).unwrap();
+        let now = now.unwrap();
+        let mut paths: Vec<String> = reads.to_vec();
+        paths.extend(lists.iter().map(|p| p.to_string()));
+        paths.push(format!("/v2/lbaas/pools/{lb_pool}/members"));
+        paths.push(format!("/project/{project}/ports"));
+        for path in paths {
+            let (status, v, revision) = c.request("GET", &path, None).unwrap();
+            assert_eq!(status, 200, "{path}: {v}");
+            assert_eq!(revision, Some(now), "{path} carries the view's revision");
+        }
+    });
+}

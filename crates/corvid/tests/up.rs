@@ -5,79 +5,75 @@
 #[path = "support/ns.rs"]
 mod ns;
 
-use std::path::Path;
+#[path = "support/up.rs"]
+mod stack;
+
 use std::process::Stdio;
 use std::time::Duration;
 
 use ns::{wait_until, Ns, Proc};
 use serde_json::Value;
+use stack::{stop, Up};
 
 #[test]
 fn up_then_two_namespaces_ping_each_other() {
     let tag = format!("cvt{}up", std::process::id());
     let host = Ns::new(&tag, "host");
     host.ip("link set lo up");
-    let state = tempfile::Builder::new().prefix("cvt-up").tempdir().unwrap();
-    let conf = state.path().join("net.d");
-    let bin = state.path().join("bin");
-    let _up = Proc(
-        host.command(env!("CARGO_BIN_EXE_corvid"))
-            .args(["up", "--host-id", "demo", "--state-dir"])
-            .arg(state.path().join("lib"))
-            .arg("--conf-dir")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let conflist = conf.join("corvid.conflist");
-    wait_until("corvid up", Duration::from_secs(30), || conflist.exists());
+    let stack = Up::new();
+    let mut running = stack.start(&host, &[]);
+    let conflist = stack.conf().join("corvid.conflist");
     let written: Value = serde_json::from_slice(&std::fs::read(&conflist).unwrap()).unwrap();
     assert_eq!(written["plugins"][0]["type"], "corvid");
     assert_eq!(written["plugins"][0]["hostId"], "demo");
 
-    let plugins = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
-    let corvid = |args: &[&str]| {
-        let out = host
-            .command(env!("CARGO_BIN_EXE_corvid"))
-            .args(["cni", "--json", "--conf-dir"])
-            .arg(&conf)
-            .arg("--cni-path")
-            .arg(&bin)
-            .arg("--cache-dir")
-            .arg(state.path().join("cache"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "corvid cni {args:?}: {out:?}");
-        out.stdout
-    };
-    corvid(&[
-        "install",
-        "--dir",
-        bin.to_str().unwrap(),
-        "--from",
-        plugins.to_str().unwrap(),
-    ]);
     let a = Ns::new(&tag, "a");
     let b = Ns::new(&tag, "b");
-    let ip = |pod: &Ns| -> String {
-        let result: Value =
-            serde_json::from_slice(&corvid(&["add", "corvid", pod.path.to_str().unwrap()]))
-                .unwrap();
-        let addr = result["ips"][0]["address"].as_str().unwrap().to_string();
-        assert!(addr.starts_with("10.77."), "{addr}");
-        addr.split('/').next().unwrap().to_string()
-    };
-    let (ip_a, ip_b) = (ip(&a), ip(&b));
+    let (ip_a, ip_b) = (stack.add(&host, &a), stack.add(&host, &b));
+    assert!(
+        ip_a.starts_with("10.77.") && ip_b.starts_with("10.77."),
+        "{ip_a} {ip_b}"
+    );
     assert!(a.ping(&ip_b));
     assert!(b.ping(&ip_a));
-    corvid(&["del", "corvid", a.path.to_str().unwrap()]);
-    corvid(&["del", "corvid", b.path.to_str().unwrap()]);
+
+    // One Ctrl-C stops it at once: the agent's open watch request does not hold it.
+    stop(&mut running, libc::SIGINT, Duration::from_secs(5));
+    // Started again on the same state: the containers keep working, the agent is ready
+    // and serves its metrics, a new attach works and a DEL removes its devices.
+    running = stack.start(&host, &[]);
+    let agent_ready = || {
+        host.open()
+            .run(|| ureq::get("http://127.0.0.1:9697/readyz").call().is_ok())
+            .unwrap()
+    };
+    wait_until(
+        "corvid up's agent to be ready",
+        Duration::from_secs(30),
+        agent_ready,
+    );
+    assert!(a.ping(&ip_b));
+    let c = Ns::new(&tag, "c");
+    let ip_c = stack.add(&host, &c);
+    assert!(c.ping(&ip_a));
+    assert!(a.ping(&ip_c));
+    assert_eq!(host.links("cvp").len(), 3);
+    stack.del(&host, &a);
     wait_until("the agent to unplug a", Duration::from_secs(10), || {
-        a.netlink().link_by_name("eth0").unwrap().is_none()
+        a.links("eth0").is_empty() && host.links("cvp").len() == 2
     });
+    stack.del(&host, &b);
+    stack.del(&host, &c);
+    wait_until(
+        "the agent to remove the network's devices",
+        Duration::from_secs(10),
+        || {
+            host.links("cvp").is_empty()
+                && host.links("cvb").is_empty()
+                && host.links("cvx").is_empty()
+        },
+    );
+    drop(running);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, PROJECT_ID, TENANT_ID,
 };
 use super::ports::{draft_port, port_removal};
-use super::{answer, answer_as, attr, body, project_of, to_stored, Ctl, Query};
+use super::{answer, answer_as, attr, body, project_of, read_at, to_stored, Ctl, Query};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -208,9 +208,12 @@ fn full(v: &View, spec: &Spec, mut o: Value) -> Value {
 fn show(c: &Controller, spec: &Spec, id: &str) -> Result<Response, NeutronError> {
     let v = c.view();
     let (o, _) = get_obj(&v, spec, id)?;
-    Ok(answer(
-        StatusCode::OK,
-        json!({ spec.attributes.singular: full(&v, spec, o) }),
+    Ok(read_at(
+        answer(
+            StatusCode::OK,
+            json!({ spec.attributes.singular: full(&v, spec, o) }),
+        ),
+        v.revision,
     ))
 }
 
@@ -227,13 +230,16 @@ fn list(
         .map(|o| full(&v, spec, o.clone()))
         .filter(|o| q.matches(o))
         .collect();
-    Ok(answer(
-        StatusCode::OK,
-        q.answer(
-            objs,
-            spec.attributes.plural,
-            &format!("/v2/lbaas/{}", spec.attributes.plural),
+    Ok(read_at(
+        answer(
+            StatusCode::OK,
+            q.answer(
+                objs,
+                spec.attributes.plural,
+                &format!("/v2/lbaas/{}", spec.attributes.plural),
+            ),
         ),
+        v.revision,
     ))
 }
 

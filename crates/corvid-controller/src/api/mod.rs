@@ -328,6 +328,14 @@ pub fn answer_as<T: serde::Serialize + ?Sized>(status: StatusCode, key: &str, ob
     (status, Json(std::collections::BTreeMap::from([(key, obj)]))).into_response()
 }
 
+/// `resp` marked with the view revision it was read at: a client resumes the watch feed
+/// from there, so every read of objects carries it (one without it would resume from 0).
+pub fn read_at(mut resp: Response, revision: i64) -> Response {
+    resp.headers_mut()
+        .insert(REVISION_HEADER, HeaderValue::from(revision));
+    resp
+}
+
 /// The entry of `id`, or the kind's 404.
 pub fn lookup<K: Kind>(v: &View, id: &str) -> Result<Entry<K>, NeutronError> {
     K::table(v)
@@ -342,38 +350,46 @@ pub fn show<K: Kind>(
     id: &str,
     query: Option<&str>,
 ) -> Result<Response, NeutronError> {
-    let entry = lookup::<K>(&ctl.view(), id)?;
+    let (entry, revision) = {
+        let v = ctl.view();
+        (lookup::<K>(&v, id)?, v.revision)
+    };
     let mut v = serde_json::to_value(&*entry.obj).unwrap_or(Value::Null);
     let fields = fields_of(query);
     if !fields.is_empty() {
         v = project(v, &fields);
     }
-    Ok(answer_as(StatusCode::OK, K::SINGULAR, &v))
+    Ok(read_at(
+        answer_as(StatusCode::OK, K::SINGULAR, &v),
+        revision,
+    ))
 }
 
 /// GET of a collection with Neutron's filters; carries the view's revision in a header.
+/// `candidates` narrows the objects looked at, with the revision they were read at.
 pub fn list<K: Kind>(
     ctl: &Controller,
     raw: Option<&str>,
-    candidates: Option<Vec<Arc<K>>>,
+    candidates: Option<(Vec<Arc<K>>, i64)>,
 ) -> Result<Response, NeutronError> {
     let q = ListQuery::parse(raw)?;
-    let (objs, revision) = {
+    let (objs, revision) = candidates.unwrap_or_else(|| {
         let v = ctl.view();
-        let objs: Vec<Arc<K>> =
-            candidates.unwrap_or_else(|| K::table(&v).values().map(|e| e.obj.clone()).collect());
-        (objs, v.revision)
-    };
+        (
+            K::table(&v).values().map(|e| e.obj.clone()).collect(),
+            v.revision,
+        )
+    });
     let kept: Vec<Value> = objs
         .iter()
         .filter_map(|o| serde_json::to_value(&**o).ok())
         .filter(|o| q.matches(o))
         .collect();
     let path = format!("{}/{}", K::PREFIX, K::PLURAL);
-    let mut resp = answer(StatusCode::OK, q.answer(kept, K::PLURAL, &path));
-    resp.headers_mut()
-        .insert(REVISION_HEADER, HeaderValue::from(revision));
-    Ok(resp)
+    Ok(read_at(
+        answer(StatusCode::OK, q.answer(kept, K::PLURAL, &path)),
+        revision,
+    ))
 }
 
 /// `If-Match: revision_number=N`, if sent.

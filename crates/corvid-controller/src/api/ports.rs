@@ -18,8 +18,8 @@ use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
 };
 use super::{
-    answer, answer_as, attr, body, if_match, list, lookup, merge, project_of, show, show_route,
-    to_stored, update_with, Ctl, Query,
+    answer, answer_as, attr, body, if_match, list, lookup, merge, project_of, read_at, show,
+    show_route, to_stored, update_with, Ctl, Query,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -95,10 +95,13 @@ pub fn routes() -> Router<Arc<Controller>> {
             "/project/{project}/ports/{id}",
             get(
                 |State(c): Ctl, Path((_, id)): Path<(String, String)>| async move {
-                    let e = lookup::<Port>(&c.view(), &id)?;
-                    Ok::<_, NeutronError>(answer(
-                        StatusCode::OK,
-                        json!({"port": mizar_port(&e.obj)}),
+                    let (e, revision) = {
+                        let v = c.view();
+                        (lookup::<Port>(&v, &id)?, v.revision)
+                    };
+                    Ok::<_, NeutronError>(read_at(
+                        answer(StatusCode::OK, json!({"port": mizar_port(&e.obj)})),
+                        revision,
                     ))
                 },
             )
@@ -137,9 +140,11 @@ async fn list_ports(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronE
             .iter()
             .find_map(|(attr, vals)| v.port_index.lookup(attr, vals))
             .map(|ids| {
-                ids.iter()
+                let ports = ids
+                    .iter()
                     .filter_map(|id| v.ports.get(id).map(|e| e.obj.clone()))
-                    .collect()
+                    .collect();
+                (ports, v.revision)
             })
     };
     list::<Port>(&c, q.as_deref(), candidates)

@@ -101,7 +101,7 @@ pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronEr
     let _watching = crate::metrics::Watching::start();
     loop {
         let (events, resume) = collect(&c.view(), &f)?;
-        if !events.is_empty() || tokio::time::Instant::now() >= deadline {
+        if !events.is_empty() || tokio::time::Instant::now() >= deadline || c.stopping() {
             return Ok(answer(
                 StatusCode::OK,
                 json!({"revision": resume, "events": events}),

@@ -39,6 +39,32 @@ pub use expr::Verdict;
 /// nfnetlink's subsystem number of nf_tables, the batch messages' resource ID.
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
+/// A chain's policy that drops (`NF_DROP`).
+const NF_DROP: u32 = 0;
+/// The forward hook's number (`NF_INET_FORWARD`, also the bridge family's).
+const NF_INET_FORWARD: u32 = 2;
+
+/// A forward base chain of another table whose policy is drop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardDrop {
+    /// Its table's family, as nft names it (`inet`, `ip`, `ip6`, `bridge`).
+    pub family: &'static str,
+    /// Its table.
+    pub table: String,
+    /// The chain.
+    pub chain: String,
+}
+
+impl std::fmt::Display for ForwardDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "table {} {} chain {}",
+            self.family, self.table, self.chain
+        )
+    }
+}
+
 /// The nftables table corvid owns (family inet); nothing outside it is touched.
 pub const TABLE: &str = "corvid";
 
@@ -124,8 +150,9 @@ impl DataType {
     pub const INET_SERVICE: DataType = DataType { id: 13, len: 2 };
     /// An interface name (16 bytes, zero-padded).
     pub const IFNAME: DataType = DataType { id: 41, len: 16 };
-    /// A 32-bit number (host order).
-    pub const INTEGER: DataType = DataType { id: 4, len: 4 };
+    /// A 32-bit number (host order), as nft's `mark` type: nft cannot print its plain
+    /// `integer` inside a concatenation (nft 1.0.6 aborts `list ruleset` on one).
+    pub const NUMBER: DataType = DataType { id: 19, len: 4 };
     /// A verdict: the values of a verdict map (the kernel sizes them itself).
     pub const VERDICT: DataType = DataType {
         id: 0xffff_ff00,
@@ -985,6 +1012,55 @@ impl Nftables {
             }
             _ => None,
         })
+    }
+
+    /// The forward base chains of other tables whose policy drops: iptables' rules can be
+    /// given an accept for corvid's bridges, but a chain of another nftables table
+    /// drops whatever corvid's own table accepts (an accept ends one chain only).
+    /// iptables-nft's `filter` tables are left out: corvid writes its accepts there.
+    pub fn forward_drops(&mut self) -> Result<Vec<ForwardDrop>> {
+        let mut out = Vec::new();
+        for (family, name) in [
+            (NetfilterProtoFamily::Inet, "inet"),
+            (NetfilterProtoFamily::IPv4, "ip"),
+            (NetfilterProtoFamily::IPv6, "ip6"),
+            (NetfilterProtoFamily::Bridge, "bridge"),
+        ] {
+            let message = NfTablesMessage::GetChain(ChainMessage { attributes: vec![] });
+            let replies = match self.request_in(family, message, NLM_F_DUMP) {
+                Ok(r) => r,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(nft_err("list chains")(e)),
+            };
+            for reply in replies {
+                let NfTablesMessage::NewChain(c) = reply else {
+                    continue;
+                };
+                let (mut table, mut chain, mut forward, mut drops) =
+                    (String::new(), String::new(), false, false);
+                for a in c.attributes {
+                    match a {
+                        ChainAttribute::Table(t) => table = t,
+                        ChainAttribute::Name(n) => chain = n,
+                        ChainAttribute::Policy(p) => drops = p == NF_DROP,
+                        ChainAttribute::Hook(hooks) => forward = hooks.iter().any(
+                            |h| matches!(h, Hook::Number(n) if u32::from(*n) == NF_INET_FORWARD),
+                        ),
+                        _ => {}
+                    }
+                }
+                let ours = (name == "inet" && table == TABLE)
+                    || (matches!(name, "ip" | "ip6") && table == "filter");
+                if forward && drops && !ours {
+                    out.push(ForwardDrop {
+                        family: name,
+                        table,
+                        chain,
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// What `pick` finds in each answer to a dump; none when the table is missing.

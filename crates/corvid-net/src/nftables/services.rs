@@ -9,7 +9,7 @@
 //! map service-nodeports  { type inet_proto . inet_service : verdict }
 //! set service-reject4    { type ipv4_addr . inet_proto . inet_service }  no member: refused
 //! set service-nodeports-reject { type inet_proto . inet_service }
-//! map service-members4   { type integer . integer : ipv4_addr . inet_service }
+//! map service-members4   { type mark . mark : ipv4_addr . inet_service }
 //!                          (service number . index) to a member
 //! set service-hairpin4   { type ipv4_addr . ipv4_addr }        (member . member)
 //! map floating-ips4      { type ipv4_addr : ipv4_addr }        public to fixed
@@ -357,7 +357,7 @@ impl Services {
                 (f.reject, frontend, None),
                 (
                     f.members,
-                    DataType::concat(&[DataType::INTEGER, DataType::INTEGER]),
+                    DataType::concat(&[DataType::NUMBER, DataType::NUMBER]),
                     to,
                 ),
                 (f.hairpin, DataType::concat(&[addr, addr]), None),

@@ -1,6 +1,9 @@
 //! What the namespace tests share: a named namespace that removes itself.
 #![allow(dead_code)]
 
+#[path = "nft.rs"]
+mod nft;
+
 use corvid_net::{Netlink, Netns};
 use std::process::Command;
 
@@ -48,6 +51,7 @@ impl Named {
 
 impl Drop for Named {
     fn drop(&mut self) {
+        nft::check_ruleset_lists(std::path::Path::new(&self.path()));
         let _ = Netns::delete_path(std::path::Path::new(&self.path()));
     }
 }

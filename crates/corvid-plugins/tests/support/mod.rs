@@ -2,6 +2,9 @@
 //! plugin inside a private "host" namespace.
 #![allow(dead_code)]
 
+#[path = "../../../corvid-net/tests/support/nft.rs"]
+mod nft;
+
 use corvid_net::{Netlink, Netns};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -108,6 +111,7 @@ impl TestNs {
 
 impl Drop for TestNs {
     fn drop(&mut self) {
+        nft::check_ruleset_lists(&self.path);
         let _ = Netns::delete_path(&self.path);
     }
 }

@@ -1,6 +1,9 @@
 //! Test support: namespaces and processes that clean up after themselves.
 #![allow(dead_code)]
 
+#[path = "../../../corvid-net/tests/support/nft.rs"]
+mod nft;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -107,6 +110,7 @@ impl Ns {
 
 impl Drop for Ns {
     fn drop(&mut self) {
+        nft::check_ruleset_lists(&self.path);
         let _ = Netns::delete_path(&self.path);
     }
 }
