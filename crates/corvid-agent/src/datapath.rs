@@ -16,12 +16,15 @@ use ipnet::IpNet;
 
 use crate::plan::{NetworkPlan, PortPlan};
 use crate::services::ServicePlan;
-use corvid_net::names::{BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
+use corvid_net::names::{self, BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 
 /// This host's datapath: a netlink socket, what masquerade rules were last written, and
 /// the services' table with what it holds.
 pub struct Datapath {
     nl: Netlink,
+    /// The controller's cluster ID: devices are marked with it, and only devices marked
+    /// with it (or with no mark, from an older corvid) are this agent's to remove.
+    cluster: String,
     local: IpAddr,
     masquerade: Option<BTreeSet<(String, Vec<IpNet>)>>,
     services: Option<Services>,
@@ -40,6 +43,7 @@ impl Datapath {
     /// Opens the datapath of the calling thread's namespace; `local` is the underlay address.
     pub fn open(local: IpAddr, public_interface: Option<String>) -> Result<Datapath> {
         Ok(Datapath {
+            cluster: String::new(),
             nl: Netlink::open()?,
             local,
             masquerade: None,
@@ -107,17 +111,26 @@ impl Datapath {
         Ok(report)
     }
 
+    /// Sets the cluster whose devices this datapath makes and owns.
+    pub fn set_cluster(&mut self, cluster: String) {
+        self.cluster = cluster;
+    }
+
+    /// Whether `link` is one of the agent's: a bridge, vxlan device or port's host end
+    /// marked with this cluster, or with no mark (made before the marks).
+    pub fn owns(&self, link: &Link) -> bool {
+        [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX]
+            .iter()
+            .any(|p| link.name.starts_with(p) && link.name.len() == 15)
+            && names::marked_cluster(&link.alias).is_none_or(|c| c == self.cluster)
+    }
+
     /// The links the agent owns (bridges, vxlan devices, host ends of ports) by name.
     pub fn owned_links(&mut self) -> Result<HashMap<String, Link>> {
-        Ok(self
-            .nl
-            .links()?
+        let links = self.nl.links()?;
+        Ok(links
             .into_iter()
-            .filter(|l| {
-                [BRIDGE_PREFIX, VXLAN_PREFIX, VETH_PREFIX]
-                    .iter()
-                    .any(|p| l.name.starts_with(p) && l.name.len() == 15)
-            })
+            .filter(|l| self.owns(l))
             .collect::<Vec<_>>()
             .into_iter()
             .map(|l| (l.name.clone(), l))
@@ -138,6 +151,7 @@ impl Datapath {
     /// Makes the network's bridge, vxlan device, gateways, FDB and neighbours match the
     /// plan; returns the bridge and the vxlan device.
     pub fn sync_network(&mut self, n: &NetworkPlan) -> Result<(Link, Link)> {
+        let mark = names::owner_mark(&self.cluster, &n.id);
         let bridge = ensure_bridge(
             &mut self.nl,
             &BridgeSpec {
@@ -145,6 +159,7 @@ impl Datapath {
                 mtu: Some(n.mtu),
                 vlan_filtering: false,
                 promisc: false,
+                alias: Some(&mark),
             },
         )?;
         let vxlan = match self.nl.link_by_name(&n.vxlan)? {
@@ -165,6 +180,8 @@ impl Datapath {
                     .ok_or_else(|| missing(format!("find vxlan {} after creating it", n.vxlan)))?
             }
         };
+        let mut vxlan = vxlan;
+        corvid_net::binding::mark(&mut self.nl, &mut vxlan, Some(&mark))?;
         for gw in &n.gateways {
             ensure_gateway(&mut self.nl, &bridge, *gw, true)?;
         }
@@ -246,6 +263,7 @@ impl Datapath {
                 keep_default_vlan: true,
                 mac: Some(&p.mac),
                 host_name: Some(&p.host_veth),
+                alias: Some(&names::owner_mark(&self.cluster, &p.id)),
             },
             &p.addrs,
             &p.routes,

@@ -185,13 +185,20 @@ impl Agent {
         loop {
             let loaded = self
                 .client
-                .register_host(&self.cfg.host_id, self.underlay)
-                .and_then(|_| Cache::load(&self.client));
+                .cluster_id()
+                .and_then(|cluster| {
+                    self.client
+                        .register_host(&self.cfg.host_id, self.underlay)
+                        .map(|_| cluster)
+                })
+                .and_then(|cluster| Ok((cluster, Cache::load(&self.client)?)));
             match loaded {
-                Ok(cache) => {
+                Ok((cluster, cache)) => {
+                    self.dp.set_cluster(cluster);
                     self.cache = cache;
-                    self.health.synced();
+                    // Ready once the host matches what was loaded, not before.
                     self.reconcile(Dirty::all());
+                    self.health.synced();
                     return;
                 }
                 Err(e) => {
@@ -393,11 +400,23 @@ impl Agent {
         }
         // One link that cannot go must not keep the others, or the ports, waiting.
         for name in stale {
-            if let Some(l) = links.remove(&name) {
-                if let Err(e) = self.dp.remove(&l) {
-                    failed(ErrorKind::Unlink);
-                    tracing::error!(link = %name, "remove a link no port or network needs: {e}");
+            let Some(listed) = links.remove(&name) else {
+                continue;
+            };
+            // Looked at again: another cluster's plug marks its device right after making
+            // it, maybe since the list.
+            match self.dp.link(&name) {
+                Ok(Some(l)) if self.dp.owns(&l) => {
+                    tracing::info!(link = %name, alias = %l.alias, "removing a link of this cluster that no port or network bound here needs");
+                    if let Err(e) = self.dp.remove(&l) {
+                        failed(ErrorKind::Unlink);
+                        tracing::error!(link = %name, "remove a link no port or network needs: {e}");
+                    }
                 }
+                Ok(_) => {
+                    tracing::debug!(link = %listed.name, "left alone: gone, or another cluster's")
+                }
+                Err(e) => tracing::warn!(link = %name, "look at a link before removing it: {e}"),
             }
         }
         self.links = links;
@@ -625,7 +644,8 @@ impl Agent {
             Some(l) => Some(l),
             None => self.dp.link(name).ok().flatten(),
         };
-        if let Some(l) = link {
+        if let Some(l) = link.filter(|l| self.dp.owns(l)) {
+            tracing::info!(link = %name, "removing a link whose port or network left this host");
             if let Err(e) = self.dp.remove(&l) {
                 failed(ErrorKind::Unlink);
                 tracing::error!(link = %name, "remove a link no port or network needs: {e}");

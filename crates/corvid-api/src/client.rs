@@ -122,6 +122,18 @@ impl Client {
         }
     }
 
+    /// The identity of the cluster the controller serves, from `/version`: the same for
+    /// every controller on one store.
+    pub fn cluster_id(&self) -> Result<String, ApiError> {
+        let (status, v, _) = self.request("GET", "/version", None)?;
+        match (status, v["cluster_id"].as_str()) {
+            (200, Some(id)) if !id.is_empty() => Ok(id.to_string()),
+            _ => Err(ApiError::Decode(format!(
+                "/version answered {status} without a cluster_id: {v}"
+            ))),
+        }
+    }
+
     /// Sends one request; returns the status, the JSON body (`null` when empty) and the
     /// revision header. Error statuses are returned, not turned into `Err`.
     pub fn request(

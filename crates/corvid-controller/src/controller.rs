@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::error::NeutronError;
 use crate::ipam::{Allocator, Pending};
 use crate::keys;
-use crate::store::{Store, StoreError, Txn};
+use crate::store::{Compare, Op, Store, StoreError, Txn};
 use crate::view::View;
 
 /// Shared state of one controller process.
@@ -34,6 +34,8 @@ pub struct Controller {
     /// Set when the process is stopping: long polls answer at once instead of keeping
     /// the graceful shutdown waiting for their timeout.
     stopping: watch::Sender<bool>,
+    /// The cluster's identity, the same for every controller on the store.
+    pub cluster_id: String,
 }
 
 /// How often the view is checked against the store while no change arrives.
@@ -47,12 +49,37 @@ const STALE_AFTER: Duration = Duration::from_secs(3);
 /// store has made durable, is answered anyway.
 const VIEW_WAIT: Duration = Duration::from_secs(10);
 
+/// The store's cluster ID, made now if no controller made it before (two controllers
+/// starting at once on one etcd agree: only one create succeeds).
+async fn cluster_id(store: &Arc<dyn Store>) -> Result<String, StoreError> {
+    loop {
+        let (kvs, _) = store.range(keys::CLUSTER_ID)?;
+        if let Some(kv) = kvs.iter().find(|kv| kv.key == keys::CLUSTER_ID) {
+            return Ok(String::from_utf8_lossy(&kv.value).into_owned());
+        }
+        let id = crate::util::new_id();
+        let txn = Txn {
+            compares: vec![Compare::CreateRevision(keys::CLUSTER_ID.into(), 0)],
+            ops: vec![Op::Put(keys::CLUSTER_ID.into(), id.clone().into_bytes())],
+        };
+        let (made, _) = store
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|_| StoreError::Backend("the store dropped a transaction".into()))??;
+        if made {
+            return Ok(id);
+        }
+    }
+}
+
 impl Controller {
     /// Loads the store into a view and follows it from then on.
-    pub fn start(
+    pub async fn start(
         store: Arc<dyn Store>,
         token: Option<String>,
     ) -> Result<Arc<Controller>, StoreError> {
+        let cluster_id = cluster_id(&store).await?;
         let (kvs, revision) = store.range(keys::ROOT)?;
         let (applied, _) = watch::channel(revision);
         let ctl = Arc::new(Controller {
@@ -65,6 +92,7 @@ impl Controller {
             started: Instant::now(),
             creates: Arc::default(),
             stopping: watch::channel(false).0,
+            cluster_id,
         });
         let follower = Arc::downgrade(&ctl);
         std::thread::Builder::new()

@@ -5,6 +5,10 @@ use std::net::IpAddr;
 /// The prefix of every corvid key.
 pub const ROOT: &str = "/corvid/";
 
+/// The cluster's identity, made by the first controller to start on the store: agents
+/// mark their devices with it.
+pub const CLUSTER_ID: &str = "/corvid/cluster-id";
+
 /// A resource object: `/corvid/r/<collection>/<id>`.
 pub fn resource(collection: &str, id: &str) -> String {
     format!("{ROOT}r/{collection}/{id}")

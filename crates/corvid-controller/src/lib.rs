@@ -56,7 +56,10 @@ pub fn run(
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        let ctl = Controller::start(store, config.token).map_err(|e| e.to_string())?;
+        let ctl = Controller::start(store, config.token)
+            .await
+            .map_err(|e| e.to_string())?;
+        let cluster_id = ctl.cluster_id.clone();
         let stopping = ctl.clone();
         let shutdown = async move {
             shutdown.await;
@@ -66,7 +69,10 @@ pub fn run(
             .await
             .map_err(|e| format!("listening on {}: {e}", config.listen))?;
         let ops = corvid_metrics::router(std::sync::Arc::new(metrics::endpoints(&ctl)))
-            .route("/version", axum::routing::get(version));
+            .route(
+                "/version",
+                axum::routing::get(move || version(cluster_id.clone())),
+            );
         let app = ops
             .merge(api::router(ctl))
             .layer(axum::extract::DefaultBodyLimit::max(config.max_body));
@@ -89,8 +95,9 @@ pub fn run(
     })
 }
 
-/// `GET /version`, as kube-apiserver and etcd answer it: which controller this is, asked
-/// by `corvid doctor` and the daemons' readiness checks without a token.
-async fn version() -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")}))
+/// `GET /version`, as kube-apiserver and etcd answer it: which controller this is and
+/// which cluster it serves, asked by `corvid doctor`, the daemons' readiness checks and
+/// the agents (which mark their devices with the cluster) without a token.
+async fn version(cluster_id: String) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "cluster_id": cluster_id}))
 }

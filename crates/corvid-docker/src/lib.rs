@@ -64,6 +64,8 @@ pub type Result<T> = std::result::Result<T, DriverError>;
 pub struct Driver {
     client: Client,
     cfg: Config,
+    /// The controller's cluster ID, asked once: the devices Join makes carry it.
+    cluster: std::sync::OnceLock<String>,
 }
 
 /// A string field of a request, empty when absent.
@@ -83,7 +85,11 @@ impl Driver {
             .credentials
             .client(&cfg.controller)
             .map_err(DriverError::new)?;
-        Ok(Driver { client, cfg })
+        Ok(Driver {
+            client,
+            cfg,
+            cluster: std::sync::OnceLock::new(),
+        })
     }
 
     /// Deletes a controller object; one already gone is fine, since Docker repeats calls
@@ -93,6 +99,15 @@ impl Driver {
             Ok(()) | Err(corvid_api::ApiError::Neutron { status: 404, .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The controller's cluster ID, asked at the first call that needs it.
+    pub(crate) fn cluster(&self) -> Result<&str> {
+        if let Some(c) = self.cluster.get() {
+            return Ok(c);
+        }
+        let id = self.client.cluster_id()?;
+        Ok(self.cluster.get_or_init(|| id))
     }
 
     /// Answers one call: `method` is the path without its slash (`NetworkDriver.Join`),

@@ -342,6 +342,7 @@ impl Driver {
         let port = self.endpoint(docker_id(req, "EndpointID")?)?;
         let host_name = corvid_net::names::host_veth(&port.id);
         let src = container_veth(&port.id);
+        let cluster = self.cluster()?;
         let mut nl = Netlink::open()?;
         let bridge_name = corvid_net::names::bridge(&net.id);
         if nl.link_by_name(&bridge_name)?.is_none() {
@@ -357,6 +358,7 @@ impl Driver {
                 mtu: Some(net.mtu),
                 vlan_filtering: false,
                 promisc: false,
+                alias: Some(&corvid_net::names::owner_mark(cluster, &net.id)),
             },
         )?;
         // A pair left by an interrupted Join, or whose end Docker took into a sandbox
@@ -376,6 +378,7 @@ impl Driver {
                 keep_default_vlan: true,
                 mac: Some(&port.mac_address),
                 host_name: Some(&host_name),
+                alias: Some(&corvid_net::names::owner_mark(cluster, &port.id)),
             },
             &[],
             &[],

@@ -64,11 +64,22 @@ pub struct PortAnnotation {
     pub routes: Vec<Route>,
     /// The network's MTU.
     pub mtu: u32,
+    /// The controller's cluster ID: the plugin marks the devices it makes with it, so
+    /// that another corvid's agent on the node leaves them alone.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
 }
 
 impl PortAnnotation {
-    /// The annotation of `port` for pod `pod_uid`, given the port's network and subnets.
-    pub fn of(port: &Port, pod_uid: &str, network: &Network, subnets: &[Subnet]) -> Self {
+    /// The annotation of `port` for pod `pod_uid`, given the port's network and subnets
+    /// and the controller's cluster ID.
+    pub fn of(
+        port: &Port,
+        pod_uid: &str,
+        network: &Network,
+        subnets: &[Subnet],
+        cluster: &str,
+    ) -> Self {
         let mut addresses = Vec::new();
         let mut gateway = None;
         let mut routes = Vec::new();
@@ -109,6 +120,7 @@ impl PortAnnotation {
             gateway,
             routes,
             mtu: network.mtu,
+            cluster: cluster.to_string(),
         }
     }
 
@@ -148,6 +160,7 @@ mod tests {
                 gw: Some("10.64.0.1".parse().unwrap()),
             }],
             mtu: 1450,
+            cluster: "c1".into(),
         }
     }
 

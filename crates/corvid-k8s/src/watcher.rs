@@ -150,6 +150,8 @@ struct Watcher {
     troubles: HashMap<String, &'static str>,
     /// The public network's ID, once looked up.
     public_network: Option<String>,
+    /// The controller's cluster ID, which annotations carry to the plugin.
+    cluster: Arc<str>,
 }
 
 /// How many pods' ports are made at once: enough for the controller to commit them in
@@ -188,6 +190,7 @@ impl Watcher {
             made: HashMap::new(),
             troubles: HashMap::new(),
             public_network: None,
+            cluster: Arc::from(""),
         }
     }
 
@@ -263,6 +266,7 @@ impl Watcher {
     /// Start-up as the flat-mode design lists it: the pod pool, the default namespace's
     /// network, the service network, and the public network checked.
     async fn setup(&mut self) -> Result<(), Error> {
+        self.cluster = Arc::from(self.call(|c| c.cluster_id()).await?);
         if let Some(public) = self.cfg.public_network.clone() {
             let name = public.clone();
             let by_name = self
@@ -758,6 +762,7 @@ impl Watcher {
             ctl: self.ctl.clone(),
             retry: self.retry_tx.clone(),
             permits: self.permits.clone(),
+            cluster: self.cluster.clone(),
         };
         let pod = p.clone();
         self.inflight.retain(|_, t| !t.is_finished());
@@ -883,6 +888,7 @@ struct PodWork {
     ctl: Arc<Client>,
     retry: tokio::sync::mpsc::UnboundedSender<Retry>,
     permits: Arc<tokio::sync::Semaphore>,
+    cluster: Arc<str>,
 }
 
 impl PodWork {
@@ -933,7 +939,7 @@ impl PodWork {
                 return;
             }
         };
-        let want = PortAnnotation::of(&port, &uid, &net.network, &net.subnets);
+        let want = PortAnnotation::of(&port, &uid, &net.network, &net.subnets, &self.cluster);
         // The resourceVersion makes the patch apply to the pod as read: a pod deleted and
         // recreated meanwhile is not annotated with another pod's port.
         let patch = json!({"metadata": {

@@ -22,6 +22,8 @@ pub struct BridgeSpec<'a> {
     pub vlan_filtering: bool,
     /// Put the bridge in promiscuous mode.
     pub promisc: bool,
+    /// The owner mark to give it as its alias ([`crate::names::owner_mark`]).
+    pub alias: Option<&'a str>,
 }
 
 /// Returns the bridge, creating it (up) when missing; a same-named non-bridge is an error.
@@ -75,6 +77,7 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
     if spec.promisc && !existing.promisc {
         host.set_promisc(&existing, true)?;
     }
+    mark(host, &mut existing, spec.alias)?;
     Ok(existing)
 }
 
@@ -128,6 +131,17 @@ pub struct VethSpec<'a> {
     pub mac: Option<&'a str>,
     /// Name of the host end; a random `vethXXXXXXXX` when none.
     pub host_name: Option<&'a str>,
+    /// The owner mark to give the host end as its alias ([`crate::names::owner_mark`]).
+    pub alias: Option<&'a str>,
+}
+
+/// Gives `link` the alias `alias`, if one is asked and it has another.
+pub fn mark(host: &mut Netlink, link: &mut Link, alias: Option<&str>) -> Result<()> {
+    if let Some(alias) = alias.filter(|a| *a != link.alias) {
+        host.set_alias(link, alias)?;
+        link.alias = alias.to_string();
+    }
+    Ok(())
 }
 
 /// A plugged port: the host end on the bridge, the container end in the namespace.
@@ -266,7 +280,9 @@ fn make_pair(
             VethPair { host, container }
         }
     };
+    let mut port = port;
     let configured = (|| {
+        mark(host, &mut port.host, spec.alias)?;
         container.set_up(&port.container)?;
         if spec.hairpin {
             host.set_hairpin(&port.host, true)?;
@@ -381,7 +397,9 @@ pub fn ensure_plugged(
     let host_end = host.link_by_name(host_name)?;
     let pod_end = container.link_by_name(spec.ifname)?;
     let replaced = match (host_end, pod_end) {
-        (Some(h), Some(c)) if is_pair(&h, &c, bridge, spec) => {
+        (Some(mut h), Some(c)) if is_pair(&h, &c, bridge, spec) => {
+            // A pair from before the marks gets its owner's; it is not a repair.
+            mark(host, &mut h, spec.alias)?;
             let mut done = Vec::new();
             if !h.up {
                 host.set_up(&h)?;

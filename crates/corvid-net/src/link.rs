@@ -569,6 +569,13 @@ impl Netlink {
         )
     }
 
+    /// Sets a link's alias (`ip link set X alias Y`); the kernel takes none at creation.
+    pub fn set_alias(&mut self, link: &Link, alias: &str) -> Result<()> {
+        let mut m = change(link.index);
+        m.attributes.push(LinkAttribute::IfAlias(alias.to_string()));
+        self.change_link(m, format!("set the alias of {} to {alias}", link.name))
+    }
+
     /// Sets a link's MAC. The kernel marks the address as chosen, so a bridge keeps it
     /// whatever ports join or leave.
     pub fn set_mac(&mut self, link: &Link, mac: &str) -> Result<()> {

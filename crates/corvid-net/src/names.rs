@@ -59,6 +59,19 @@ pub fn host_veth(port: &str) -> String {
     name(VETH_PREFIX, port)
 }
 
+/// The alias that marks a device as one cluster's: `corvid:<cluster>:<object>`, the
+/// object being the port or network the device serves. An agent removes only devices of
+/// its own cluster, so two stacks on one host leave each other's devices alone.
+pub fn owner_mark(cluster: &str, object: &str) -> String {
+    format!("corvid:{cluster}:{object}")
+}
+
+/// The cluster an alias marks its device as owned by; `None` for a device without a
+/// mark (one made by a corvid from before the marks, counted as anyone's).
+pub fn marked_cluster(alias: &str) -> Option<&str> {
+    alias.strip_prefix("corvid:")?.split(':').next()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,7 @@ fn vxlan_fdb_and_neighbours_round_trip() {
             mtu: Some(1450),
             vlan_filtering: false,
             promisc: false,
+            alias: None,
         },
     )
     .unwrap();

@@ -31,6 +31,7 @@ impl Setup {
                 mtu: None,
                 vlan_filtering: false,
                 promisc: false,
+                alias: None,
             },
         )
         .unwrap();
@@ -56,6 +57,7 @@ impl Setup {
             keep_default_vlan: true,
             mac: Some(MAC),
             host_name: Some(HOST_END),
+            alias: None,
         }
     }
 

@@ -88,6 +88,7 @@ impl Floor {
             mtu: None,
             vlan_filtering: false,
             promisc: false,
+            alias: None,
         };
         let bridge = ensure_bridge(&mut host, &bridge_spec).unwrap();
         let containers = (0..n)
@@ -117,6 +118,7 @@ impl Floor {
             keep_default_vlan: true,
             mac: None,
             host_name: None,
+            alias: None,
         };
         let start = Instant::now();
         for (_, netns) in &self.containers[range] {

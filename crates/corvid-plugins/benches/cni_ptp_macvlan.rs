@@ -216,6 +216,7 @@ fn kernel_floors(tag: &str, host: &Netns, n: usize) -> (Phase, Phase) {
             keep_default_vlan: true,
             mac: None,
             host_name: None,
+            alias: None,
         };
         let p = pair(&mut host_nl, &mut container, ns, &spec).unwrap();
         made.push((container, p.container));

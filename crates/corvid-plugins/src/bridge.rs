@@ -183,6 +183,7 @@ fn ensure_bridge_and_plug(
             mtu: conf.mtu,
             vlan_filtering: conf.vlan != 0,
             promisc: conf.promisc_mode,
+            alias: None,
         },
     )
     .map_err(|e| {
@@ -209,6 +210,7 @@ fn ensure_bridge_and_plug(
             keep_default_vlan: conf.preserve_default_vlan.unwrap_or(true),
             mac: None,
             host_name: None,
+            alias: None,
         },
     )
     .map_err(errors::net)?;

@@ -286,6 +286,9 @@ fn netns_of(args: &CmdArgs) -> Result<PathBuf, Error> {
 fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error> {
     let mut host = Netlink::open().map_err(errors::net)?;
     let mut pod = Netlink::open_in(netns).map_err(errors::net)?;
+    // Marked as the node's agent marks them, so another corvid's agent leaves them.
+    let mark =
+        |object: &str| (!a.cluster.is_empty()).then(|| names::owner_mark(&a.cluster, object));
     let bridge = ensure_bridge(
         &mut host,
         &BridgeSpec {
@@ -293,6 +296,7 @@ fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error
             mtu: Some(a.mtu),
             vlan_filtering: false,
             promisc: false,
+            alias: mark(&a.network_id).as_deref(),
         },
     )
     .map_err(errors::net)?;
@@ -311,6 +315,7 @@ fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error
             keep_default_vlan: true,
             mac: Some(&a.mac),
             host_name: Some(&names::host_veth(&a.port_id)),
+            alias: mark(&a.port_id).as_deref(),
         },
         &a.addresses,
         &routes,

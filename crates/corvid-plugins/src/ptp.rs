@@ -129,6 +129,7 @@ fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
                 keep_default_vlan: true,
                 mac: None,
                 host_name: None,
+                alias: None,
             },
         )
         .map_err(errors::net)?;

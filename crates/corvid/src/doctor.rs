@@ -544,8 +544,15 @@ fn veths(host: &str, c: &Client, r: &mut Report) {
     let Ok(links) = corvid_net::Netlink::open().and_then(|mut nl| nl.links()) else {
         return;
     };
+    let cluster = c.cluster_id().ok();
     for l in links {
-        if l.name.starts_with(corvid_net::names::VETH_PREFIX) && !wanted.contains(&l.name) {
+        // Another cluster's veth (a second corvid on this host) is not a leftover.
+        let others = corvid_net::names::marked_cluster(&l.alias)
+            .is_some_and(|m| cluster.as_deref().is_some_and(|c| c != m));
+        if l.name.starts_with(corvid_net::names::VETH_PREFIX)
+            && !wanted.contains(&l.name)
+            && !others
+        {
             r.fix(
                 "leftovers",
                 format!("veth {} belongs to no port bound to {host}", l.name),
