@@ -56,8 +56,8 @@ impl Site {
         })
     }
 
-    /// What others wrote: the whole ruleset but corvid's table.
-    fn foreign_rules(&self) -> String {
+    /// The whole ruleset, stateless.
+    fn ruleset(&self) -> String {
         let out = self
             .host
             .command("nft")
@@ -65,7 +65,12 @@ impl Site {
             .output()
             .unwrap();
         assert!(out.status.success());
-        let text = String::from_utf8(out.stdout).unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// What others wrote: the whole ruleset but corvid's table.
+    fn foreign_rules(&self) -> String {
+        let text = self.ruleset();
         let mut keep = String::new();
         let mut ours = false;
         for line in text.lines() {
@@ -90,6 +95,7 @@ fn seen_source(server: &TestNs, client: &TestNs, addr: &str) -> String {
 #[test]
 fn egress_leaves_with_the_host_address_and_the_subnet_keeps_its_own() {
     let site = Site::new();
+    let before = site.ruleset();
     let (c1, c2) = (TestNs::new(), TestNs::new());
     // Without masquerade the outside cannot answer: the test can tell the two apart.
     let plain = site.conf(false);
@@ -132,11 +138,21 @@ fn egress_leaves_with_the_host_address_and_the_subnet_keeps_its_own() {
     site.call("DEL", "c2", &c2, &conf);
     site.call("DEL", "c2", &c2, &conf);
     assert!(site.elements().is_empty());
+    // The last DEL takes the sets, their rules, the chain and the table: nothing is left.
+    assert_eq!(site.ruleset(), before);
+
+    // The same through GC: an attachment no runtime lists any more.
+    site.call("ADD", "c3", &c1, &conf);
+    assert_ne!(site.ruleset(), before);
+    site.gc_none_valid(&conf);
+    assert!(site.elements().is_empty());
+    assert_eq!(site.ruleset(), before);
 }
 
 #[test]
 fn sixty_four_parallel_adds_and_dels_keep_one_element_per_address() {
     let site = Site::new();
+    let before = site.ruleset();
     let conf = site.conf(true);
     let containers: Vec<TestNs> = (0..64).map(|_| TestNs::new()).collect();
     let run_all = |command: &str, which: &[usize]| -> Vec<Value> {
@@ -184,6 +200,7 @@ fn sixty_four_parallel_adds_and_dels_keep_one_element_per_address() {
     assert_eq!(have, want);
     run_all("DEL", &evens);
     assert!(site.elements().is_empty(), "{:?}", site.elements());
+    assert_eq!(site.ruleset(), before, "the last DELs left something");
     // GC with nothing valid has nothing to take, and says so without error.
     site.gc_none_valid(&conf);
     assert!(site.elements().is_empty());

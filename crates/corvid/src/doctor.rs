@@ -572,7 +572,19 @@ fn elements(tags: &HashSet<String>, by_hash: &BTreeMap<String, String>, r: &mut 
     };
     let mut orphans: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for set in sets {
-        for e in nft.elements(&set).unwrap_or_default() {
+        let elements = nft.elements(&set).unwrap_or_default();
+        // A network's masquerade set goes with its last element; an empty one was left.
+        if set.starts_with("masq-") && elements.is_empty() {
+            r.fix(
+                "leftovers",
+                format!("nftables set {set} in inet corvid is empty: its network has no container left"),
+                format!(
+                    "nft -a list chain inet corvid masquerade, delete the rule reading @{set} \
+                     (nft delete rule inet corvid masquerade handle <handle>), then nft delete set inet corvid {set}"
+                ),
+            );
+        }
+        for e in elements {
             let Some(tag) = e.comment.filter(|t| t.starts_with("corvid:")) else {
                 continue;
             };

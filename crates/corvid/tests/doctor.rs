@@ -126,8 +126,19 @@ fn doctor_finds_a_healthy_host_healthy_and_names_what_is_broken() {
         missing.to_string(),
     )
     .unwrap();
-    // ... and an agent veth is left without its port.
+    // ... an agent veth is left without its port, ...
     c.hosts[0].ip("link add cvp0ddba11 type veth peer name cvtdocpeer");
+    // ... and a masquerade set is left empty (by a corvid from before sets went with
+    // their last element).
+    let nft = |args: &str| {
+        let out = c.hosts[0]
+            .command("nft")
+            .args(args.split_whitespace())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nft {args}: {out:?}");
+    };
+    nft("add set inet corvid masq-00000000deadbeef { type ipv4_addr ; }");
 
     let (out, report) = doctor(&c, ipam.path());
     assert!(!out.status.success());
@@ -166,6 +177,13 @@ fn doctor_finds_a_healthy_host_healthy_and_names_what_is_broken() {
         .find(|(m, _)| m.contains("cvp0ddba11"))
         .unwrap_or_else(|| panic!("no veth finding: {left:?}"));
     assert_eq!(veth.1, "ip link del cvp0ddba11");
+    let empty = left
+        .iter()
+        .find(|(m, _)| m.contains("set masq-00000000deadbeef in inet corvid is empty"))
+        .unwrap_or_else(|| panic!("no finding of the empty set: {left:?}"));
+    assert!(empty
+        .1
+        .ends_with("nft delete set inet corvid masq-00000000deadbeef"));
     assert!(
         !left.iter().any(|(m, _)| m.contains("network docnet")),
         "the healthy attachment was reported: {left:?}"
@@ -180,6 +198,7 @@ fn doctor_finds_a_healthy_host_healthy_and_names_what_is_broken() {
     let gc = c.cni(0, &["gc", "brk"]).output().unwrap();
     assert!(gc.status.success(), "{gc:?}");
     c.hosts[0].ip("link del cvp0ddba11");
+    nft("delete set inet corvid masq-00000000deadbeef");
     let (out, report) = doctor(&c, ipam.path());
     assert!(out.status.success(), "{report:#}");
     assert!(findings(&report, "leftovers", "fail").is_empty());

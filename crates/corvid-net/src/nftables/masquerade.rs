@@ -19,7 +19,7 @@
 use super::expr::{self, Field, Reg};
 use super::{
     addr_bytes, claim, collect_garbage, comments, fnv1a, lock, release, sweep, AttachmentTag,
-    BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec,
+    BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec, TableRef,
 };
 use crate::Result;
 use ipnet::IpNet;
@@ -69,7 +69,8 @@ fn subnet_set(batch: &mut Batch, name: &str, subnet: IpNet) {
     rule.extend(expr::in_prefix(Field::DstAddr, subnet, false));
     rule.extend(expr::in_prefix(Field::DstAddr, multicast(v6), false));
     rule.push(expr::masquerade());
-    batch.add_rule(CHAIN, rule, None);
+    // The rule names its set, so that it can go with the set's last element.
+    batch.add_rule(CHAIN, rule, Some(name));
 }
 
 /// Masquerades traffic from the addresses `sources` leaving their own subnet (and not
@@ -113,22 +114,64 @@ pub fn delete_masquerade(
 ) -> Result<()> {
     let _lock = lock()?;
     let mut batch = Batch::new();
-    match sources {
+    let sets = match sources {
         Some(sources) => {
+            let mut sets = Vec::new();
             for src in sources {
-                release(
-                    nft,
-                    &mut batch,
-                    &set_name(tag, *src),
-                    &addr_bytes(src.addr()),
-                    tag,
-                )?;
+                let set = set_name(tag, *src);
+                release(nft, &mut batch, &set, &addr_bytes(src.addr()), tag)?;
+                sets.push(set);
             }
+            sets
         }
         None => {
             let sets = masquerade_sets(nft)?;
-            let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-            sweep(nft, &mut batch, &sets, |c| c == tag.as_str())?;
+            let names: Vec<&str> = sets.iter().map(String::as_str).collect();
+            sweep(nft, &mut batch, &names, |c| c == tag.as_str())?;
+            sets
+        }
+    };
+    if batch.is_empty() {
+        return Ok(());
+    }
+    nft.commit(batch)?;
+    remove_emptied(nft, &sets)
+}
+
+/// Removes the sets among `sets` that are left empty, each with its rule, then the chain
+/// and corvid's table when nothing else is in them: a network's last DEL leaves the
+/// ruleset as it was before its first ADD. Called with the lock held, which every ADD
+/// takes too, so no ADD can fill a set between the look and the removal. A set whose
+/// rule has no comment (made before rules named their sets) is left: the kernel refuses
+/// to delete a set a rule reads.
+fn remove_emptied(nft: &mut Nftables, sets: &[String]) -> Result<()> {
+    let rules = nft.rules(TableRef::CORVID, CHAIN)?;
+    let mut batch = Batch::new();
+    let mut left = rules.len();
+    for set in sets {
+        let handles: Vec<u64> = rules
+            .iter()
+            .filter(|(_, c)| c.as_deref() == Some(set.as_str()))
+            .map(|(h, _)| *h)
+            .collect();
+        if handles.is_empty() || !nft.has_set(set)? || !nft.elements(set)?.is_empty() {
+            continue;
+        }
+        for h in &handles {
+            batch.delete_rule(CHAIN, *h);
+        }
+        left -= handles.len();
+        batch.delete_set(set);
+    }
+    if batch.is_empty() {
+        return Ok(());
+    }
+    if left == 0 {
+        batch.delete_chain(CHAIN);
+        let others = nft.chains()?.iter().any(|c| c != CHAIN)
+            || nft.sets()?.iter().any(|s| !sets.contains(s));
+        if !others {
+            batch.delete_table();
         }
     }
     nft.commit(batch)
@@ -150,7 +193,9 @@ pub fn gc_masquerade(network: &str, keep: &[AttachmentTag]) -> Result<()> {
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let mut batch = Batch::new();
     collect_garbage(&mut nft, &mut batch, &sets, network, keep)?;
-    nft.commit(batch)
+    nft.commit(batch)?;
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    remove_emptied(&mut nft, &sets)
 }
 
 /// The tags of every masqueraded address (for tests and diagnostics).
@@ -180,5 +225,6 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
             batch.add_rule(AGENT_CHAIN, rule, Some(tag.as_str()));
         }
     }
+    let _lock = lock()?;
     Nftables::open()?.commit(batch)
 }

@@ -597,6 +597,17 @@ impl Batch {
         );
     }
 
+    /// Deletes the table the batch is in (with whatever it still holds).
+    pub fn delete_table(&mut self) {
+        self.push(
+            NfTablesMessage::DeleteTable(TableMessage {
+                attributes: vec![TableAttribute::Name(self.table.name.into())],
+            }),
+            0,
+            format!("delete table {}", self.table.name),
+        );
+    }
+
     /// Removes an element (which must exist).
     pub fn delete_element(&mut self, set: &str, key: &[u8]) {
         self.push(

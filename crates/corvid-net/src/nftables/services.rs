@@ -293,6 +293,9 @@ impl Services {
             }
         }
         self.sync_floating(&mut batch, floating);
+        // The plugins' lock: a plugin's last DEL removes corvid's table when it holds
+        // nothing else, which must not cross this commit.
+        let _lock = super::lock()?;
         self.nft.commit(batch)?;
         self.started = true;
         Ok(report)
