@@ -11,7 +11,8 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NetConf {
-    /// The spec version the configuration conforms to.
+    /// The spec version the configuration conforms to; 0.1.0 when it names none.
+    #[serde(default)]
     pub cni_version: String,
     /// Network name.
     pub name: String,
@@ -94,7 +95,7 @@ impl NetConf {
                 "network configuration must be a JSON object",
             )
         })?;
-        for field in ["cniVersion", "name", "type"] {
+        for field in ["name", "type"] {
             match obj.get(field) {
                 Some(Value::String(s)) if !s.is_empty() => {}
                 Some(Value::String(_)) | None => {
@@ -103,8 +104,16 @@ impl NetConf {
                 Some(_) => return Err(invalid(format!("\"{field}\" must be a string"))),
             }
         }
-        let conf: NetConf = serde_json::from_value(value.clone())
+        if obj.get("cniVersion").is_some_and(|v| !v.is_string()) {
+            return Err(invalid("\"cniVersion\" must be a string"));
+        }
+        let mut conf: NetConf = serde_json::from_value(value.clone())
             .map_err(|e| invalid("invalid network configuration").with_details(e.to_string()))?;
+        // Configurations from before 0.2.0 (and Kurma's) name no version: libcni reads
+        // them as 0.1.0, and so do the reference plugins.
+        if conf.cni_version.is_empty() {
+            conf.cni_version = Version::V0_1_0.as_str().into();
+        }
         let version = Version::parse(&conf.cni_version)?;
         validate_name("network name", &conf.name)?;
         if conf.plugin_type.contains('/') {
@@ -164,10 +173,19 @@ mod tests {
     }
 
     #[test]
+    fn a_config_without_a_version_is_0_1_0() {
+        let (c, v) = NetConf::parse(br#"{"name":"n","type":"bridge"}"#).unwrap();
+        assert_eq!(v, Version::V0_1_0);
+        assert_eq!(c.cni_version, "0.1.0");
+        let (_, v) = NetConf::parse(br#"{"cniVersion":"","name":"n","type":"bridge"}"#).unwrap();
+        assert_eq!(v, Version::V0_1_0);
+    }
+
+    #[test]
     fn bad_configs_have_the_right_codes() {
         assert_eq!(code("{not json"), 6);
         assert_eq!(code("[1,2]"), 6);
-        assert_eq!(code(r#"{"name":"n","type":"bridge"}"#), 7);
+        assert_eq!(code(r#"{"cniVersion":1,"name":"n","type":"bridge"}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","type":"bridge"}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","name":"n"}"#), 7);
         assert_eq!(

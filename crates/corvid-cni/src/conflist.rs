@@ -56,9 +56,11 @@ fn pick_version(obj: &Map<String, Value>) -> Result<Version, Error> {
         }
     }
     match obj.get("cniVersion") {
+        // A list without a version runs at 0.1.0, as libcni reads it.
+        None => Ok(Version::V0_1_0),
+        Some(Value::String(s)) if s.is_empty() => Ok(Version::V0_1_0),
         Some(Value::String(s)) => Version::parse(s),
         Some(_) => Err(invalid("\"cniVersion\" must be a string")),
-        None => Err(invalid("configuration list has no \"cniVersion\"")),
     }
 }
 
@@ -175,6 +177,13 @@ mod tests {
     }
 
     #[test]
+    fn a_list_without_a_version_runs_at_0_1_0() {
+        let list = parse(json!({"name": "n", "plugins": [{"type": "bridge"}]})).unwrap();
+        assert_eq!(list.version, Version::V0_1_0);
+        assert_eq!(list.plugin_config(0, None)["cniVersion"], "0.1.0");
+    }
+
+    #[test]
     fn cni_versions_picks_the_highest_supported() {
         let list = parse(
             json!({"cniVersion": "0.4.0", "cniVersions": ["0.4.0", "1.1.0", "9.0.0"],
@@ -196,7 +205,10 @@ mod tests {
             code(json!({"cniVersion": "1.0.0", "plugins": [{"type": "b"}]})),
             7
         );
-        assert_eq!(code(json!({"name": "n", "plugins": [{"type": "b"}]})), 7);
+        assert_eq!(
+            code(json!({"cniVersion": 1, "name": "n", "plugins": [{"type": "b"}]})),
+            7
+        );
         assert_eq!(
             code(json!({"cniVersion": "1.0.0", "name": "n", "plugins": []})),
             7
