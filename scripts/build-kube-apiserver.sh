@@ -26,16 +26,7 @@ start=$(date +%s)
 say() { echo "[build-kube-apiserver $(( $(date +%s) - start ))s] $*"; }
 
 # The bookworm mirror the system already uses.
-mirror=""
-if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    mirror=$(awk 'BEGIN{RS="";FS="\n"} /Suites:[^\n]*bookworm( |$|\n)/ && !/security/ {
-        for (i = 1; i <= NF; i++) if ($i ~ /^URIs:/) { split($i, u, " "); print u[2]; exit } }' \
-        /etc/apt/sources.list.d/debian.sources)
-fi
-if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
-    mirror=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
-fi
-[ -n "$mirror" ] || { echo "no bookworm mirror in the apt sources" >&2; exit 1; }
+mirror=$("$(dirname "$0")/bookworm-mirror.sh")
 APT=$CACHE/apt
 mkdir -p "$APT/parts" "$APT/lists/partial"
 printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
