@@ -283,6 +283,11 @@ fn make_pair(
     let mut port = port;
     let configured = (|| {
         mark(host, &mut port.host, spec.alias)?;
+        if bridge.is_some() {
+            // A bridge port never needs an IPv6 address of its own (the bridge holds the
+            // gateways); the peer is still down, so its carrier too, and none is made yet.
+            host.set_no_link_local(&port.host)?;
+        }
         container.set_up(&port.container)?;
         if spec.hairpin {
             host.set_hairpin(&port.host, true)?;
@@ -414,7 +419,11 @@ pub fn ensure_plugged(
                 // does not say whether a port has it).
                 host.set_hairpin(&h, true)?;
             }
-            done.extend(sync_addresses(container, &c, addrs)?);
+            let readdressed = sync_addresses(container, &c, addrs)?;
+            if !readdressed.is_empty() {
+                crate::announce::announce(netns, &c, addrs);
+            }
+            done.extend(readdressed);
             done.extend(sync_routes(container, &c, routes)?);
             return Ok(if done.is_empty() {
                 Plugged::Intact
@@ -447,6 +456,7 @@ pub fn ensure_plugged(
         .collect();
     configure(container, &port.container, addrs, &routes)
         .inspect_err(|_| drop(host.delete_link(&port.host)))?;
+    crate::announce::announce(netns, &port.container, addrs);
     Ok(Plugged::New { replaced })
 }
 

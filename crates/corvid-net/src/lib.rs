@@ -4,6 +4,7 @@
 
 #![deny(missing_docs)]
 
+pub mod announce;
 pub mod binding;
 pub mod iptables;
 pub mod link;

@@ -5,9 +5,10 @@ use crate::netns::Netns;
 use crate::{netlink_err, Result};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_ECHO, NLM_F_EXCL};
 use netlink_packet_route::link::{
-    AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridge, InfoBridgePort, InfoData,
-    InfoIpVlan, InfoKind, InfoMacVlan, InfoPortData, InfoPortKind, InfoVeth, InfoVlan, InfoVrf,
-    IpVlanMode, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
+    AfSpecBridge, AfSpecInet6, AfSpecUnspec, BridgeVlanInfo, BridgeVlanInfoFlags, In6AddrGenMode,
+    InfoBridge, InfoBridgePort, InfoData, InfoIpVlan, InfoKind, InfoMacVlan, InfoPortData,
+    InfoPortKind, InfoVeth, InfoVlan, InfoVrf, IpVlanMode, LinkAttribute, LinkExtentMask,
+    LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
@@ -567,6 +568,22 @@ impl Netlink {
             m,
             format!("move {} to {} as {name}", link.name, netns.path().display()),
         )
+    }
+
+    /// Gives a link no IPv6 link-local address (`addrgenmode none`): set before its carrier
+    /// comes up, the kernel never makes one, so a bridge port does no duplicate-address
+    /// detection or MLD (flooded to every port, the growth of an ADD with the bridge's
+    /// size). The kernel refuses it at creation. Without IPv6 there is nothing to do.
+    pub fn set_no_link_local(&mut self, link: &Link) -> Result<()> {
+        let mut m = change(link.index);
+        m.attributes
+            .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+                vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
+            )]));
+        match self.change_link(m, format!("turn off IPv6 link-local on {}", link.name)) {
+            Err(e) if e.errno() == Some(libc::EAFNOSUPPORT) => Ok(()),
+            r => r,
+        }
     }
 
     /// Sets a link's alias (`ip link set X alias Y`); the kernel takes none at creation.

@@ -129,6 +129,27 @@ fn a_missing_pair_is_plugged_and_a_whole_one_left_alone() {
 }
 
 #[test]
+fn the_host_end_has_no_ipv6_link_local_and_the_pod_end_keeps_its_own() {
+    let s = Setup::new("p6");
+    s.ensure().unwrap();
+    let link_locals = |ns: &Named, name: &str| -> Vec<IpNet> {
+        let mut nl = ns.netlink();
+        let link = nl.link_by_name(name).unwrap().expect(name);
+        nl.addresses(Some(link.index))
+            .unwrap()
+            .into_iter()
+            .map(|(_, a)| a)
+            .filter(|a| matches!(a.addr(), IpAddr::V6(v6) if v6.segments()[0] == 0xfe80))
+            .collect()
+    };
+    // The kernel makes a link-local address as the carrier comes up: the pod's is there
+    // at once, the host end's would be too.
+    assert_eq!(link_locals(&s.pod, "eth0").len(), 1);
+    assert_eq!(link_locals(&s.host, HOST_END), []);
+    s.assert_works();
+}
+
+#[test]
 fn a_bare_pair_is_finished_in_place() {
     let s = Setup::new("pb");
     s.bare_pair();

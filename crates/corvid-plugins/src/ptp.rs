@@ -136,6 +136,8 @@ fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
         made.pair = Some(p.clone());
         configure_container(&mut container, &p, &mut result)?;
         configure_host(&mut host, &p, &result)?;
+        let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
+        corvid_net::announce::announce(&ns, &p.container, &addrs);
         if conf.ip_masq {
             let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
             made.masq = Some(addrs.clone());

@@ -755,3 +755,37 @@ fn a_bridge_made_by_hand_keeps_the_mac_it_had() {
         net.assert_clean();
     }
 }
+
+#[test]
+fn an_old_peer_reaches_the_new_holder_of_a_reused_address_at_once() {
+    let net = Net::new("1.1.0", "");
+    // host-local hands out the addresses asked for in runtimeConfig.
+    let with_ip = |n: u8| {
+        let mut c: Value = serde_json::from_str(&net.conf).unwrap();
+        c["capabilities"] = json!({"ips": true});
+        c["runtimeConfig"] = json!({"ips": [format!("10.77.0.{n}/24"), format!("fd77::{n}/64")]});
+        c["ipam"]["ranges"] = json!([[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]]);
+        c["ipam"].as_object_mut().unwrap().remove("subnet");
+        c.to_string()
+    };
+    let (peer, old, new) = (TestNs::new(), TestNs::new(), TestNs::new());
+    net.call_with("ADD", "peer", &peer.path_str(), &with_ip(10))
+        .ok();
+    net.call_with("ADD", "old", &old.path_str(), &with_ip(20))
+        .ok();
+    for addr in ["10.77.0.20", "fd77::20"] {
+        assert!(peer.ping(addr), "{addr}");
+    }
+    net.call_with("DEL", "old", &old.path_str(), &with_ip(20))
+        .ok();
+    // Another container (another MAC) gets the addresses while the peer still has the
+    // old MAC cached: the ADD's gratuitous ARP and neighbour advertisement move them.
+    net.call_with("ADD", "new", &new.path_str(), &with_ip(20))
+        .ok();
+    for addr in ["10.77.0.20", "fd77::20"] {
+        assert!(
+            peer.ping(addr),
+            "the peer still sends {addr} to the old MAC"
+        );
+    }
+}
