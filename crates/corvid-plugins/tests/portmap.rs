@@ -146,6 +146,12 @@ fn published_ports_are_reached_from_everywhere_and_gone_after_del() {
     );
     for (host_addr, v6) in [("10.251.0.1", false), ("fd51::1", true)] {
         let outside = if v6 { "fd51::2" } else { "10.251.0.2" };
+        // A new bridge finds IPv6 neighbours only once its own link-local address has
+        // passed duplicate-address detection (a second or two): wait for the first answer.
+        let started = std::time::Instant::now();
+        while echo(&site.outside, host_addr, 8080, false).is_none()
+            && started.elapsed() < std::time::Duration::from_secs(5)
+        {}
         assert_eq!(
             echo(&site.outside, host_addr, 8080, false).as_deref(),
             Some(outside),
