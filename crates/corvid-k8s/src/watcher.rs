@@ -107,6 +107,62 @@ enum Retry {
     Namespace(Box<Namespace>),
     /// A service, by UID.
     Service(String),
+    /// The port of a gone pod, by the pod's UID.
+    PortDelete(String),
+    /// The network of a gone namespace, by the namespace's UID.
+    NetworkDelete(String),
+}
+
+impl Retry {
+    /// What the backoff of this retry is counted by.
+    fn key(&self) -> String {
+        match self {
+            Retry::Pod(p) => format!("pod/{}", p.uid().unwrap_or_default()),
+            Retry::Namespace(n) => format!("namespace/{}", n.uid().unwrap_or_default()),
+            Retry::Service(uid) => format!("service/{uid}"),
+            Retry::PortDelete(uid) => format!("port/{uid}"),
+            Retry::NetworkDelete(uid) => format!("network/{uid}"),
+        }
+    }
+}
+
+/// How long each piece of failed work waits before it is tried again: one second after
+/// its first failure, doubling to half a minute, so a controller that is down for long
+/// is not asked every second for every pod.
+#[derive(Clone, Default)]
+struct Backoff(Arc<std::sync::Mutex<HashMap<String, u32>>>);
+
+impl Backoff {
+    /// The wait before the next try of `key`, counting this failure.
+    fn next(&self, key: &str) -> Duration {
+        let mut failures = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = failures.entry(key.to_string()).or_insert(0);
+        *n += 1;
+        (RETRY_AFTER * 2u32.pow((*n - 1).min(5))).min(MAX_RETRY_AFTER)
+    }
+
+    /// `key` worked: its next failure starts again at one second.
+    fn reset(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    /// Whether `key` failed before (so its trouble was reported already).
+    fn failed_before(&self, key: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(key)
+    }
+}
+
+/// Sends `r` to the watcher's queue after `key`'s backoff.
+fn requeue(tx: &tokio::sync::mpsc::UnboundedSender<Retry>, backoff: &Backoff, r: Retry) {
+    let wait = backoff.next(&r.key());
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        let _ = tx.send(r);
+    });
 }
 
 /// One event from either watch, or a timer.
@@ -152,6 +208,11 @@ struct Watcher {
     public_network: Option<String>,
     /// The controller's cluster ID, which annotations carry to the plugin.
     cluster: Arc<str>,
+    /// Failed work's tries so far, for its backoff.
+    backoff: Backoff,
+    /// Gone namespaces whose networks wait for their last ports, by UID: each port of a
+    /// gone pod deleted tries them again, rather than the next sweep.
+    pending_networks: HashSet<String>,
 }
 
 /// How many pods' ports are made at once: enough for the controller to commit them in
@@ -160,6 +221,8 @@ const PARALLEL_PODS: usize = 16;
 
 /// How long failed work waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest wait between tries of failed work.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
@@ -191,6 +254,8 @@ impl Watcher {
             troubles: HashMap::new(),
             public_network: None,
             cluster: Arc::from(""),
+            backoff: Backoff::default(),
+            pending_networks: HashSet::new(),
         }
     }
 
@@ -252,6 +317,13 @@ impl Watcher {
                 Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
                 Input::Retry(Retry::Namespace(n)) => self.namespace(&n).await,
                 Input::Retry(Retry::Service(uid)) => self.service(&uid).await,
+                Input::Retry(Retry::PortDelete(uid)) => {
+                    // Gone for good unless the pod came back meanwhile.
+                    if !self.pods.contains(&uid) {
+                        self.remove_port(&uid).await;
+                    }
+                }
+                Input::Retry(Retry::NetworkDelete(uid)) => self.remove_network(&uid).await,
                 Input::Resync => {
                     self.sweep().await;
                     self.sweep_services().await;
@@ -329,11 +401,7 @@ impl Watcher {
     }
 
     fn retry(&self, r: Retry) {
-        let tx = self.retry_tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(RETRY_AFTER).await;
-            let _ = tx.send(r);
-        });
+        requeue(&self.retry_tx, &self.backoff, r);
     }
 
     async fn namespace_event(&mut self, e: Event<Namespace>) {
@@ -435,8 +503,16 @@ impl Watcher {
             }
             Event::InitDone => {
                 self.pods = self.pods_listing.take().unwrap_or_default();
+                let first = !self.listed.1;
                 self.listed.1 = true;
                 self.sweep().await;
+                // Services waited for the first whole list of their members.
+                if first && self.services_listed {
+                    let all: Vec<String> = self.services.keys().cloned().collect();
+                    for uid in all {
+                        self.service(&uid).await;
+                    }
+                }
             }
             Event::Apply(p) => {
                 if let Some(uid) = p.uid() {
@@ -527,6 +603,11 @@ impl Watcher {
     /// Makes the controller hold what the service with UID `uid` should be (nothing once
     /// it is gone), and its status show its floating IP.
     async fn service(&mut self, uid: &str) {
+        // Before the first whole pod list, a service's members are not known: a restarted
+        // watcher would take every healthy service's members away for a moment.
+        if !self.listed.1 {
+            return;
+        }
         let svc = self.services.get(uid).cloned();
         let want = svc.as_ref().and_then(|s| {
             let pods = self.pod_views.get(&s.namespace().unwrap_or_default());
@@ -670,25 +751,7 @@ impl Watcher {
         self.troubles.insert(uid.clone(), t.reason);
         let ns = svc.namespace().unwrap_or_default();
         tracing::warn!(service = %format!("{ns}/{}", svc.name_any()), reason = t.reason, "{}", t.message);
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
-        let built = serde_json::from_value::<K8sEvent>(json!({
-            "metadata": {"generateName": format!("{}.", svc.name_any())},
-            "involvedObject": {"apiVersion": "v1", "kind": "Service", "name": svc.name_any(),
-                "namespace": ns, "uid": uid},
-            "reason": t.reason, "message": t.message, "type": "Warning", "count": 1,
-            "source": {"component": "corvid-kube-watch"},
-        }));
-        let Ok(mut event) = built else { return };
-        event.first_timestamp = Some(now.clone());
-        event.last_timestamp = Some(now);
-        if let Err(e) = Api::<K8sEvent>::namespaced(self.kube.clone(), &ns)
-            .create(&Default::default(), &event)
-            .await
-        {
-            tracing::warn!("recording an event: {e}");
-        }
+        warning_event(&self.kube, svc, t.reason, &t.message).await;
         self.condition(svc, Some(&t)).await;
     }
 
@@ -763,6 +826,7 @@ impl Watcher {
             retry: self.retry_tx.clone(),
             permits: self.permits.clone(),
             cluster: self.cluster.clone(),
+            backoff: self.backoff.clone(),
         };
         let pod = p.clone();
         self.inflight.retain(|_, t| !t.is_finished());
@@ -777,19 +841,32 @@ impl Watcher {
         }
     }
 
-    async fn remove_port(&self, pod_uid: &str) {
+    async fn remove_port(&mut self, pod_uid: &str) {
         let id = ids::port(pod_uid);
         let port = id.clone();
+        let retry = Retry::PortDelete(pod_uid.to_string());
         match self.call(move |c| c.delete_if_present::<Port>(&port)).await {
-            Ok(true) => tracing::info!(port = %id, pod_uid, "port of a gone pod deleted"),
-            Ok(false) => {}
-            // The next sweep finds it.
-            Err(e) => tracing::warn!(port = %id, "deleting the port of a gone pod: {e}"),
+            Ok(deleted) => {
+                self.backoff.reset(&retry.key());
+                if deleted {
+                    tracing::info!(port = %id, pod_uid, "port of a gone pod deleted");
+                }
+                // It may have been the last port keeping a gone namespace's network.
+                let pending: Vec<String> = self.pending_networks.iter().cloned().collect();
+                for uid in pending {
+                    self.remove_network(&uid).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(port = %id, "deleting the port of a gone pod: {e}; trying again");
+                self.retry(retry);
+            }
         }
     }
 
-    /// Deletes a gone namespace's network once its ports are gone; the next sweep tries
-    /// again while some remain.
+    /// Deletes a gone namespace's network once its ports are gone; while some remain it
+    /// is tried again as each goes (and at the next sweep), and after a failure with
+    /// backoff.
     async fn remove_network(&mut self, namespace_uid: &str) {
         let (net, subnet) = (ids::network(namespace_uid), ids::subnet(namespace_uid));
         let (n, s) = (net.clone(), subnet.clone());
@@ -813,14 +890,21 @@ impl Watcher {
                 Ok(true)
             })
             .await;
+        let retry = Retry::NetworkDelete(namespace_uid.to_string());
         match done {
             Ok(true) => {
                 self.networks.remove(namespace_uid);
+                self.pending_networks.remove(namespace_uid);
+                self.backoff.reset(&retry.key());
                 tracing::info!(network = %net, "network of a gone namespace deleted");
             }
-            Ok(false) => {}
+            Ok(false) => {
+                self.pending_networks.insert(namespace_uid.to_string());
+            }
             Err(e) => {
-                tracing::warn!(network = %net, "deleting the network of a gone namespace: {e}")
+                tracing::warn!(network = %net, "deleting the network of a gone namespace: {e}; trying again");
+                self.pending_networks.insert(namespace_uid.to_string());
+                self.retry(retry);
             }
         }
     }
@@ -889,15 +973,12 @@ struct PodWork {
     retry: tokio::sync::mpsc::UnboundedSender<Retry>,
     permits: Arc<tokio::sync::Semaphore>,
     cluster: Arc<str>,
+    backoff: Backoff,
 }
 
 impl PodWork {
     fn retry(&self, p: Pod) {
-        let tx = self.retry.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(RETRY_AFTER).await;
-            let _ = tx.send(Retry::Pod(Box::new(p)));
-        });
+        requeue(&self.retry, &self.backoff, Retry::Pod(Box::new(p)));
     }
 
     /// Makes the pod's port (or finds the one an earlier attempt made) and annotates the
@@ -920,6 +1001,18 @@ impl PodWork {
             Ok(port) => port,
             Err(e) => {
                 tracing::warn!(namespace = %ns, pod = %name, "making the pod's port: {e}");
+                // The pod's only other sign would be the plugin's code 11 after its
+                // timeout: say it on the pod, once per outage.
+                let key = Retry::Pod(Box::new(p.clone())).key();
+                if matches!(e, ApiError::Transport(_)) && !self.backoff.failed_before(&key) {
+                    warning_event(
+                        &self.kube,
+                        &p,
+                        "ControllerUnreachable",
+                        &format!("the corvid controller cannot be reached, so the pod has no port yet (retrying): {e}"),
+                    )
+                    .await;
+                }
                 // The controller's refusal goes onto the pod, where the node's plugin
                 // (and `kubectl describe`) shows it instead of waiting out its timeout.
                 if let ApiError::Neutron { kind, message, .. } = &e {
@@ -952,6 +1045,7 @@ impl PodWork {
             .await
         {
             Ok(_) => {
+                self.backoff.reset(&Retry::Pod(Box::new(p.clone())).key());
                 metrics::METRICS
                     .annotation_seconds
                     .observe(started.elapsed().as_secs_f64());
@@ -965,6 +1059,32 @@ impl PodWork {
                 self.retry(p);
             }
         }
+    }
+}
+
+/// Records a warning event on `object` (a pod, a service), as `kubectl describe` shows.
+async fn warning_event<K>(kube: &kube::Client, object: &K, reason: &str, message: &str)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let ns = object.namespace().unwrap_or_default();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let built = serde_json::from_value::<K8sEvent>(json!({
+        "metadata": {"generateName": format!("{}.", object.name_any())},
+        "involvedObject": {"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+            "name": object.name_any(), "namespace": ns, "uid": object.uid()},
+        "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "source": {"component": "corvid-kube-watch"},
+    }));
+    let Ok(mut event) = built else { return };
+    event.first_timestamp = Some(now.clone());
+    event.last_timestamp = Some(now);
+    if let Err(e) = Api::<K8sEvent>::namespaced(kube.clone(), &ns)
+        .create(&Default::default(), &event)
+        .await
+    {
+        tracing::warn!("recording an event: {e}");
     }
 }
 

@@ -327,6 +327,21 @@ fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error
     Ok(vxlan.is_some_and(|v| v.master == Some(bridge.index) && v.up))
 }
 
+/// Removes the pod's end of its veth pair, which takes the host end with it; a
+/// namespace or interface already gone leaves nothing to do.
+fn unplug_pod_side(netns: &std::path::Path, ifname: &str) -> Result<(), Error> {
+    let Ok(ns) = Netns::open(netns) else {
+        return Ok(());
+    };
+    let mut nl = Netlink::open_in(&ns).map_err(errors::net)?;
+    match nl.link_by_name(ifname).map_err(errors::net)? {
+        Some(l) if l.kind == corvid_net::link::LinkKind::Veth => {
+            nl.delete_link(&l).map_err(errors::net)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Removes the pod's veth pair (one end takes the other with it).
 fn unplug(port_id: &str) -> Result<(), Error> {
     let mut host = Netlink::open().map_err(errors::net)?;
@@ -424,29 +439,49 @@ impl Plugin for CorvidK8s {
     fn del(&self, args: &CmdArgs) -> Result<(), Error> {
         let conf = load(args)?;
         let pod = pod_ref(args)?;
+        // The host side first, from what the runtime gives alone: a DEL succeeds whenever
+        // it can undo what is local, whatever the API server and the controller say.
+        if let Some(netns) = &args.netns {
+            unplug_pod_side(netns, &args.ifname)?;
+        }
         let port_id = match &pod.uid {
-            Some(uid) => corvid_k8s::ids::port(uid),
+            Some(uid) => Some(corvid_k8s::ids::port(uid)),
             // Without the UID the annotation names the port; a pod that is gone took it.
-            None => match runtime()?.block_on(async {
-                let api = pods(&conf, &pod).await?;
-                let p = api
-                    .get_opt(&pod.name)
-                    .await
-                    .map_err(|e| kube_error(e, "reading the pod"))?;
-                Ok::<_, Error>(p.and_then(|p| annotation_of(&p, None).ok().flatten()))
-            })? {
-                Some(a) => a.port_id,
-                None => return Ok(()),
-            },
+            None => {
+                let found = runtime()?.block_on(async {
+                    let api = pods(&conf, &pod).await?;
+                    let p = api
+                        .get_opt(&pod.name)
+                        .await
+                        .map_err(|e| kube_error(e, "reading the pod"))?;
+                    Ok::<_, Error>(p.and_then(|p| annotation_of(&p, None).ok().flatten()))
+                });
+                match found {
+                    Ok(a) => a.map(|a| a.port_id),
+                    Err(e) => {
+                        tracing::warn!("DEL: the pod's port is left to the watcher: {}", e.msg);
+                        None
+                    }
+                }
+            }
+        };
+        let Some(port_id) = port_id else {
+            return Ok(());
         };
         unplug(&port_id)?;
+        // The binding is the controller's side: the watcher deletes the ports of pods
+        // that are gone, the next ADD binds anew, and the agent's pass cleans up.
         match conf
             .client()
             .update::<Port>(&port_id, json!({"network_ns": null, "veth_name": null}))
         {
-            Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => Ok(()),
-            Err(e) => Err(controller_error(e, &conf, "unbinding the port")),
+            Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}
+            Err(e) => {
+                let e = controller_error(e, &conf, "unbinding the port");
+                tracing::warn!(port = %port_id, "DEL: {} (left to the controller side)", e.msg);
+            }
         }
+        Ok(())
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), Error> {

@@ -521,6 +521,54 @@ fn the_watcher_sweeps_what_it_missed_and_a_recreated_pod_gets_a_new_port() {
 }
 
 #[test]
+fn while_the_controller_is_down_the_watcher_retries_and_says_so_on_pods() {
+    let (mut cluster, kube) = setup("kr");
+    // Sweeps only every ten minutes: what follows must not wait for one.
+    let _watcher = start_watcher(
+        &cluster,
+        &kube,
+        &["--lease-seconds", "4", "--resync", "600"],
+    );
+    namespace(&kube, "r");
+    pod(&kube, "r", "p0", "h1");
+    let gone = wait_annotation(&kube, "r", "p0");
+    cluster.controller.take().unwrap().kill9();
+    // A pod deleted and a pod created while the controller is down.
+    delete_pod(&kube, "r", "p0");
+    pod(&kube, "r", "p1", "h1");
+    wait_until("a warning event on r/p1", Duration::from_secs(20), || {
+        events(&kube, "r").contains(&("ControllerUnreachable".into(), "p1".into()))
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.start_controller();
+    wait_until(
+        "the gone pod's port to be deleted",
+        Duration::from_secs(40),
+        || port(&cluster, &gone.port_id).is_none(),
+    );
+    wait_annotation(&kube, "r", "p1");
+    // A namespace deleted (with its last pod) while the controller is down: its port and
+    // network go once the controller is back, without waiting for a sweep.
+    cluster.controller.take().unwrap().kill9();
+    delete_pod(&kube, "r", "p1");
+    delete_namespace(&kube, "r");
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.start_controller();
+    wait_until(
+        "the gone namespace's network to be deleted",
+        Duration::from_secs(40),
+        || networks_of_namespace(&cluster, "r").is_empty(),
+    );
+    assert!(
+        !ports(&cluster)
+            .iter()
+            .any(|p| p.device_owner == corvid_k8s::ids::POD_OWNER),
+        "{:?}",
+        ports(&cluster)
+    );
+}
+
+#[test]
 fn an_add_waits_for_the_annotation_and_fails_clearly_without_leaving_anything() {
     let (cluster, kube) = setup("ka");
     namespace(&kube, "e");
@@ -641,6 +689,43 @@ fn an_add_waits_for_the_annotation_and_fails_clearly_without_leaving_anything() 
             .links("cvp")
             .contains(&corvid_net::names::host_veth(&a.port_id)),
         "the pair was removed"
+    );
+    // DEL with the controller down succeeds wherever the host side can be undone (the
+    // port is the controller side's): a plugged pod loses its pair, a pod never plugged
+    // and a pod gone from the API have nothing local left to undo.
+    let down = json!({"controller": "http://10.99.0.254:1"});
+    let plugged = corvid_net::names::host_veth(&wait_annotation(&kube, "e", "p0").port_id);
+    assert!(cluster.hosts[0].links("cvp").contains(&plugged));
+    for (what, del) in [
+        (
+            "a plugged pod",
+            K8sCall {
+                command: "DEL",
+                ..call
+            },
+        ),
+        (
+            "a pod never plugged",
+            K8sCall {
+                command: "DEL",
+                ..lone
+            },
+        ),
+    ] {
+        let out = run_plugin_with(&cluster, &kube, &del, down.clone());
+        assert!(out.status.success(), "DEL of {what}: {out:?}");
+    }
+    assert!(netns.links("eth").is_empty());
+    assert!(!cluster.hosts[0].links("cvp").contains(&plugged));
+    delete_pod(&kube, "e", "p1");
+    let gone = K8sCall {
+        command: "DEL",
+        ..full
+    };
+    let out = run_plugin_with(&cluster, &kube, &gone, down);
+    assert!(
+        out.status.success(),
+        "DEL of a pod gone from the API: {out:?}"
     );
 }
 
@@ -949,6 +1034,52 @@ fn service(
 
 fn answers_of(answers: &[String]) -> std::collections::BTreeSet<&str> {
     answers.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn a_restarted_watcher_keeps_every_service_member_while_it_loads() {
+    let (cluster, kube) = setup("ko");
+    let mut watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    namespace(&kube, "o");
+    let _served = served_pods(&cluster, &kube, "o", &[("p0", 0, "web"), ("p1", 1, "web")]);
+    service(
+        &kube,
+        "o",
+        "web",
+        json!({"spec": {"selector": {"app": "web"}, "ports": [
+            {"name": "http", "port": 80, "targetPort": "http"}]}}),
+        false,
+    );
+    let members = || {
+        cluster
+            .api(|c| c.list::<corvid_api::Member>(&[]))
+            .map(|l| l.0.len())
+            .unwrap_or(0)
+    };
+    wait_until("both members", Duration::from_secs(20), || members() == 2);
+    // Pods no node runs yet: the watcher leaves them alone, but they make its pod list
+    // long, so a restarted watcher has its services well before its pods.
+    kube.admin(|c| async move {
+        let api = Api::<Pod>::namespaced(c, "o");
+        for i in 0..300 {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("pending{i}"), "labels": {"app": "other"}},
+                "spec": {"containers": [{"name": "c", "image": "cvt-pause"}]},
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &p).await.unwrap();
+        }
+    });
+    // A restarted watcher lists services and pods in either order: the members stay
+    // while it has not seen every pod (they once went for 20-30 ms).
+    watcher.kill9();
+    let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "1"]);
+    let until = std::time::Instant::now() + Duration::from_secs(8);
+    let mut least = usize::MAX;
+    while std::time::Instant::now() < until {
+        least = least.min(members());
+    }
+    assert_eq!(least, 2, "a member went while the watcher restarted");
 }
 
 #[test]
