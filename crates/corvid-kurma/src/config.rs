@@ -250,9 +250,9 @@ pub fn networks_for<'a>(
 #[derive(Debug, Clone, PartialEq)]
 enum Piece {
     Text(String),
-    /// The pod's UUID without dashes (as much as fits).
+    /// The pod's UUID as given, as Kurma rendered it.
     Uuid,
-    /// Its first 8 hex digits.
+    /// Its first 8 characters.
     ShortUuid,
     /// The lowest number that makes the name new.
     Num,
@@ -308,8 +308,9 @@ fn parse(template: &str) -> Result<Vec<Piece>, ConfigError> {
 /// The longest interface name Linux takes.
 pub const MAX_IFNAME: usize = 15;
 
-/// Renders `template` for the pod `uuid` into a name none of `taken` has, at most 15
-/// bytes; `random` gives hex digits for `{{random N}}`.
+/// Renders `template` for the pod `uuid` into a name none of `taken` has; `random` gives
+/// hex digits for `{{random N}}`. A name over 15 bytes is an error naming the template,
+/// never cut: Linux would refuse it, and a cut one could collide.
 pub fn interface_name(
     template: &str,
     uuid: &str,
@@ -317,26 +318,18 @@ pub fn interface_name(
     mut random: impl FnMut(usize) -> String,
 ) -> Result<String, ConfigError> {
     let pieces = parse(template)?;
-    let hex: String = uuid.chars().filter(char::is_ascii_hexdigit).collect();
+    let bad = |message: String| ConfigError::Template {
+        template: template.to_string(),
+        message,
+    };
+    let short: String = uuid.chars().take(8).collect();
     let render = |num: usize, random: &mut dyn FnMut(usize) -> String| -> String {
-        let fixed: usize = pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Text(t) => t.len(),
-                Piece::Random(n) => *n,
-                Piece::ShortUuid => 8.min(hex.len()),
-                Piece::Num => num.to_string().len(),
-                Piece::Uuid => 0,
-            })
-            .sum();
         let mut out = String::new();
         for p in &pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Uuid => {
-                    out.push_str(&hex[..MAX_IFNAME.saturating_sub(fixed).min(hex.len())])
-                }
-                Piece::ShortUuid => out.push_str(&hex[..8.min(hex.len())]),
+                Piece::Uuid => out.push_str(uuid),
+                Piece::ShortUuid => out.push_str(&short),
                 Piece::Num => out.push_str(&num.to_string()),
                 Piece::Random(n) => out.push_str(&random(*n)),
             }
@@ -348,17 +341,23 @@ pub fn interface_name(
         .any(|p| matches!(p, Piece::Num | Piece::Random(_)));
     for attempt in 0..100 {
         let name = render(attempt, &mut random);
-        if name.len() <= MAX_IFNAME && !name.is_empty() && !taken.contains(&name) {
+        if name.len() > MAX_IFNAME {
+            return Err(bad(format!(
+                "renders to {name:?} for pod {uuid}, {} bytes; an interface name has at most {MAX_IFNAME}",
+                name.len()
+            )));
+        }
+        if name.is_empty() {
+            return Err(bad(format!("renders to an empty name for pod {uuid:?}")));
+        }
+        if !taken.contains(&name) {
             return Ok(name);
         }
         if !varies {
             break;
         }
     }
-    Err(ConfigError::Template {
-        template: template.to_string(),
-        message: format!("no name of at most 15 bytes that the pod's {taken:?} do not have"),
-    })
+    Err(bad(format!("no name that the pod's {taken:?} do not have")))
 }
 
 #[cfg(test)]
@@ -510,8 +509,23 @@ mod tests {
             interface_name("veth{{shortuuid}}", UUID, &[], counter()).unwrap(),
             "veth146d7cef"
         );
-        let long = interface_name("k{{uuid}}", UUID, &[], counter()).unwrap();
-        assert_eq!(long, "k146d7ceffbf641");
+        // Kurma's whole UUID does not fit: an error naming the template, not a cut name.
+        let err = interface_name("k{{uuid}}", UUID, &[], counter())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("containerInterface \"k{{uuid}}\": renders to \"k146d7cef-fbf6")
+                && err.contains("37 bytes; an interface name has at most 15"),
+            "{err}"
+        );
+        assert_eq!(
+            interface_name("k{{uuid}}", "146d7cef", &[], counter()).unwrap(),
+            "k146d7cef"
+        );
+        let err = interface_name("abcdef{{shortuuid}}xy", UUID, &[], counter())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"abcdef146d7cefxy\" for pod"), "{err}");
         // A random name that collides is drawn again.
         let first = interface_name("r{{random 4}}", UUID, &[], counter()).unwrap();
         let again = interface_name(
