@@ -65,7 +65,14 @@ pub struct Aci {
     pub exec: Vec<String>,
     /// Where its root filesystem was unpacked.
     pub rootfs: PathBuf,
+    /// Whether the app carries the [`PRIVILEGED`] isolator set to true: all capabilities,
+    /// where without it Kurma gave only [`crate::runtime::caps::KURMA_DEFAULT`].
+    pub privileged: bool,
 }
+
+/// The one isolator Kurma honoured (`app.isolators`), as its images carried it; appc's
+/// `actool validate` does not know it and refuses a manifest that has it.
+pub const PRIVILEGED: &str = "os/linux/privileged";
 
 /// Counts the bytes of the uncompressed archive into the image ID as they are read.
 struct Hashing<R> {
@@ -247,13 +254,38 @@ pub(crate) fn image(manifest: Value, id: String, rootfs: PathBuf) -> Result<Aci,
             "{name} says nothing to run (app.exec)"
         )));
     }
+    let privileged = privileged(&manifest["app"]["isolators"])
+        .map_err(|e| AciError::Manifest(format!("{name}: {e}")))?;
     Ok(Aci {
         id,
         manifest,
         name,
         exec,
         rootfs,
+        privileged,
     })
+}
+
+/// Whether `isolators` (the app's list) sets [`PRIVILEGED`] true. Kurma read its value
+/// as a JSON boolean and refused the manifest otherwise; other isolators it ignored.
+fn privileged(isolators: &Value) -> Result<bool, String> {
+    let list = match isolators {
+        Value::Null => return Ok(false),
+        Value::Array(list) => list,
+        other => return Err(format!("app.isolators is a list, not {other}")),
+    };
+    let mut privileged = false;
+    for isolator in list.iter().filter(|i| i["name"] == PRIVILEGED) {
+        match &isolator["value"] {
+            Value::Bool(b) => privileged = *b,
+            other => {
+                return Err(format!(
+                    "the {PRIVILEGED} isolator is true or false, not {other}"
+                ))
+            }
+        }
+    }
+    Ok(privileged)
 }
 
 #[cfg(test)]
@@ -349,6 +381,31 @@ mod tests {
             );
             assert!(dir.path().join("manifest").exists());
         }
+    }
+
+    #[test]
+    fn the_privileged_isolator_is_read_as_kurma_read_it() {
+        let with = |isolators: Value| {
+            let manifest = serde_json::json!({"name": "corvid.io/x",
+                "app": {"exec": ["/x"], "isolators": isolators}});
+            image(manifest, "sha512-x".into(), "/r".into()).map(|a| a.privileged)
+        };
+        assert!(!with(Value::Null).unwrap());
+        assert!(with(serde_json::json!([{"name": "os/linux/privileged", "value": true}])).unwrap());
+        assert!(
+            !with(serde_json::json!([{"name": "os/linux/privileged", "value": false}])).unwrap()
+        );
+        // Other isolators Kurma ignored.
+        assert!(
+            !with(serde_json::json!([{"name": "resource/cpu", "value": {"limit": "1"}}])).unwrap()
+        );
+        let err = with(serde_json::json!([{"name": "os/linux/privileged", "value": "yes"}]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("os/linux/privileged isolator is true or false"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -116,7 +116,10 @@ fn write_tree(
     Ok(())
 }
 
-/// The ACI manifest: name, labels, and the main process run as root.
+/// The ACI manifest: name, labels, and the main process run as root with Kurma's
+/// `os/linux/privileged` isolator, without which Kurma gives no CAP_NET_ADMIN or
+/// CAP_SYS_ADMIN (appc's `actool validate` refuses that one isolator; Kurma's contract
+/// wins).
 pub fn manifest(version: &str) -> serde_json::Value {
     serde_json::json!({
         "acKind": "ImageManifest",
@@ -131,7 +134,8 @@ pub fn manifest(version: &str) -> serde_json::Value {
             "exec": [MAIN],
             "user": "0",
             "group": "0",
-            "environment": [{"name": "PATH", "value": "/opt/cni/bin:/usr/sbin:/usr/bin:/sbin:/bin"}]
+            "environment": [{"name": "PATH", "value": "/opt/cni/bin:/usr/sbin:/usr/bin:/sbin:/bin"}],
+            "isolators": [{"name": crate::aci::PRIVILEGED, "value": true}]
         },
         "annotations": [
             {"name": "description", "value": "corvid's CNI plugins as a Kurma network plugin"}
@@ -240,6 +244,8 @@ fn oci_layout(tree: &[(String, Node)], version: &str, dir: &Path) -> Result<(), 
             "org.opencontainers.image.version".to_string(),
             version.to_string(),
         ),
+        // What the ACI's isolator says, for docker:// pulls (see runtime/registry.rs).
+        (crate::aci::PRIVILEGED.to_string(), "true".to_string()),
     ];
     let config = ImageConfigurationBuilder::default()
         .architecture("amd64")

@@ -427,47 +427,21 @@ fn under_the_fail_policy_a_failed_network_takes_the_pod_down_whole() {
 }
 
 #[test]
-fn bad_configurations_and_images_are_refused_and_leave_nothing() {
+fn bad_configurations_are_refused_and_leave_nothing() {
     let tag = format!("cvt{}kb", std::process::id());
     let rt = Runtime::new(&tag);
-    let images = rt.dir.path().join("images-in");
-    std::fs::create_dir_all(&images).unwrap();
-    std::fs::write(images.join("corrupt.aci"), b"\x1f\x8bnot really gzip").unwrap();
-    let mut climbing = busybox();
-    climbing.push(("../../escape".to_string(), Node::Script("x".into())));
-    write_aci(
-        &images.join("climbing.aci"),
-        "example.com/x",
-        &["/bin/sh"],
-        &climbing,
-    );
-    let file = |n: &str| format!("file://{}", images.join(n).display());
     let config_path = rt.dir.path().join("bad.json");
     for (config, says) in [
         ("{\"pod_networks\": [".to_string(), "not a JSON object"),
         (
-            json!({"pod_networks": [{"name": "a", "aci": "ftp://x/y.aci"}]}).to_string(),
-            "ftp",
-        ),
-        (
-            json!({"pod_networks": [{"name": "a", "aci": file("missing.aci")}]}).to_string(),
-            "missing.aci",
-        ),
-        (
-            json!({"pod_networks": [{"name": "a", "aci": "http://127.0.0.1:1/x.aci"}]}).to_string(),
-            "127.0.0.1:1",
-        ),
-        (
-            json!({"pod_networks": [{"name": "a", "aci": file("corrupt.aci")}]}).to_string(),
-            "corrupt.aci",
-        ),
-        (
-            json!({"pod_networks": [{"name": "a", "aci": file("climbing.aci")}]}).to_string(),
-            "escape",
-        ),
-        (
             json!({"failurePolicy": "sometimes", "pod_networks": []}).to_string(),
             "continue or fail",
+        ),
+        (
+            json!({"pod_networks": [{"name": "a", "aci": "x",
+                "containerInterface": "averyverylongifname"}]})
+            .to_string(),
+            "containerInterface \"averyverylongifname\": gives no interface name of 1 to 15 bytes",
         ),
     ] {
         std::fs::write(&config_path, &config).unwrap();
@@ -483,15 +457,370 @@ fn bad_configurations_and_images_are_refused_and_leave_nothing() {
         assert!(err.contains(says), "{config}: {err}");
         assert!(!err.contains("panicked"), "{err}");
         assert!(!rt.dir.path().join("host.json").exists());
-        let left: Vec<_> = std::fs::read_dir(rt.dir.path().join("images"))
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
-            .unwrap_or_default();
-        assert!(left.is_empty(), "{config}: {left:?} left in the store");
+        assert!(!rt.dir.path().join("images").exists(), "{config}");
     }
     // Without a host, pod add says so.
     let out = rt.pod_add(&uuid(1), &[]);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("start `corvid kurma run-networks` first")
+    );
+}
+
+/// Kurma logged a network whose image it could not load and set up the others: so does
+/// the host, and `host.json` says why each is missing.
+#[test]
+fn networks_whose_images_cannot_be_had_are_reported_and_the_others_run() {
+    let tag = format!("cvt{}ki", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let (corvid_aci, _) = build_corvid_image(&images);
+    std::fs::write(images.join("corrupt.aci"), b"\x1f\x8bnot really gzip").unwrap();
+    let mut climbing = busybox();
+    climbing.push(("../../escape".to_string(), Node::Script("x".into())));
+    write_aci(
+        &images.join("climbing.aci"),
+        "example.com/x",
+        &["/bin/sh"],
+        &climbing,
+    );
+    let file = |n: &str| format!("file://{}", images.join(n).display());
+    let bridge = format!("{tag}a");
+    // (network, aci, what its reason must say)
+    let bad = [
+        ("ftp", "ftp://x/y.aci".to_string(), "unknown scheme ftp://"),
+        ("missing", file("missing.aci"), "missing.aci"),
+        ("refused", "http://127.0.0.1:1/x.aci".into(), "127.0.0.1:1"),
+        ("corrupt", file("corrupt.aci"), "corrupt.aci"),
+        ("climbing", file("climbing.aci"), "escape"),
+    ];
+    let mut networks = vec![
+        json!({"name": "good", "aci": file(corvid_aci.file_name().unwrap().to_str().unwrap()),
+        "default": true, "containerInterface": "eth0", "cniVersion": "1.0.0", "type": "bridge",
+        "bridge": bridge, "isGateway": true,
+        "ipam": {"type": "host-local", "subnet": "10.97.0.0/24"}}),
+    ];
+    for (name, aci, _) in &bad {
+        networks.push(
+            json!({"name": name, "aci": aci, "default": *name == "missing",
+            "containerInterface": "eth{{num}}", "type": "bridge"}),
+        );
+    }
+    rt.start(&json!({"pod_networks": networks}));
+    assert!(rt.plugin_pid("good").is_some(), "{}", rt.state());
+    let log = rt.host_log();
+    for (name, _, says) in &bad {
+        let plugin = rt.plugin(name);
+        assert_eq!(plugin["status"], "failed", "{plugin}");
+        assert_eq!(plugin["image"], Value::Null, "{plugin}");
+        let reason = plugin["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("its image: ") && reason.contains(says),
+            "{plugin}"
+        );
+        assert!(
+            log.lines()
+                .any(|l| l.contains("network left out") && l.contains(says)),
+            "{name} not in the log: {log}"
+        );
+    }
+    // Nothing of a refused image stays in the store: only the good one.
+    let stored: Vec<_> = std::fs::read_dir(rt.dir.path().join("images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        stored,
+        [rt.plugin("good")["image"].as_str().unwrap()],
+        "{stored:?}"
+    );
+    // A pod on the defaults gets the good network; the missing one fails, saying why.
+    let record = rt.add(&uuid(1), &[]);
+    assert!(address(&record, "good").starts_with("10.97.0."), "{record}");
+    let missing = &record["networks"][1];
+    assert_eq!(missing["network"], "missing", "{record}");
+    assert!(
+        missing["error"]
+            .as_str()
+            .unwrap()
+            .contains("missing's plugin failed: its image: "),
+        "{record}"
+    );
+    assert!(rt.ping(&uuid(1), "10.97.0.1"));
+    let out = rt.pod_del(&uuid(1));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(leases(&rt, "good", "good").is_empty());
+}
+
+/// Kurma rendered `{{uuid}}` as the whole UUID and never cut a name: one over Linux's 15
+/// bytes refuses the pod, naming the template, before anything is made.
+#[test]
+fn an_interface_template_rendering_over_15_bytes_is_refused_naming_it() {
+    let tag = format!("cvt{}kn", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    shell_image(&images.join("ok.aci"), OK_ADD, OK_DEL, WAIT_MAIN);
+    let file = format!("file://{}", images.join("ok.aci").display());
+    rt.start(&json!({"pod_networks": [
+        {"name": "long", "aci": file, "containerInterface": "veth{{uuid}}", "type": "x"},
+        {"name": "short", "aci": file, "containerInterface": "v{{shortuuid}}", "type": "x"}
+    ]}));
+    let out = rt.pod_add(&uuid(1), &["long"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "containerInterface \"veth{{{{uuid}}}}\": renders to \"veth{}\" for pod {}, 40 bytes; an interface name has at most 15",
+            uuid(1),
+            uuid(1)
+        )),
+        "{err}"
+    );
+    assert!(!rt.netns(&uuid(1)).exists());
+    assert!(!rt
+        .dir
+        .path()
+        .join(format!("pods/{}.json", uuid(1)))
+        .exists());
+    // What fits is used as rendered.
+    let record = rt.add(&uuid(2), &["short"]);
+    assert_eq!(
+        record["networks"][0]["interface"],
+        format!("v{}", &uuid(2)[..8])
+    );
+    assert!(rt.pod_del(&uuid(2)).status.success());
+}
+
+/// The capability sets of process `pid` (`CapEff`, ...), as bits.
+fn capabilities(pid: u64, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("{field} in {status}"));
+    u64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
+/// Kurma's 14 capabilities of an app without `os/linux/privileged`
+/// (stager/container/core/util.go), by number.
+const KURMA_DEFAULT_CAPABILITIES: [u32; 14] = [0, 1, 4, 3, 27, 13, 6, 7, 31, 8, 10, 18, 5, 29];
+
+/// Kurma gave a plugin all capabilities only for the `os/linux/privileged` isolator; without
+/// it, 14 that cannot enter a pod's namespace. corvid's image carries it; the same image
+/// without it runs with those 14 and fails, and every report of it names the isolator.
+#[test]
+fn without_the_privileged_isolator_a_plugin_has_kurmas_capabilities_and_says_so() {
+    let tag = format!("cvt{}kc", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let (corvid_aci, _) = build_corvid_image(&images);
+    let unprivileged_aci = images.join("unprivileged.aci");
+    kurma::without_privileged_isolator(&corvid_aci, &unprivileged_aci);
+    let (bridge_a, bridge_b) = (format!("{tag}a"), format!("{tag}b"));
+    rt.start(&json!({
+        "failurePolicy": "fail",
+        "pod_networks": [
+            {"name": "priv", "aci": format!("file://{}", corvid_aci.display()),
+             "containerInterface": "eth0", "cniVersion": "1.0.0", "type": "bridge",
+             "bridge": bridge_a, "isGateway": true,
+             "ipam": {"type": "host-local", "subnet": "10.95.0.0/24"}},
+            {"name": "unpriv", "aci": format!("file://{}", unprivileged_aci.display()),
+             "containerInterface": "eth0", "cniVersion": "1.0.0", "type": "bridge",
+             "bridge": bridge_b, "isGateway": true,
+             "ipam": {"type": "host-local", "subnet": "10.96.0.0/24"}}
+        ]
+    }));
+    let (priv_pid, unpriv_pid) = (
+        rt.plugin_pid("priv").unwrap(),
+        rt.plugin_pid("unpriv").unwrap(),
+    );
+    let mine = capabilities(std::process::id().into(), "CapPrm");
+    let kurma = KURMA_DEFAULT_CAPABILITIES
+        .iter()
+        .fold(0u64, |acc, n| acc | 1 << n)
+        & mine;
+    for field in ["CapEff", "CapPrm", "CapInh", "CapBnd"] {
+        assert_eq!(capabilities(unpriv_pid, field), kurma, "unpriv {field}");
+    }
+    assert_eq!(capabilities(unpriv_pid, "CapAmb"), 0);
+    assert_eq!(capabilities(priv_pid, "CapEff"), mine, "priv CapEff");
+
+    // host.json, the host's log and the plugin's own log name the isolator.
+    let (p, u) = (rt.plugin("priv"), rt.plugin("unpriv"));
+    assert_eq!(
+        (&p["privileged"], &p["warning"]),
+        (&json!(true), &Value::Null),
+        "{p}"
+    );
+    assert_eq!(u["privileged"], false, "{u}");
+    let warning = u["warning"].as_str().unwrap();
+    assert!(
+        warning.contains("the image has no os/linux/privileged isolator")
+            && warning.contains("without CAP_NET_ADMIN and CAP_SYS_ADMIN"),
+        "{u}"
+    );
+    assert!(
+        rt.host_log().lines().any(|l| l.contains("WARN")
+            && l.contains("unpriv")
+            && l.contains("no os/linux/privileged isolator")),
+        "{}",
+        rt.host_log()
+    );
+    assert!(
+        rt.plugin_log("unpriv").contains(
+            "corvid kurma: unpriv: capabilities: the image has no os/linux/privileged isolator"
+        ),
+        "{}",
+        rt.plugin_log("unpriv")
+    );
+    assert!(rt
+        .plugin_log("priv")
+        .contains("capabilities: all (os/linux/privileged)"));
+
+    // The unprivileged add cannot enter the pod's namespace; the failure says why.
+    let out = rt.pod_add(&uuid(1), &["unpriv"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unpriv: /opt/network/add exited with exit status: 1")
+            && err.contains("the image has no os/linux/privileged isolator"),
+        "{err}"
+    );
+    assert!(!rt.netns(&uuid(1)).exists());
+    assert!(leases(&rt, "unpriv", "unpriv").is_empty());
+
+    // The same image with the isolator works.
+    let record = rt.add(&uuid(2), &["priv"]);
+    assert!(address(&record, "priv").starts_with("10.95.0."), "{record}");
+    assert!(rt.ping(&uuid(2), "10.95.0.1"));
+    assert!(rt.pod_del(&uuid(2)).status.success());
+    assert_eq!(host_links(&rt, &[&bridge_a]), Vec::<String>::new());
+}
+
+/// The main process keeps its stdin at /config and add, as Kurma's add.sh did, writes its
+/// stdin to a `mktemp` file in $TMPDIR (unset: the root).
+const WRITING_MAIN: &str = "#!/bin/sh\ncat > /config\nwhile :; do sleep 3600; done\n";
+const WRITING_ADD: &str = "#!/bin/sh\nset -e\npayload=$(mktemp $TMPDIR/cni-command.XXXXXX)\ncat > $payload\necho '{\"ip4\": {\"ip\": \"10.93.0.2/24\"}}'\n";
+
+/// Two networks' plugins of one image on `rt` (the host started here): each sees its own
+/// writes in its root and not the other's, and the store's copy of the image is as the
+/// archive unpacks, before and after; the containers' directories go with the host.
+fn plugins_keep_their_writes_apart(rt: &mut Runtime) {
+    let images = rt.dir.path().join("images-in");
+    std::fs::create_dir_all(&images).unwrap();
+    let aci = images.join("writer.aci");
+    shell_image(&aci, WRITING_ADD, OK_DEL, WRITING_MAIN);
+    let unpacked = tempfile::tempdir().unwrap();
+    kurma::unpack_aci(&aci, unpacked.path());
+    let as_archived = kurma::tree_digest(&unpacked.path().join("rootfs"));
+    let file = format!("file://{}", aci.display());
+    rt.start(&json!({"pod_networks": [
+        {"name": "alpha", "aci": file, "default": true, "type": "x"},
+        {"name": "bravo", "aci": file, "default": true, "type": "x"}
+    ]}));
+    let image = rt.plugin("alpha")["image"].as_str().unwrap().to_string();
+    assert_eq!(rt.plugin("bravo")["image"], image.as_str());
+    let store = rt.dir.path().join("images").join(&image).join("rootfs");
+    kurma::assert_same_tree(
+        &kurma::tree_digest(&store),
+        &as_archived,
+        "the store's rootfs after start",
+    );
+
+    rt.add(&uuid(1), &[]);
+    rt.add(&uuid(2), &["bravo"]);
+    for (me, other, calls) in [("alpha", "bravo", 1), ("bravo", "alpha", 2)] {
+        let root = format!("/proc/{}/root", rt.plugin_pid(me).unwrap());
+        let config = std::fs::read_to_string(format!("{root}/config")).unwrap();
+        assert!(
+            config.contains(&format!("\"{me}\"")) && !config.contains(other),
+            "{me} sees {config}"
+        );
+        let payloads: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("cni-command."))
+            .map(|e| std::fs::read_to_string(e.path()).unwrap())
+            .collect();
+        assert_eq!(payloads.len(), calls, "{me}'s root: {payloads:?}");
+        assert!(
+            payloads
+                .iter()
+                .all(|p| p.contains(&format!("\"{me}\"")) && !p.contains(other)),
+            "{me} sees {payloads:?}"
+        );
+    }
+    kurma::assert_same_tree(
+        &kurma::tree_digest(&store),
+        &as_archived,
+        "the store's rootfs after adds",
+    );
+    for i in 1..=2 {
+        assert!(rt.pod_del(&uuid(i)).status.success());
+    }
+    rt.stop();
+    kurma::assert_same_tree(
+        &kurma::tree_digest(&store),
+        &as_archived,
+        "the store's rootfs after the host",
+    );
+    assert!(
+        std::fs::read_dir(rt.dir.path().join("containers"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "containers' directories left"
+    );
+}
+
+#[test]
+fn plugins_of_one_image_write_to_overlays_of_their_own() {
+    let tag = format!("cvt{}kw", std::process::id());
+    let mut rt = Runtime::new(&tag);
+    plugins_keep_their_writes_apart(&mut rt);
+    for network in ["alpha", "bravo"] {
+        assert!(
+            rt.plugin_log(network)
+                .contains(&format!("corvid kurma: {network}: root: an overlay over ")),
+            "{}",
+            rt.plugin_log(network)
+        );
+    }
+    assert!(
+        rt.host_log().contains("root=\"overlay\""),
+        "{}",
+        rt.host_log()
+    );
+}
+
+#[test]
+fn where_overlayfs_cannot_be_mounted_plugins_get_copies_and_the_log_says_so() {
+    let tag = format!("cvt{}kv", std::process::id());
+    // overlayfs takes no upper directory on overlayfs.
+    let base = kurma::OnOverlay::new();
+    let mut rt = Runtime::new_in(&tag, &base.path());
+    plugins_keep_their_writes_apart(&mut rt);
+    for network in ["alpha", "bravo"] {
+        let log = rt.plugin_log(network);
+        assert!(
+            log.contains(&format!(
+                "corvid kurma: {network}: root: a private copy of "
+            )) && log.contains("overlayfs unavailable: mount -t overlay"),
+            "{log}"
+        );
+    }
+    assert!(
+        rt.host_log()
+            .contains("overlayfs unavailable: the plugin's root is a private copy"),
+        "{}",
+        rt.host_log()
     );
 }
 
@@ -511,27 +840,43 @@ fn actool() -> std::path::PathBuf {
 fn corvids_image_is_a_valid_aci_and_a_complete_oci_layout() {
     let out = tempfile::tempdir().unwrap();
     let (aci, oci) = build_corvid_image(out.path());
-    let check = std::process::Command::new(actool())
-        .args(["--debug", "validate"])
-        .arg(&aci)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&check.stdout).into_owned()
-        + &String::from_utf8_lossy(&check.stderr);
+    let validate = |aci: &Path| {
+        let check = std::process::Command::new(actool())
+            .args(["--debug", "validate"])
+            .arg(aci)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&check.stdout).into_owned()
+            + &String::from_utf8_lossy(&check.stderr);
+        (check.status.success(), said)
+    };
+    // The image carries Kurma's privileged isolator, the one thing actool refuses...
+    let (valid, said) = validate(&aci);
+    assert!(!valid && said.contains("invalid isolator"), "{said}");
+    let manifest: Value = {
+        let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(
+            std::fs::File::open(&aci).unwrap(),
+        ));
+        let entry = tar
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.path().unwrap() == Path::new("manifest"))
+            .unwrap();
+        serde_json::from_reader(entry).unwrap()
+    };
+    assert_eq!(
+        manifest["app"]["isolators"],
+        json!([{"name": "os/linux/privileged", "value": true}])
+    );
+    // ...and all else of it is valid.
+    let copy = out.path().join("without-isolator.aci");
+    kurma::without_privileged_isolator(&aci, &copy);
+    let (valid, said) = validate(&copy);
     assert!(
-        check.status.success() && said.contains("valid app container image"),
+        valid && said.contains("valid app container image"),
         "{said}"
     );
-    // actool refuses Kurma's own privilege isolator, which the runtime accepts (the
-    // reference image of the tests above carries it).
-    let reference = out.path().join("reference.aci");
-    write_reference_aci(&reference);
-    let check = std::process::Command::new(actool())
-        .arg("validate")
-        .arg(&reference)
-        .output()
-        .unwrap();
-    assert!(!check.status.success());
 
     let blob = |digest: &str| -> Vec<u8> {
         let hex = digest.strip_prefix("sha256:").unwrap();
@@ -558,6 +903,8 @@ fn corvids_image_is_a_valid_aci_and_a_complete_oci_layout() {
         config["config"]["Entrypoint"],
         json!(["/opt/network/netplugin"])
     );
+    // The isolator's stand-in for docker:// pulls.
+    assert_eq!(config["config"]["Labels"]["os/linux/privileged"], "true");
     let layer = blob(manifest["layers"][0]["digest"].as_str().unwrap());
     let mut names = BTreeSet::new();
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(layer.as_slice()));
@@ -655,6 +1002,8 @@ fn corvids_oci_image_runs_pods_from_a_registry() {
              "ipam": {"type": "host-local", "subnet": "10.99.0.0/24"}}
         ]
     }));
+    // The image's label stands for the isolator an OCI image cannot carry.
+    assert_eq!(rt.plugin("fromreg")["privileged"], true);
     let record = rt.add(&uuid(1), &[]);
     assert!(
         address(&record, "fromreg").starts_with("10.99.0."),

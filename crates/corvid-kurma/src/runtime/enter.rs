@@ -1,6 +1,6 @@
 //! Runs `/opt/network/add` or `del` inside a running plugin container's mount namespace,
-//! as root, with the network's entry on stdin, and kills it with its whole process group
-//! when it overruns its time.
+//! as root with the container's capabilities, with the network's entry on stdin, and
+//! kills it with its whole process group when it overruns its time.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -13,6 +13,7 @@ use std::time::Duration;
 use rustix::thread::LinkNameSpaceType;
 
 use crate::invoke::Action;
+use crate::runtime::caps;
 
 /// How a call ended badly.
 #[derive(Debug, thiserror::Error)]
@@ -58,9 +59,11 @@ pub fn program(action: Action) -> String {
     format!("/opt/network/{}", action.names().0)
 }
 
-/// Runs `action` in the container whose main process is `pid`; answers its stdout.
+/// Runs `action` in the container whose main process is `pid`, with every capability when
+/// its image is `privileged`, else with Kurma's default ones; answers its stdout.
 pub fn call(
     pid: u32,
+    privileged: bool,
     action: Action,
     args: &[String],
     stdin_text: &str,
@@ -80,14 +83,16 @@ pub fn call(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // SAFETY: runs in the child between fork and exec and only makes one system call; a
+    // SAFETY: runs in the child between fork and exec and only makes system calls; a
     // single-threaded child may enter another mount namespace (its root follows).
     unsafe {
         cmd.pre_exec(move || {
-            Ok(rustix::thread::move_into_link_name_space(
-                ns.as_fd(),
-                Some(LinkNameSpaceType::Mount),
-            )?)
+            rustix::thread::move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Mount))?;
+            // After the setns, which needs CAP_SYS_ADMIN.
+            if !privileged {
+                caps::restrict_to_kurma_default()?;
+            }
+            Ok(())
         });
     }
     let mut child = cmd.spawn().map_err(|source| CallError::Spawn {

@@ -1,17 +1,20 @@
 //! The networking pod: fetches each network's plugin image, runs one container per
 //! network, publishes their PIDs for `corvid kurma pod`, and watches them (restarting,
-//! with backoff, when asked) until told to stop.
+//! with backoff, when asked) until told to stop. A network whose image cannot be had is
+//! reported and left out, as Kurma logged and skipped it; the others run.
 
+use std::io::Write;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::aci::Aci;
 use crate::config::{Config, ConfigError, PodNetwork};
-use crate::runtime::container::{self, Spec, Volume, NETNS_IN_CONTAINER, STATE_IN_CONTAINER};
+use crate::runtime::caps;
+use crate::runtime::container::{self, Root, Spec, Volume, NETNS_IN_CONTAINER, STATE_IN_CONTAINER};
 use crate::runtime::fetch::Fetcher;
 use crate::runtime::metrics;
-use crate::runtime::store::{Store, StoreError};
+use crate::runtime::store::Store;
 use crate::runtime::{start_time, write_json, HostState, Layout, Plugin, PluginStatus};
 
 /// Why the host could not start.
@@ -20,14 +23,6 @@ pub enum HostError {
     /// The configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A network's image.
-    #[error("network {network}: {source}")]
-    Image {
-        /// Which network.
-        network: String,
-        /// Why.
-        source: StoreError,
-    },
     /// Another host runs on the same directory.
     #[error("a Kurma network host already runs on {} (plugin pid {pid})", dir.display())]
     Running {
@@ -55,7 +50,8 @@ const POLL: Duration = Duration::from_millis(50);
 /// One network's container as the host runs it.
 struct Running {
     network: PodNetwork,
-    image: Aci,
+    /// None when the image could not be had: the plugin never starts.
+    image: Option<Aci>,
     child: Option<Child>,
     status: PluginStatus,
     started_at: Instant,
@@ -82,36 +78,55 @@ fn environment(image: &Aci) -> Vec<(String, String)> {
 
 impl Running {
     fn start(&mut self, layout: &Layout) {
+        let Some(image) = &self.image else {
+            return;
+        };
+        let name = &self.network.name;
         let spec = Spec {
-            rootfs: self.image.rootfs.clone(),
-            exec: self.image.exec.clone(),
-            env: environment(&self.image),
+            rootfs: image.rootfs.clone(),
+            dir: layout.container(name),
+            privileged: image.privileged,
+            exec: image.exec.clone(),
+            env: environment(image),
             volumes: vec![
                 Volume {
                     host: layout.netns(),
                     inside: NETNS_IN_CONTAINER,
                 },
                 Volume {
-                    host: layout.volume(&self.network.name),
+                    host: layout.volume(name),
                     inside: STATE_IN_CONTAINER,
                 },
             ],
-            log: layout.log(&self.network.name),
+            log: layout.log(name),
         };
-        let name = &self.network.name;
-        let started = std::fs::create_dir_all(layout.volume(name))
-            .and_then(|()| std::fs::create_dir_all(layout.dir.join("logs")))
-            .and_then(|()| container::start(&spec, &self.network.text));
         self.started_at = Instant::now();
         self.restart_at = None;
+        let started = (|| -> Result<(Child, Root), String> {
+            std::fs::create_dir_all(layout.volume(name))
+                .map_err(|e| format!("making {}: {e}", layout.volume(name).display()))?;
+            let logs = layout.dir.join("logs");
+            std::fs::create_dir_all(&logs)
+                .map_err(|e| format!("making {}: {e}", logs.display()))?;
+            let root = container::prepare(&spec).map_err(|e| e.to_string())?;
+            note(&spec, image, &root);
+            let child =
+                container::start(&spec, &root, &self.network.text).map_err(|e| e.to_string())?;
+            Ok((child, root))
+        })();
         match started {
-            Ok(child) => {
+            Ok((child, root)) => {
                 let pid = child.id();
                 self.status = PluginStatus::Running {
                     pid,
                     started: start_time(pid).unwrap_or_default(),
                 };
-                tracing::info!(network = %name, pid, image = %self.image.id, "plugin started");
+                let root = match root {
+                    Root::Overlay => "overlay",
+                    Root::Copy { .. } => "private copy",
+                };
+                tracing::info!(network = %name, pid, image = %image.id, root,
+                    privileged = image.privileged, "plugin started");
                 metrics::running(name);
                 self.child = Some(child);
             }
@@ -121,12 +136,22 @@ impl Running {
                 self.status = PluginStatus::Failed {
                     reason: format!("could not start: {e}"),
                 };
+                self.remove_container(layout);
             }
         }
     }
 
+    /// Removes the container's directory once its main process is gone.
+    fn remove_container(&self, layout: &Layout) {
+        let dir = layout.container(&self.network.name);
+        if let Err(e) = container::remove(&dir) {
+            tracing::warn!(network = %self.network.name, error = %e,
+                "could not remove the container's directory {}", dir.display());
+        }
+    }
+
     /// Notes an exit of the main process; answers whether anything changed.
-    fn check(&mut self, restart: bool) -> bool {
+    fn check(&mut self, layout: &Layout, restart: bool) -> bool {
         let Some(child) = self.child.as_mut() else {
             return false;
         };
@@ -134,6 +159,7 @@ impl Running {
             return false;
         };
         self.child = None;
+        self.remove_container(layout);
         let reason = format!("its main process exited with {status}");
         tracing::error!(network = %self.network.name, %reason, "plugin failed");
         metrics::exited(&self.network.name);
@@ -150,7 +176,7 @@ impl Running {
         true
     }
 
-    fn stop(&mut self) {
+    fn stop(&mut self, layout: &Layout) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -159,16 +185,57 @@ impl Running {
             let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
+        while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
             std::thread::sleep(POLL);
         }
-        if let Some(group) = group {
+        if let (Ok(None), Some(group)) = (child.try_wait(), group) {
             let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
         }
         let _ = child.wait();
+        self.remove_container(layout);
+    }
+}
+
+/// Tells how the container was started, in the host's log and at the head of what the
+/// plugin writes to its own: its root, and the capabilities it lacks.
+fn note(spec: &Spec, image: &Aci, root: &Root) {
+    let network = spec.log.file_stem().unwrap_or_default().to_string_lossy();
+    let mut lines = Vec::new();
+    match root {
+        Root::Overlay => lines.push(format!(
+            "root: an overlay over {} (read-only), its writes in {}",
+            spec.rootfs.display(),
+            spec.dir.join("upper").display()
+        )),
+        Root::Copy { why } => {
+            tracing::warn!(%network, %why, "overlayfs unavailable: the plugin's root is a private copy of its image's");
+            lines.push(format!(
+                "root: a private copy of {} in {} (overlayfs unavailable: {why})",
+                spec.rootfs.display(),
+                spec.dir.join("root").display()
+            ));
+        }
+    }
+    if image.privileged {
+        lines.push(format!("capabilities: all ({})", crate::aci::PRIVILEGED));
+    } else {
+        let warning = caps::unprivileged_note();
+        tracing::warn!(%network, image = %image.id, "{warning}");
+        lines.push(format!("capabilities: {warning}"));
+    }
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&spec.log)
+        .and_then(|mut log| {
+            let text: String = lines
+                .iter()
+                .map(|l| format!("corvid kurma: {network}: {l}\n"))
+                .collect();
+            log.write_all(text.as_bytes())
+        });
+    if let Err(e) = written {
+        tracing::warn!(%network, error = %e, "could not write to {}", spec.log.display());
     }
 }
 
@@ -180,7 +247,13 @@ fn publish(layout: &Layout, text: &str, plugins: &[Running]) -> Result<(), HostE
             .iter()
             .map(|r| Plugin {
                 network: r.network.name.clone(),
-                image: Some(r.image.id.clone()),
+                image: r.image.as_ref().map(|i| i.id.clone()),
+                privileged: r.image.as_ref().is_some_and(|i| i.privileged),
+                warning: r
+                    .image
+                    .as_ref()
+                    .filter(|i| !i.privileged)
+                    .map(|_| caps::unprivileged_note()),
                 status: r.status.clone(),
             })
             .collect(),
@@ -226,19 +299,25 @@ pub fn run(layout: &Layout, text: &str, stop: &AtomicBool) -> Result<(), HostErr
     };
     let mut plugins = Vec::new();
     for network in &config.networks {
-        let image = fetcher
-            .fetch(&network.aci)
-            .map_err(|source| HostError::Image {
-                network: network.name.clone(),
-                source,
-            })?;
+        let (image, status) = match fetcher.fetch(&network.aci) {
+            Ok(image) => (
+                Some(image),
+                PluginStatus::Failed {
+                    reason: "not started".into(),
+                },
+            ),
+            Err(e) => {
+                let reason = format!("its image: {e}");
+                tracing::error!(network = %network.name, %reason, "network left out");
+                metrics::stopped(&network.name, &reason);
+                (None, PluginStatus::Failed { reason })
+            }
+        };
         plugins.push(Running {
             network: network.clone(),
             image,
             child: None,
-            status: PluginStatus::Failed {
-                reason: "not started".into(),
-            },
+            status,
             started_at: Instant::now(),
             backoff: Duration::from_secs(1),
             restart_at: None,
@@ -252,7 +331,7 @@ pub fn run(layout: &Layout, text: &str, stop: &AtomicBool) -> Result<(), HostErr
         std::thread::sleep(POLL);
         let mut changed = false;
         for p in &mut plugins {
-            changed |= p.check(config.settings.restart);
+            changed |= p.check(layout, config.settings.restart);
             if p.restart_at.is_some_and(|at| Instant::now() >= at) {
                 tracing::info!(network = %p.network.name, "restarting the plugin");
                 metrics::restarted(&p.network.name);
@@ -265,7 +344,7 @@ pub fn run(layout: &Layout, text: &str, stop: &AtomicBool) -> Result<(), HostErr
         }
     }
     for p in &mut plugins {
-        p.stop();
+        p.stop(layout);
     }
     let _ = std::fs::remove_file(layout.host());
     tracing::info!("Kurma network host stopped");

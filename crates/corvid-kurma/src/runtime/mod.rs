@@ -1,6 +1,7 @@
 //! The runtime side: the networking pod (one plugin container per network) and the pods
 //! whose networks it sets up, all kept under one directory.
 
+pub mod caps;
 pub mod container;
 pub mod enter;
 pub mod fetch;
@@ -45,7 +46,14 @@ impl Layout {
         self.dir.join("volumes").join(network)
     }
 
-    /// A network's plugin log (its main process's output).
+    /// A running plugin container's own directory: its overlay's upper and work
+    /// directories (or its copy of the image's root), removed with the container.
+    pub fn container(&self, network: &str) -> PathBuf {
+        self.dir.join("containers").join(network)
+    }
+
+    /// A network's plugin log (its main process's output, after the runtime's notes on
+    /// how it was started).
     pub fn log(&self, network: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{network}.log"))
     }
@@ -84,8 +92,15 @@ pub enum PluginStatus {
 pub struct Plugin {
     /// The network.
     pub network: String,
-    /// The image it runs (`sha512-...`).
+    /// The image it runs (`sha512-...`); none when the image could not be had.
     pub image: Option<String>,
+    /// Its image carries the `os/linux/privileged` isolator: all capabilities, where
+    /// without it the plugin gets Kurma's default ones.
+    #[serde(default)]
+    pub privileged: bool,
+    /// What the plugin lacks, in words, when its image has no privileged isolator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     /// How it is doing.
     #[serde(flatten)]
     pub status: PluginStatus,

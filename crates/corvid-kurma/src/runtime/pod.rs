@@ -11,7 +11,7 @@ use crate::config::{self, Config, FailurePolicy, PodNetwork};
 use crate::invoke::{self, Action};
 use crate::runtime::container::NETNS_IN_CONTAINER;
 use crate::runtime::enter;
-use crate::runtime::{start_time, write_json, HostState, Layout, PluginStatus};
+use crate::runtime::{start_time, write_json, HostState, Layout, Plugin, PluginStatus};
 
 /// Why a pod's networks could not be set up or listed.
 #[derive(Debug, thiserror::Error)]
@@ -115,15 +115,17 @@ fn host(layout: &Layout) -> Result<(HostState, Config), PodError> {
     Ok((state, config))
 }
 
-/// The running plugin container of `network`, by its main PID.
-fn plugin_pid(state: &HostState, network: &str) -> Result<u32, String> {
+/// The running plugin container of `network`: its main PID and the plugin as published.
+fn plugin<'a>(state: &'a HostState, network: &str) -> Result<(u32, &'a Plugin), String> {
     let plugin = state
         .plugins
         .iter()
         .find(|p| p.network == network)
         .ok_or_else(|| format!("the host runs no plugin for {network}"))?;
     match &plugin.status {
-        PluginStatus::Running { pid, started } if start_time(*pid) == Some(*started) => Ok(*pid),
+        PluginStatus::Running { pid, started } if start_time(*pid) == Some(*started) => {
+            Ok((*pid, plugin))
+        }
         PluginStatus::Running { pid, .. } => Err(format!(
             "{network}'s plugin container (pid {pid}) is no longer running"
         )),
@@ -156,15 +158,21 @@ fn call_all(
             .iter()
             .map(|(network, interface)| {
                 s.spawn(move || {
-                    let pid = plugin_pid(state, &network.name)?;
+                    let (pid, plugin) = plugin(state, &network.name)?;
                     enter::call(
                         pid,
+                        plugin.privileged,
                         action,
                         &arguments(uuid, interface),
                         &network.text,
                         config.settings.timeout,
                     )
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| match &plugin.warning {
+                        // Most likely why it failed (EPERM on setns, say), so it comes
+                        // with every failure of such a plugin.
+                        Some(warning) => format!("{e} ({warning})"),
+                        None => e.to_string(),
+                    })
                 })
             })
             .collect();

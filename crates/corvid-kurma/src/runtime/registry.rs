@@ -91,6 +91,13 @@ pub fn pull(
         .filter_map(|e| e.as_str()?.split_once('='))
         .map(|(k, v)| json!({"name": k, "value": v}))
         .collect();
+    // An OCI image has no isolators; a label named like Kurma's privileged isolator
+    // stands for it (corvid's own image carries one), since without it the plugin could
+    // configure no network.
+    let isolators: Vec<Value> = match config["config"]["Labels"][aci::PRIVILEGED].as_str() {
+        Some("true") => vec![json!({"name": aci::PRIVILEGED, "value": true})],
+        _ => Vec::new(),
+    };
     let manifest = json!({
         "acKind": "ImageManifest",
         "acVersion": "0.8.11",
@@ -100,7 +107,8 @@ pub fn pull(
             {"name": "os", "value": "linux"},
             {"name": "arch", "value": "amd64"}
         ],
-        "app": {"exec": exec, "user": "0", "group": "0", "environment": environment}
+        "app": {"exec": exec, "user": "0", "group": "0", "environment": environment,
+            "isolators": isolators}
     });
     let id = match &image.digest {
         Some(d) if !d.is_empty() => d.replace(':', "-"),

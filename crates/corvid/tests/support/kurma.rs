@@ -3,7 +3,9 @@
 //! that stops the host and unmounts every namespace it bound.
 #![allow(dead_code)]
 
-use std::io::Write;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -29,11 +31,16 @@ fn corvid_in(ns: &Ns, dir: &Path) -> Command {
 impl Runtime {
     /// A host namespace and directory, no host yet.
     pub fn new(tag: &str) -> Runtime {
+        Runtime::new_in(tag, &std::env::temp_dir())
+    }
+
+    /// As `new`, with the runtime's directory made in `base`.
+    pub fn new_in(tag: &str, base: &Path) -> Runtime {
         let host_ns = Ns::new(tag, "host");
         host_ns.ip("link set lo up");
         let dir = tempfile::Builder::new()
             .prefix("cvt-kurma")
-            .tempdir()
+            .tempdir_in(base)
             .unwrap();
         Runtime {
             host_ns,
@@ -52,10 +59,16 @@ impl Runtime {
         self.start_with(config, &[]);
     }
 
-    /// As `start`, with extra arguments to `run-networks`.
+    /// As `start`, with extra arguments to `run-networks`. The host's log goes to
+    /// `host.log` in the directory (shown when a test fails).
     pub fn start_with(&mut self, config: &Value, extra: &[&str]) {
         let path = self.dir.path().join("kurma.json");
         std::fs::write(&path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("host.log"))
+            .unwrap();
         let child = self
             .corvid()
             .arg("run-networks")
@@ -63,7 +76,7 @@ impl Runtime {
             .arg(&path)
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .unwrap();
         self.host = Some(child);
@@ -79,6 +92,28 @@ impl Runtime {
             state.exists(),
             "the host stopped before it published its state"
         );
+    }
+
+    /// What the host logged.
+    pub fn host_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("host.log")).unwrap_or_default()
+    }
+
+    /// What `network`'s plugin log holds (the runtime's notes, then its main's output).
+    pub fn plugin_log(&self, network: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("logs/{network}.log")))
+            .unwrap_or_default()
+    }
+
+    /// `network`'s entry in the host's published state.
+    pub fn plugin(&self, network: &str) -> Value {
+        self.state()["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["network"] == network)
+            .unwrap_or_else(|| panic!("{network} in {}", self.state()))
+            .clone()
     }
 
     /// The host's published state.
@@ -157,6 +192,9 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            eprintln!("the Kurma host's log:\n{}", self.host_log());
+        }
         let netns = self.dir.path().join("netns");
         if let Ok(entries) = std::fs::read_dir(&netns) {
             for e in entries.flatten() {
@@ -244,7 +282,7 @@ pub fn write_aci(path: &Path, name: &str, exec: &[&str], files: &[(String, Node)
 /// busybox as /bin/busybox with the applets the test scripts use.
 pub fn busybox() -> Vec<(String, Node)> {
     let mut files = vec![("bin/busybox".to_string(), Node::Copy("/bin/busybox".into()))];
-    for applet in ["sh", "cat", "sed", "sleep", "echo", "mkdir", "tr"] {
+    for applet in ["sh", "cat", "sed", "sleep", "echo", "mkdir", "tr", "mktemp"] {
         files.push((format!("bin/{applet}"), Node::Link("busybox".into())));
     }
     files
@@ -319,4 +357,152 @@ pub fn build_corvid_image(out: &Path) -> (PathBuf, PathBuf) {
     let text = String::from_utf8(built.stdout).unwrap();
     let mut lines = text.lines();
     (lines.next().unwrap().into(), lines.next().unwrap().into())
+}
+
+/// Copies the gzip ACI `from` to `to` with its manifest changed by `edit`.
+pub fn rewrite_manifest(from: &Path, to: &Path, edit: impl FnOnce(&mut Value)) {
+    let mut input = tar::Archive::new(flate2::read::GzDecoder::new(
+        std::fs::File::open(from).unwrap(),
+    ));
+    let mut output = tar::Builder::new(flate2::write::GzEncoder::new(
+        std::fs::File::create(to).unwrap(),
+        flate2::Compression::fast(),
+    ));
+    let mut edit = Some(edit);
+    for entry in input.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let mut header = entry.header().clone();
+        let mut body = Vec::new();
+        entry.read_to_end(&mut body).unwrap();
+        if entry.path().unwrap() == Path::new("manifest") {
+            let mut manifest: Value = serde_json::from_slice(&body).unwrap();
+            (edit.take().unwrap())(&mut manifest);
+            body = serde_json::to_vec_pretty(&manifest).unwrap();
+            header.set_size(body.len() as u64);
+            header.set_cksum();
+        }
+        output.append(&header, body.as_slice()).unwrap();
+    }
+    assert!(edit.is_none(), "{}: no manifest", from.display());
+    output
+        .into_inner()
+        .unwrap()
+        .finish()
+        .unwrap()
+        .flush()
+        .unwrap();
+}
+
+/// The ACI `aci` without its `os/linux/privileged` isolator, at `to`.
+pub fn without_privileged_isolator(aci: &Path, to: &Path) {
+    rewrite_manifest(aci, to, |m| {
+        let isolators = m["app"]["isolators"].as_array_mut().unwrap();
+        let before = isolators.len();
+        isolators.retain(|i| i["name"] != "os/linux/privileged");
+        assert_eq!(isolators.len(), before - 1, "no privileged isolator in {m}");
+    });
+}
+
+/// Unpacks the gzip ACI `aci` into `dest`, as it is: what the store's copy must stay.
+pub fn unpack_aci(aci: &Path, dest: &Path) {
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(
+        std::fs::File::open(aci).unwrap(),
+    ));
+    tar.set_preserve_permissions(true);
+    tar.unpack(dest).unwrap();
+}
+
+/// Every entry under `root` by path: its kind, mode, owner, and the sha256 of its
+/// contents or its link target.
+pub fn tree_digest(root: &Path) -> BTreeMap<String, String> {
+    use sha2::Digest;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in std::fs::read_dir(root.join(&rel)).unwrap() {
+            let e = e.unwrap();
+            let path = rel.join(e.file_name());
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            let body = if m.is_file() {
+                std::fs::read(e.path()).unwrap()
+            } else if m.file_type().is_symlink() {
+                std::fs::read_link(e.path())
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                Vec::new()
+            };
+            if m.is_dir() {
+                stack.push(path.clone());
+            }
+            out.insert(
+                path.display().to_string(),
+                format!(
+                    "{:o} {}:{} {:x}",
+                    m.mode(),
+                    m.uid(),
+                    m.gid(),
+                    sha2::Sha256::digest(&body)
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// Asserts two `tree_digest`s are equal, naming only the paths that differ.
+pub fn assert_same_tree(
+    got: &BTreeMap<String, String>,
+    want: &BTreeMap<String, String>,
+    what: &str,
+) {
+    let differ: Vec<_> = got
+        .keys()
+        .chain(want.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| got.get(*k) != want.get(*k))
+        .map(|k| format!("{k}: {:?} (want {:?})", got.get(k), want.get(k)))
+        .collect();
+    assert!(differ.is_empty(), "{what} differs: {differ:#?}");
+}
+
+/// A directory on an overlayfs mount, unmounted on drop: overlayfs takes no upper
+/// directory there, so a runtime in it must fall back to copies.
+pub struct OnOverlay {
+    base: tempfile::TempDir,
+}
+
+impl OnOverlay {
+    pub fn new() -> OnOverlay {
+        let base = tempfile::Builder::new()
+            .prefix("cvt-overlay")
+            .tempdir()
+            .unwrap();
+        for d in ["lower", "upper", "work", "merged"] {
+            std::fs::create_dir(base.path().join(d)).unwrap();
+        }
+        let b = base.path().display();
+        let options = format!("lowerdir={b}/lower,upperdir={b}/upper,workdir={b}/work");
+        rustix::mount::mount(
+            "overlay",
+            base.path().join("merged"),
+            "overlay",
+            rustix::mount::MountFlags::empty(),
+            Some(std::ffi::CString::new(options).unwrap().as_c_str()),
+        )
+        .unwrap();
+        OnOverlay { base }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.base.path().join("merged")
+    }
+}
+
+impl Drop for OnOverlay {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(self.path(), rustix::mount::UnmountFlags::DETACH);
+    }
 }
