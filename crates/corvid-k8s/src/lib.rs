@@ -8,6 +8,7 @@ pub mod annotation;
 pub mod ids;
 pub mod leader;
 pub mod metrics;
+pub mod service_cidr;
 pub mod services;
 pub mod watcher;
 

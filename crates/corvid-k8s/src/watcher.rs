@@ -37,8 +37,9 @@ pub struct Config {
     pub controller: String,
     /// The token and TLS side the controller is reached with.
     pub credentials: corvid_api::Credentials,
-    /// The API server's `--service-cluster-ip-range`.
-    pub service_cidr: IpNet,
+    /// The API server's `--service-cluster-ip-range`; found from the API server when
+    /// not given.
+    pub service_cidr: Option<IpNet>,
     /// The network floating IPs come from; must exist when named.
     pub public_network: Option<String>,
     /// Where the namespaces' subnets are carved from.
@@ -371,7 +372,17 @@ impl Watcher {
         self.call(move |c| c.create_or_get::<SubnetPool>(&ids::pod_pool(), pool))
             .await?;
         let (net_id, subnet_id) = ids::service_network();
-        let cidr = self.cfg.service_cidr;
+        let cidr = match self.cfg.service_cidr {
+            Some(cidr) => cidr,
+            None => {
+                let found = crate::service_cidr::discover(&self.kube)
+                    .await
+                    .map_err(Error::Setup)?;
+                tracing::info!(service_cidr = %found, "the API server's service range");
+                self.cfg.service_cidr = Some(found);
+                found
+            }
+        };
         let net = json!({"id": net_id, "name": "k8s-services", "tags": [ids::NETWORK_TAG]});
         let subnet = json!({
             "id": subnet_id, "network_id": net_id, "name": "k8s-services",
@@ -394,7 +405,7 @@ impl Watcher {
             self.namespace(&default).await;
         }
         tracing::info!(
-            pod_pool = %self.cfg.pod_pool, service_cidr = %self.cfg.service_cidr,
+            pod_pool = %self.cfg.pod_pool, service_cidr = %cidr,
             "set up: the pod pool, the service network and the default namespace's network"
         );
         Ok(())

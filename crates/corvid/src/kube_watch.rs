@@ -17,11 +17,12 @@ pub struct KubeWatchArgs {
     client: crate::ControllerClientArgs,
     #[command(flatten)]
     metrics: crate::MetricsArgs,
-    /// The API server's --service-cluster-ip-range: the service network's subnet.
-    #[arg(long, default_value = "10.0.0.0/24")]
-    service_cidr: ipnet::IpNet,
+    /// The API server's --service-cluster-ip-range: the service network's subnet [default:
+    /// kubeadm's ClusterConfiguration, else the range the API server names].
+    #[arg(long, env = "CORVID_SERVICE_CIDR")]
+    service_cidr: Option<ipnet::IpNet>,
     /// The network floating IPs come from; the watcher will not start while it is missing.
-    #[arg(long)]
+    #[arg(long, env = "CORVID_PUBLIC_NETWORK")]
     public_network: Option<String>,
     /// Where each namespace's subnet is carved from.
     #[arg(long, default_value = "10.64.0.0/10")]

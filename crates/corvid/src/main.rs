@@ -226,7 +226,7 @@ struct AgentArgs {
     #[arg(long, default_value_t = 60)]
     resync: u64,
     /// The interface on the public network: this host answers for floating IPs there.
-    #[arg(long)]
+    #[arg(long, env = "CORVID_PUBLIC_INTERFACE")]
     public_interface: Option<String>,
     #[command(flatten)]
     metrics: MetricsArgs,

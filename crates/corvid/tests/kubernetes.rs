@@ -200,6 +200,50 @@ fn cni_error(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("a CNI error on stdout: {out:?}"))
 }
 
+/// The CIDR of the watcher's service network, once it is made.
+fn service_range(cluster: &Cluster) -> Option<String> {
+    let (_, subnet) = corvid_k8s::ids::service_network();
+    cluster
+        .api(|c| c.get::<corvid_api::Subnet>(&subnet))
+        .ok()
+        .map(|s| s.cidr.to_string())
+}
+
+fn service_names(kube: &KubeApi, ns: &str) -> Vec<String> {
+    use k8s_openapi::api::core::v1::Service;
+    let ns = ns.to_string();
+    kube.admin(|c| async move {
+        Api::<Service>::namespaced(c, &ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect()
+    })
+}
+
+#[test]
+fn the_service_range_comes_from_kubeadms_configuration_when_it_has_one() {
+    let (cluster, kube) = setup("kc");
+    kube.admin(|c| async move {
+        let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+            "data": {"ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta2\nkind: ClusterConfiguration\nnetworking:\n  dnsDomain: cluster.local\n  serviceSubnet: 10.0.0.0/25\n"},
+        }))
+        .unwrap();
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c, "kube-system")
+            .create(&PostParams::default(), &cm)
+            .await
+            .unwrap();
+    });
+    let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    wait_until("the service network", Duration::from_secs(20), || {
+        service_range(&cluster).as_deref() == Some("10.0.0.0/25")
+    });
+}
+
 #[test]
 fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
     let (cluster, kube) = setup("k8");
@@ -207,6 +251,18 @@ fn namespaces_get_networks_and_pods_get_ports_plugged_across_nodes() {
     kube.apply_manifest(&manifest("kube-watch.yaml"));
     kube.apply_manifest(&manifest("node.yaml"));
     let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    // No --service-cidr: the API server names its range (the harness runs it with
+    // 10.0.0.0/24), and the probe that asked for it left no service behind.
+    wait_until("the service network", Duration::from_secs(20), || {
+        service_range(&cluster).as_deref() == Some("10.0.0.0/24")
+    });
+    assert!(
+        !service_names(&kube, "default")
+            .iter()
+            .any(|n| n.starts_with("corvid-")),
+        "{:?}",
+        service_names(&kube, "default")
+    );
     for ns in ["a", "b"] {
         namespace(&kube, ns);
     }
