@@ -109,7 +109,7 @@ impl Running {
             std::fs::create_dir_all(&logs)
                 .map_err(|e| format!("making {}: {e}", logs.display()))?;
             let root = container::prepare(&spec).map_err(|e| e.to_string())?;
-            note(&spec, image, &root);
+            note(name, &spec, image, &root);
             let child =
                 container::start(&spec, &root, &self.network.text).map_err(|e| e.to_string())?;
             Ok((child, root))
@@ -198,8 +198,7 @@ impl Running {
 
 /// Tells how the container was started, in the host's log and at the head of what the
 /// plugin writes to its own: its root, and the capabilities it lacks.
-fn note(spec: &Spec, image: &Aci, root: &Root) {
-    let network = spec.log.file_stem().unwrap_or_default().to_string_lossy();
+fn note(network: &str, spec: &Spec, image: &Aci, root: &Root) {
     let mut lines = Vec::new();
     match root {
         Root::Overlay => lines.push(format!(

@@ -475,6 +475,7 @@ pub struct OnOverlay {
 }
 
 impl OnOverlay {
+    /// Mounts a fresh overlay in a temporary directory.
     pub fn new() -> OnOverlay {
         let base = tempfile::Builder::new()
             .prefix("cvt-overlay")
@@ -496,6 +497,7 @@ impl OnOverlay {
         OnOverlay { base }
     }
 
+    /// The directory on the overlay.
     pub fn path(&self) -> PathBuf {
         self.base.path().join("merged")
     }
