@@ -114,6 +114,13 @@ pub fn plan_listener(cache: &Cache, id: &str) -> Option<Service> {
         .collect();
     members.sort();
     members.dedup();
+    // A member in no corvid subnet is reached through the host (the API server behind
+    // the `kubernetes` service).
+    let outside = members
+        .iter()
+        .map(|(a, _)| *a)
+        .filter(|a| !cache.subnets.values().any(|s| s.cidr.contains(a)))
+        .collect();
     let mut external: Vec<IpAddr> = lb
         .vip_port_id
         .as_ref()
@@ -134,6 +141,7 @@ pub fn plan_listener(cache: &Cache, id: &str) -> Option<Service> {
             .iter()
             .find_map(|t| t.strip_prefix(NODE_PORT_TAG)?.parse().ok()),
         members,
+        outside,
         affinity: pool.and_then(affinity),
     })
 }

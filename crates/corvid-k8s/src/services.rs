@@ -5,7 +5,8 @@
 //! A Service with a cluster IP is a load balancer whose VIP port holds that IP on the
 //! service network; each service port is a listener with one pool, whose members are
 //! the ready pods the selector matches, on their target port (a number, or a name looked
-//! up in each pod's container ports). A `type: LoadBalancer` service also gets a
+//! up in each pod's container ports); a service without a selector takes its members
+//! from its Endpoints instead, as kube-proxy does. A `type: LoadBalancer` service also gets a
 //! floating IP from the public network, associated with the VIP port, and written into
 //! `status.loadBalancer.ingress`.
 
@@ -15,7 +16,7 @@ use std::net::IpAddr;
 use corvid_api::{
     ApiError, Client, FloatingIp, LbProtocol, Listener, LoadBalancer, Member, Pool, NODE_PORT_TAG,
 };
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde_json::json;
@@ -144,31 +145,13 @@ const DEFAULT_AFFINITY_SECONDS: u64 = 10800;
 /// What `svc` should be, given the pods of its namespace; none for a service that gets
 /// no load balancer (headless, ExternalName, no cluster IP yet).
 pub fn wanted<'a>(svc: &Service, pods: impl Iterator<Item = &'a PodView>) -> Option<Wanted> {
-    let spec = svc.spec.as_ref()?;
-    if spec.type_.as_deref() == Some("ExternalName") {
-        return None;
-    }
-    let vip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
     let chosen: Vec<&PodView> = pods
         .filter(|p| p.ready && p.ip.is_some() && selects(svc, p))
         .collect();
-    let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-        spec.session_affinity_config
-            .as_ref()
-            .and_then(|c| c.client_ip.as_ref()?.timeout_seconds)
-            .and_then(|t| u64::try_from(t).ok())
-            .unwrap_or(DEFAULT_AFFINITY_SECONDS)
-    });
-    let mut listeners = BTreeMap::new();
-    for p in spec.ports.iter().flatten() {
-        let protocol = protocol_of(p.protocol.as_deref());
-        let Ok(port) = u16::try_from(p.port) else {
-            continue;
-        };
-        let members = chosen
+    build(svc, |p, port, protocol| {
+        chosen
             .iter()
             .filter_map(|pod| {
-                let ip = pod.ip.filter(|ip| ip.is_ipv4() == vip.is_ipv4())?;
                 let target = match &p.target_port {
                     None => port,
                     Some(IntOrString::Int(n)) => u16::try_from(*n).ok()?,
@@ -184,15 +167,83 @@ pub fn wanted<'a>(svc: &Service, pods: impl Iterator<Item = &'a PodView>) -> Opt
                         }
                     },
                 };
-                Some((ip, target))
+                Some((pod.ip?, target))
             })
-            .collect();
+            .collect()
+    })
+}
+
+/// Whether `svc` takes its members from its Endpoints rather than from pods: it has no
+/// selector (the `kubernetes` service, whose endpoints the API servers write, and any
+/// service whose endpoints are written by hand).
+pub fn by_endpoints(svc: &Service) -> bool {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.selector.as_ref())
+        .is_none_or(|sel| sel.is_empty())
+}
+
+/// What a service without a selector should be, given its Endpoints: as kube-proxy
+/// reads them, the ready addresses of each subset, on the subset's port of the service
+/// port's name (the only one, for an unnamed port).
+pub fn wanted_from_endpoints(svc: &Service, endpoints: Option<&Endpoints>) -> Option<Wanted> {
+    let subsets = endpoints.and_then(|e| e.subsets.as_ref());
+    build(svc, |p, _, protocol| {
+        subsets
+            .into_iter()
+            .flatten()
+            .flat_map(|subset| {
+                let ports = subset.ports.as_deref().unwrap_or_default();
+                let port = ports
+                    .iter()
+                    .find(|ep| {
+                        ep.name.as_deref().unwrap_or("") == p.name.as_deref().unwrap_or("")
+                            && protocol_of(ep.protocol.as_deref()) == protocol
+                    })
+                    .and_then(|ep| u16::try_from(ep.port).ok());
+                subset
+                    .addresses
+                    .iter()
+                    .flatten()
+                    .filter_map(move |a| Some((a.ip.parse().ok()?, port?)))
+            })
+            .collect()
+    })
+}
+
+/// A service's load balancer with each port's members as `members` gives them (by the
+/// service port, its number and protocol); the VIP's family only.
+fn build(
+    svc: &Service,
+    members: impl Fn(&ServicePort, u16, LbProtocol) -> Vec<(IpAddr, u16)>,
+) -> Option<Wanted> {
+    let spec = svc.spec.as_ref()?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return None;
+    }
+    let vip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
+    let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref()?.timeout_seconds)
+            .and_then(|t| u64::try_from(t).ok())
+            .unwrap_or(DEFAULT_AFFINITY_SECONDS)
+    });
+    let mut listeners = BTreeMap::new();
+    for p in spec.ports.iter().flatten() {
+        let protocol = protocol_of(p.protocol.as_deref());
+        let Ok(port) = u16::try_from(p.port) else {
+            continue;
+        };
         let listener = WantedListener {
             protocol,
             port,
             node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
             affinity,
-            members,
+            members: members(p, port, protocol)
+                .into_iter()
+                .filter(|(ip, _)| ip.is_ipv4() == vip.is_ipv4())
+                .collect(),
         };
         listeners.insert(listener.key(), listener);
     }

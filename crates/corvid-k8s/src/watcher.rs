@@ -15,7 +15,7 @@ use std::time::Duration;
 use corvid_api::{ApiError, Client, Network, Port, Subnet, SubnetPool};
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Event as K8sEvent, Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Event as K8sEvent, Namespace, Pod, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Event};
@@ -171,6 +171,7 @@ enum Input {
     Namespace(Box<Event<Namespace>>),
     Pod(Box<Event<Pod>>),
     Service(Box<Event<Service>>),
+    Endpoints(Box<Event<Endpoints>>),
     WatchFailed(&'static str, String),
     Retry(Retry),
     Resync,
@@ -209,6 +210,8 @@ struct Watcher {
     public_network: Option<String>,
     /// The controller's cluster ID, which annotations carry to the plugin.
     cluster: Arc<str>,
+    /// Endpoints, by `namespace/name`: the members of services without a selector.
+    endpoints: HashMap<String, Endpoints>,
     /// Failed work's tries so far, for its backoff.
     backoff: Backoff,
     /// Gone namespaces whose networks wait for their last ports, by UID: each port of a
@@ -255,6 +258,7 @@ impl Watcher {
             troubles: HashMap::new(),
             public_network: None,
             cluster: Arc::from(""),
+            endpoints: HashMap::new(),
             backoff: Backoff::default(),
             pending_networks: HashSet::new(),
         }
@@ -297,6 +301,15 @@ impl Watcher {
                     |e| Input::Service(Box::new(e)),
                 )
             });
+        let endpoints =
+            watcher::watcher(Api::<Endpoints>::all(self.kube.clone()), Default::default()).map(
+                |e| {
+                    e.map_or_else(
+                        |e| Input::WatchFailed("endpoints", e.to_string()),
+                        |e| Input::Endpoints(Box::new(e)),
+                    )
+                },
+            );
         let retries = self
             .retry_rx
             .take()
@@ -307,6 +320,7 @@ impl Watcher {
             namespaces.boxed(),
             pods.boxed(),
             services.boxed(),
+            endpoints.boxed(),
             retries.map(Input::Retry).boxed(),
             resync.boxed(),
         ]);
@@ -315,6 +329,7 @@ impl Watcher {
                 Input::Namespace(e) => self.namespace_event(*e).await,
                 Input::Pod(e) => self.pod_event(*e).await,
                 Input::Service(e) => self.service_event(*e).await,
+                Input::Endpoints(e) => self.endpoints_event(*e).await,
                 Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
                 Input::Retry(Retry::Namespace(n)) => self.namespace(&n).await,
                 Input::Retry(Retry::Service(uid)) => self.service(&uid).await,
@@ -578,6 +593,33 @@ impl Watcher {
         }
     }
 
+    /// Keeps the Endpoints, and brings the selector-less service of the same name up to
+    /// date when they change.
+    async fn endpoints_event(&mut self, e: Event<Endpoints>) {
+        metrics::event(Kind::Service);
+        let (key, now) = match e {
+            Event::InitApply(ep) | Event::Apply(ep) => (object_key(&ep), Some(ep)),
+            Event::Delete(ep) => (object_key(&ep), None),
+            Event::Init | Event::InitDone => return,
+        };
+        let before = match now {
+            Some(ep) => self.endpoints.insert(key.clone(), ep),
+            None => self.endpoints.remove(&key),
+        };
+        if before.as_ref() == self.endpoints.get(&key) {
+            return;
+        }
+        let selectorless: Vec<String> = self
+            .services
+            .iter()
+            .filter(|(_, s)| object_key(*s) == key && services::by_endpoints(s))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in selectorless {
+            self.service(&uid).await;
+        }
+    }
+
     async fn service_event(&mut self, e: Event<Service>) {
         metrics::event(Kind::Service);
         match e {
@@ -615,12 +657,16 @@ impl Watcher {
     /// it is gone), and its status show its floating IP.
     async fn service(&mut self, uid: &str) {
         // Before the first whole pod list, a service's members are not known: a restarted
-        // watcher would take every healthy service's members away for a moment.
-        if !self.listed.1 {
+        // watcher would take every healthy service's members away for a moment. A gone
+        // service's load balancer goes at once.
+        if !self.listed.1 && self.services.contains_key(uid) {
             return;
         }
         let svc = self.services.get(uid).cloned();
         let want = svc.as_ref().and_then(|s| {
+            if services::by_endpoints(s) {
+                return services::wanted_from_endpoints(s, self.endpoints.get(&object_key(s)));
+            }
             let pods = self.pod_views.get(&s.namespace().unwrap_or_default());
             services::wanted(s, pods.into_iter().flat_map(HashMap::values))
         });
@@ -1071,6 +1117,15 @@ impl PodWork {
             }
         }
     }
+}
+
+/// `namespace/name` of an object: how a service and its Endpoints find each other.
+fn object_key<K: kube::Resource>(object: &K) -> String {
+    format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
 }
 
 /// Records a warning event on `object` (a pod, a service), as `kubectl describe` shows.

@@ -97,6 +97,7 @@ fn service(vip: &str, protocol: Protocol, port: u16, members: &[usize]) -> Servi
             .iter()
             .map(|i| (member_ip(*i).parse().unwrap(), target))
             .collect(),
+        outside: Default::default(),
         affinity: None,
     }
 }

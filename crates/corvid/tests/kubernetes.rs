@@ -1106,9 +1106,10 @@ fn a_restarted_watcher_keeps_every_service_member_while_it_loads() {
             {"name": "http", "port": 80, "targetPort": "http"}]}}),
         false,
     );
+    // The web pods' members (the `kubernetes` service has the API server's).
     let members = || {
         cluster
-            .api(|c| c.list::<corvid_api::Member>(&[]))
+            .api(|c| c.list::<corvid_api::Member>(&[("protocol_port", "8080")]))
             .map(|l| l.0.len())
             .unwrap_or(0)
     };
@@ -1136,6 +1137,75 @@ fn a_restarted_watcher_keeps_every_service_member_while_it_loads() {
         least = least.min(members());
     }
     assert_eq!(least, 2, "a member went while the watcher restarted");
+}
+
+#[test]
+fn services_without_a_selector_and_the_kubernetes_service_are_served() {
+    let (cluster, kube) = setup("kn");
+    let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    namespace(&kube, "x");
+    let served = served_pods(
+        &cluster,
+        &kube,
+        "x",
+        &[("m0", 0, "none"), ("client", 1, "client")],
+    );
+    let (member_ip, client) = (served.pods[0].4.clone(), &served.pods[1].3);
+    // A service whose endpoints are written by hand.
+    let svc = service(
+        &kube,
+        "x",
+        "manual",
+        json!({"spec": {"ports": [{"name": "http", "port": 80, "targetPort": 9999}]}}),
+        false,
+    );
+    let endpoints = json!({
+        "metadata": {"name": "manual"},
+        "subsets": [{"addresses": [{"ip": member_ip}], "ports": [{"name": "http", "port": 8080}]}],
+    });
+    kube.admin(|c| async move {
+        let ep: k8s_openapi::api::core::v1::Endpoints = serde_json::from_value(endpoints).unwrap();
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(c, "x")
+            .create(&PostParams::default(), &ep)
+            .await
+            .unwrap();
+    });
+    let vip = svc.spec.unwrap().cluster_ip.unwrap();
+    wait_until(
+        "the hand-written endpoint to answer",
+        Duration::from_secs(20),
+        || client.connect(&vip, 80, 1, false) == ["m0"],
+    );
+    // The `kubernetes` service, whose endpoints the API server writes: the API server's
+    // own address, outside every corvid network, reached through the node.
+    let kubernetes = kube.admin(|c| async move {
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(c, "default")
+            .get("kubernetes")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .cluster_ip
+            .unwrap()
+    });
+    let script = format!(
+        "import socket, ssl\nc = ssl._create_unverified_context()\n\
+         s = c.wrap_socket(socket.create_connection(('{kubernetes}', 443), timeout=3))\n\
+         s.sendall(b'GET /version HTTP/1.1\\r\\nHost: kubernetes\\r\\nConnection: close\\r\\n\\r\\n')\n\
+         print(s.recv(100).decode().split()[0])"
+    );
+    let answered = || {
+        client
+            .command("python3")
+            .args(["-c", &script])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "HTTP/1.1")
+    };
+    wait_until(
+        "the API server through kubernetes.default",
+        Duration::from_secs(20),
+        answered,
+    );
 }
 
 #[test]
@@ -1480,9 +1550,15 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
         let lbs: Vec<corvid_api::LoadBalancer> = cluster.api(|c| c.list(&[])).unwrap().0;
         lbs.into_iter().map(|l| l.name).collect::<Vec<_>>()
     };
-    wait_until("the sweep", Duration::from_secs(30), || {
-        names() == ["default/kubernetes"]
-    });
+    let started = std::time::Instant::now();
+    while names() != ["default/kubernetes"] {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the sweep left {:?}",
+            names()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let fips: Vec<corvid_api::FloatingIp> = cluster.api(|c| c.list(&[])).unwrap().0;
     assert_eq!(fips, []);
     let vip_ports = cluster

@@ -12,6 +12,7 @@
 //! map service-members4   { type mark . mark : ipv4_addr . inet_service }
 //!                          (service number . index) to a member
 //! set service-hairpin4   { type ipv4_addr . ipv4_addr }        (member . member)
+//! set service-outside4   { type ipv4_addr }   members outside corvid's networks
 //! map floating-ips4      { type ipv4_addr : ipv4_addr }        public to fixed
 //! map floating-fixed4    { type ipv4_addr : ipv4_addr }        fixed to public
 //!     (and the same for IPv6)
@@ -32,6 +33,7 @@
 //!     ... @service-reject4 reject (TCP reset, else port unreachable) }
 //! chain services-postrouting { type nat hook postrouting priority srcnat
 //!     ct status dnat ip saddr . ip daddr @service-hairpin4 masquerade   (a pod to itself)
+//!     ct status dnat ip daddr @service-outside4 masquerade    (replies come back here)
 //!     meta mark & 0x8000 masquerade                       (from outside, replies come back)
 //!     oifname <public> snat ip to ip saddr map @floating-fixed4 }
 //! ```
@@ -63,6 +65,10 @@ pub struct Service {
     pub node_port: Option<u16>,
     /// Addresses and ports connections are spread over; the VIP's family only.
     pub members: Vec<(IpAddr, u16)>,
+    /// The members' addresses outside every corvid network (the API server behind the
+    /// `kubernetes` service), reached through this host's own routes: connections to
+    /// them are masqueraded, since nothing there routes back to a pod.
+    pub outside: BTreeSet<IpAddr>,
     /// Keep sending a client to the member it got first, until it is idle this long.
     pub affinity: Option<Duration>,
 }
@@ -97,6 +103,7 @@ struct Family {
     reject: &'static str,
     members: &'static str,
     hairpin: &'static str,
+    outside: &'static str,
     floating: &'static str,
     fixed: &'static str,
 }
@@ -107,6 +114,7 @@ const V4: Family = Family {
     reject: "service-reject4",
     members: "service-members4",
     hairpin: "service-hairpin4",
+    outside: "service-outside4",
     floating: "floating-ips4",
     fixed: "floating-fixed4",
 };
@@ -116,6 +124,7 @@ const V6: Family = Family {
     reject: "service-reject6",
     members: "service-members6",
     hairpin: "service-hairpin6",
+    outside: "service-outside6",
     floating: "floating-ips6",
     fixed: "floating-fixed6",
 };
@@ -182,6 +191,8 @@ pub struct Services {
     free_numbers: Vec<u32>,
     /// How many services each member address serves (its hairpin element's users).
     hairpins: HashMap<IpAddr, usize>,
+    /// How many services send to each member address outside corvid's networks.
+    outsides: HashMap<IpAddr, usize>,
     floating: BTreeMap<IpAddr, IpAddr>,
     public_interface: Option<String>,
     source: Option<IpAddr>,
@@ -202,6 +213,7 @@ impl Services {
             next_number: 0,
             free_numbers: Vec::new(),
             hairpins: HashMap::new(),
+            outsides: HashMap::new(),
             floating: BTreeMap::new(),
             public_interface,
             source,
@@ -307,6 +319,7 @@ impl Services {
         self.started = false;
         self.committed.clear();
         self.hairpins.clear();
+        self.outsides.clear();
         self.floating.clear();
         self.next_number = 0;
         self.free_numbers.clear();
@@ -327,7 +340,8 @@ impl Services {
             .iter()
             .flat_map(|f| {
                 [
-                    f.ips, f.external, f.reject, f.members, f.hairpin, f.floating, f.fixed,
+                    f.ips, f.external, f.reject, f.members, f.hairpin, f.outside, f.floating,
+                    f.fixed,
                 ]
             })
             .chain([NODEPORTS, NODEPORTS_REJECT])
@@ -364,6 +378,7 @@ impl Services {
                     to,
                 ),
                 (f.hairpin, DataType::concat(&[addr, addr]), None),
+                (f.outside, addr, None),
                 (f.floating, addr, Some(addr)),
                 (f.fixed, addr, Some(addr)),
             ] {
@@ -449,6 +464,14 @@ impl Services {
                 expr::masquerade(),
             ]);
             batch.add_rule(POSTROUTING, hairpin, None);
+            let mut outside = expr::nfproto(v6);
+            outside.extend(expr::ct_status(expr::ct_status::DNAT));
+            outside.extend([
+                expr::load(Field::DstAddr, v6, reg32(0)),
+                expr::lookup(f.outside, reg32(0), true),
+                expr::masquerade(),
+            ]);
+            batch.add_rule(POSTROUTING, outside, None);
         }
         let nodeport = || {
             let mut e = expr::daddr_local();
@@ -603,6 +626,7 @@ impl Services {
 
     fn add(&mut self, batch: &mut Batch, id: &str, s: &Service, number: u32) {
         self.hairpins(batch, &BTreeSet::new(), &Self::addresses(s));
+        self.outsides(batch, &BTreeSet::new(), &Self::outside(s));
         let (chain, affinity) = names(id);
         let v6 = s.vip.is_ipv6();
         batch.add_chain(&chain, None);
@@ -634,6 +658,7 @@ impl Services {
         let (chain, affinity) = names(id);
         let s = &old.service;
         self.hairpins(batch, &Self::addresses(s), &BTreeSet::new());
+        self.outsides(batch, &Self::outside(s), &BTreeSet::new());
         for (set, key, _) in Self::frontends(s) {
             batch.delete_element(set, &key);
         }
@@ -652,6 +677,7 @@ impl Services {
         let (chain, affinity) = names(id);
         let s = &old.service;
         self.hairpins(batch, &Self::addresses(s), &Self::addresses(new));
+        self.outsides(batch, &Self::outside(s), &Self::outside(new));
         let (before, after) = (Self::frontends(s), Self::frontends(new));
         for (set, key, serving) in &before {
             if !after.contains(&(*set, key.clone(), *serving)) {
@@ -732,24 +758,27 @@ impl Services {
     /// element per address in use: `gone` are a service's addresses before, `come`
     /// after.
     fn hairpins(&mut self, batch: &mut Batch, gone: &BTreeSet<IpAddr>, come: &BTreeSet<IpAddr>) {
-        for a in gone.difference(come) {
-            if let Some(n) = self.hairpins.get_mut(a) {
-                *n -= 1;
-                if *n == 0 {
-                    self.hairpins.remove(a);
-                    let (set, key) = hairpin_key(*a);
-                    batch.delete_element(set, &key);
-                }
-            }
-        }
-        for a in come.difference(gone) {
-            let n = self.hairpins.entry(*a).or_default();
-            *n += 1;
-            if *n == 1 {
-                let (set, key) = hairpin_key(*a);
-                batch.add_element(set, &key, None, "hairpin");
-            }
-        }
+        count_users(
+            &mut self.hairpins,
+            batch,
+            gone,
+            come,
+            hairpin_key,
+            "hairpin",
+        );
+    }
+
+    /// As [`Services::hairpins`], for the members outside corvid's networks.
+    fn outsides(&mut self, batch: &mut Batch, gone: &BTreeSet<IpAddr>, come: &BTreeSet<IpAddr>) {
+        let key = |a: IpAddr| (family(a.is_ipv6()).outside, addr_bytes(a));
+        count_users(&mut self.outsides, batch, gone, come, key, "outside");
+    }
+
+    fn outside(s: &Service) -> BTreeSet<IpAddr> {
+        Self::addresses(s)
+            .into_iter()
+            .filter(|a| s.outside.contains(a))
+            .collect()
     }
 
     fn addresses(s: &Service) -> BTreeSet<IpAddr> {
@@ -787,6 +816,36 @@ impl Services {
             .filter(|(p, f)| p.is_ipv6() == f.is_ipv6())
             .map(|(p, f)| (*p, *f))
             .collect();
+    }
+}
+
+/// Keeps one element per address in use in `users` (how many services use each):
+/// `gone` are a service's addresses before, `come` after.
+fn count_users(
+    users: &mut HashMap<IpAddr, usize>,
+    batch: &mut Batch,
+    gone: &BTreeSet<IpAddr>,
+    come: &BTreeSet<IpAddr>,
+    key: impl Fn(IpAddr) -> (&'static str, Vec<u8>),
+    comment: &str,
+) {
+    for a in gone.difference(come) {
+        if let Some(n) = users.get_mut(a) {
+            *n -= 1;
+            if *n == 0 {
+                users.remove(a);
+                let (set, k) = key(*a);
+                batch.delete_element(set, &k);
+            }
+        }
+    }
+    for a in come.difference(gone) {
+        let n = users.entry(*a).or_default();
+        *n += 1;
+        if *n == 1 {
+            let (set, k) = key(*a);
+            batch.add_element(set, &k, None, comment);
+        }
     }
 }
 

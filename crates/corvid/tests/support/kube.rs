@@ -172,7 +172,9 @@ impl KubeApi {
             "--service-cluster-ip-range=10.0.0.0/24",
             "--authorization-mode=RBAC",
             "--disable-admission-plugins=ServiceAccount",
-            "--endpoint-reconciler-type=none",
+            // The API server writes the `kubernetes` service's endpoints (its own
+            // address), as every real one does: pods reach it through that service.
+            "--endpoint-reconciler-type=lease",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             // As kubeadm and every distribution set it: node agents run privileged.
