@@ -226,7 +226,7 @@ fn service_names(kube: &KubeApi, ns: &str) -> Vec<String> {
 
 #[test]
 fn the_service_range_comes_from_kubeadms_configuration_when_it_has_one() {
-    let (cluster, kube) = setup("kc");
+    let (cluster, kube) = setup("ku");
     kube.admin(|c| async move {
         let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
             "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
@@ -578,7 +578,7 @@ fn the_watcher_sweeps_what_it_missed_and_a_recreated_pod_gets_a_new_port() {
 
 #[test]
 fn while_the_controller_is_down_the_watcher_retries_and_says_so_on_pods() {
-    let (mut cluster, kube) = setup("kr");
+    let (mut cluster, kube) = setup("kw");
     // Sweeps only every ten minutes: what follows must not wait for one.
     let _watcher = start_watcher(
         &cluster,
@@ -859,6 +859,47 @@ fn two_watchers_one_acts_and_the_other_takes_over_when_it_is_killed() {
     eprintln!("takeover after kill -9 of the holder: {took:?}");
 }
 
+#[test]
+fn a_pod_whose_first_sandbox_fails_gets_one_at_the_kubelets_next_attempt() {
+    use support::cri::Containerd;
+    let (cluster, kube) = setup("ky");
+    namespace(&kube, "late");
+    // A short plugin timeout: the first ADD gives up before the watcher runs.
+    let conflist = json!({
+        "cniVersion": "1.0.0", "name": "corvid",
+        "plugins": [plugin_conf(&kube, 0, NODE_TOKEN, 2)],
+    });
+    let node = Containerd::start(&cluster.hosts[0], cluster.bin.path(), &conflist);
+    let uid = pod(&kube, "late", "p0", "h1");
+    let watcher = std::thread::scope(|s| {
+        let starter = s.spawn(|| {
+            std::thread::sleep(Duration::from_secs(3));
+            start_watcher(&cluster, &kube, &["--lease-seconds", "4"])
+        });
+        let made = node.sync_pod("late", "p0", &uid, 6);
+        let (id, status) = made.unwrap_or_else(|e| panic!("no attempt worked: {e:?}"));
+        let attempt = status
+            .status
+            .as_ref()
+            .unwrap()
+            .metadata
+            .as_ref()
+            .unwrap()
+            .attempt;
+        assert!(attempt > 0, "the first attempt cannot have worked");
+        let a = annotation(&kube, "late", "p0").expect("annotated");
+        assert_eq!(
+            support::cri::sandbox_ip(&status),
+            a.addresses[0].addr().to_string()
+        );
+        node.remove_sandbox(id);
+        starter.join().unwrap()
+    });
+    drop(watcher);
+    // The failed attempts left nothing: no veth on the node.
+    assert!(cluster.hosts[0].links("cvp").is_empty());
+}
+
 /// The network namespace of a CRI sandbox, from its verbose status.
 #[test]
 fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
@@ -879,7 +920,9 @@ fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
     for (h, node) in nodes.iter().enumerate() {
         let name = format!("p{h}");
         let uid = pod(&kube, "web", &name, &format!("h{}", h + 1));
-        let (id, status) = node.run_sandbox(node.sandbox_config("web", &name, &uid));
+        let (id, status) = node
+            .sync_pod("web", &name, &uid, 3)
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
         let a = annotation(&kube, "web", &name).expect("annotated");
         let ip = support::cri::sandbox_ip(&status);
         assert_eq!(
@@ -1633,7 +1676,9 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
                 .uid
                 .unwrap()
         });
-        let (id, status) = nodes[h].run_sandbox(nodes[h].sandbox_config("web", name, &uid));
+        let (id, status) = nodes[h]
+            .sync_pod("web", name, &uid, 3)
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
         sandboxes.push((h, id));
         let path = support::cri::sandbox_netns(&status);
         if app == "web" {
@@ -1721,7 +1766,7 @@ fn watcher_gap(
 /// converges to the objects, and nothing leaks.
 #[test]
 fn a_watcher_killed_at_random_converges_and_leaks_nothing() {
-    let (cluster, kube) = setup("kc");
+    let (cluster, kube) = setup("kq");
     let args = ["--identity", "cvt-crash", "--lease-seconds", "4"];
     let mut watcher = start_watcher(&cluster, &kube, &args);
     let mut live: std::collections::BTreeMap<String, Vec<String>> = Default::default();

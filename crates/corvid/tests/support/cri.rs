@@ -12,13 +12,17 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, PodSandboxStatusResponse,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceMode,
+    NamespaceOption, PodSandboxConfig, PodSandboxFilter, PodSandboxMetadata,
+    PodSandboxStatusRequest, PodSandboxStatusResponse, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::cluster::ns::{wait_until, Ns, Proc};
+
+/// The label the kubelet puts the pod's UID in, on its sandboxes.
+const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
 
 /// The sandbox image the CRI plugin is told to use.
 pub const PAUSE_IMAGE: &str = "cvt.local/pause:1";
@@ -227,6 +231,7 @@ state = "{state}"
                 namespace: namespace.into(),
                 attempt: 0,
             }),
+            labels: [(POD_UID_LABEL.to_string(), uid.to_string())].into(),
             hostname: name.into(),
             log_directory: self.dir.path().join("pods").join(uid).display().to_string(),
             linux: Some(LinuxPodSandboxConfig {
@@ -265,6 +270,63 @@ state = "{state}"
 
     /// RunPodSandbox, then PodSandboxStatus (verbose) of the sandbox it made.
     pub fn run_sandbox(&self, config: PodSandboxConfig) -> (String, PodSandboxStatusResponse) {
+        self.try_run_sandbox(config)
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+    }
+
+    /// The pod's sandbox as the kubelet's SyncPod makes it: after a RunPodSandbox that
+    /// failed (a CNI ADD that failed), the sandboxes containerd kept for the pod are
+    /// stopped (their DEL tried again) and the next RunPodSandbox carries the next
+    /// attempt number; up to `tries` RunPodSandbox calls, a second apart (the kubelet's
+    /// next sync). The errors of the failed attempts, when none worked.
+    pub fn sync_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        tries: u32,
+    ) -> Result<(String, PodSandboxStatusResponse), Vec<String>> {
+        let mut errors = Vec::new();
+        for attempt in 0..tries {
+            let mut config = self.sandbox_config(namespace, name, uid);
+            if let Some(m) = &mut config.metadata {
+                m.attempt = attempt;
+            }
+            let (uid, made) = (uid.to_string(), self.try_run_sandbox(config));
+            match made {
+                Ok(done) => return Ok(done),
+                Err(e) => errors.push(e),
+            }
+            self.run(|mut c| async move {
+                let filter = PodSandboxFilter {
+                    label_selector: [(POD_UID_LABEL.to_string(), uid)].into(),
+                    ..Default::default()
+                };
+                let kept = c
+                    .list_pod_sandbox(ListPodSandboxRequest {
+                        filter: Some(filter),
+                    })
+                    .await
+                    .map(|r| r.into_inner().items)
+                    .unwrap_or_default();
+                for s in kept {
+                    let _ = c
+                        .stop_pod_sandbox(StopPodSandboxRequest {
+                            pod_sandbox_id: s.id,
+                        })
+                        .await;
+                }
+            });
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        Err(errors)
+    }
+
+    /// RunPodSandbox and PodSandboxStatus, or RunPodSandbox's error.
+    fn try_run_sandbox(
+        &self,
+        config: PodSandboxConfig,
+    ) -> Result<(String, PodSandboxStatusResponse), String> {
         self.run(|mut c| async move {
             let id = c
                 .run_pod_sandbox(RunPodSandboxRequest {
@@ -272,7 +334,7 @@ state = "{state}"
                     runtime_handler: String::new(),
                 })
                 .await
-                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+                .map_err(|e| e.to_string())?
                 .into_inner()
                 .pod_sandbox_id;
             let status = c
@@ -281,9 +343,9 @@ state = "{state}"
                     verbose: true,
                 })
                 .await
-                .unwrap()
+                .map_err(|e| e.to_string())?
                 .into_inner();
-            (id, status)
+            Ok((id, status))
         })
     }
 
