@@ -421,7 +421,7 @@ pub fn ensure_plugged(
             }
             let readdressed = sync_addresses(container, &c, addrs)?;
             if !readdressed.is_empty() {
-                crate::announce::announce(netns, &c, addrs);
+                crate::announce::announce(container, netns, &c, addrs);
             }
             done.extend(readdressed);
             done.extend(sync_routes(container, &c, routes)?);
@@ -456,7 +456,7 @@ pub fn ensure_plugged(
         .collect();
     configure(container, &port.container, addrs, &routes)
         .inspect_err(|_| drop(host.delete_link(&port.host)))?;
-    crate::announce::announce(netns, &port.container, addrs);
+    crate::announce::announce(container, netns, &port.container, addrs);
     Ok(Plugged::New { replaced })
 }
 

@@ -305,7 +305,7 @@ fn finish(
     let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
     let routes = attach::result_routes(result, port.container.index);
     configure(container, &port.container, &addrs, &routes).map_err(errors::net)?;
-    corvid_net::announce::announce(ns, &port.container, &addrs);
+    corvid_net::announce::announce(container, ns, &port.container, &addrs);
     if conf.is_gateway {
         for ip in &result.ips {
             let Some(gw) = ip.gateway else { continue };

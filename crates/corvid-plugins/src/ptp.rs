@@ -137,7 +137,7 @@ fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
         configure_container(&mut container, &p, &mut result)?;
         configure_host(&mut host, &p, &result)?;
         let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
-        corvid_net::announce::announce(&ns, &p.container, &addrs);
+        corvid_net::announce::announce(&mut container, &ns, &p.container, &addrs);
         if conf.ip_masq {
             let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
             made.masq = Some(addrs.clone());
