@@ -456,6 +456,17 @@ mod tests {
                 ]),
                 "out of the root filesystem",
             ),
+            // Out of the image and back down by as many steps: its final depth is fine,
+            // but it names a path outside the image wherever the image is unpacked.
+            (
+                "link out and back",
+                tar_of(&[
+                    ("manifest", MANIFEST, Regular),
+                    ("rootfs/", "", Directory),
+                    ("rootfs/x", "../../../var/tmp/xyz", Symlink),
+                ]),
+                "out of the root filesystem",
+            ),
             (
                 "hard link out",
                 tar_of(&[
