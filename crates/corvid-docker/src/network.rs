@@ -226,7 +226,10 @@ impl Driver {
             let mut nl = Netlink::open()?;
             if let Some(bridge) = nl.link_by_name(&corvid_net::names::bridge(&net.id))? {
                 nl.delete_link(&bridge)?;
-                corvid_net::iptables::sync_bridges_allowance(&mut nl).map_err(DriverError::new)?;
+                // Cleanup: the network goes whether or not the rules could be looked at.
+                if let Err(e) = corvid_net::iptables::sync_bridges_allowance(&mut nl) {
+                    tracing::warn!("iptables: removing the allowance of corvid's bridges: {e}");
+                }
             }
             self.delete_network_fully(&net)?;
         }

@@ -144,11 +144,19 @@ impl Tool {
 
 const TOOLS: [Tool; 2] = [Tool("iptables"), Tool("ip6tables")];
 
+/// Held while the chain is looked at and changed: `iptables -w` serializes single
+/// commands, not the look-then-change of two processes (two Docker DeleteNetwork calls
+/// at once both saw the chain, and the second's flush failed).
+fn serialized() -> Result<std::fs::File, String> {
+    crate::nftables::lock().map_err(|e| e.to_string())
+}
+
 /// Lets corvid's bridges through wherever iptables filters forwarding (FORWARD's policy
 /// drops, or dockerd's `DOCKER-USER` is there), adding only what is missing, so it can
 /// run on every pass: a dockerd or firewall restart that removed a rule gets it back.
 /// True when something was added. Nothing is done where nothing filters.
 pub fn allow_bridges() -> Result<bool, String> {
+    let _lock = serialized()?;
     let mut added = false;
     for tool in &TOOLS {
         added |= tool.allow()?;
@@ -159,6 +167,7 @@ pub fn allow_bridges() -> Result<bool, String> {
 /// Removes corvid's chain and its jumps (the last corvid bridge is gone); true when
 /// there was something to remove. Every tool is tried; the first failure is returned.
 pub fn remove_bridges_allowance() -> Result<bool, String> {
+    let _lock = serialized()?;
     let mut removed = false;
     let mut first_error = None;
     for tool in &TOOLS {
