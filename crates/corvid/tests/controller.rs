@@ -740,6 +740,34 @@ fn a_killed_controller_keeps_every_acknowledged_create() {
     }
 }
 
+/// A deleted port gives back its MAC with its address: a new port asking for the same
+/// pair gets it. Docker derives a container's MAC from its address, so a reused address
+/// comes back with the MAC it had; a leaked MAC would refuse it (409 MacAddressInUse).
+#[test]
+fn a_deleted_port_frees_its_mac_and_address_for_the_next_port() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let (net, sub) = network_with_subnet(&c, "10.6.0.0/24", json!("10.6.0.1"));
+        let asked = json!({"network_id": net.id, "mac_address": "02:42:0a:06:00:07",
+            "fixed_ips": [{"subnet_id": sub.id, "ip_address": "10.6.0.7"}]});
+        // Both delete routes: Neutron's and the Mizar-MP agreement's.
+        for mizar in [false, true, false] {
+            let p: Port = c
+                .create(asked.clone())
+                .unwrap_or_else(|e| panic!("after a delete (mizar: {mizar}): {e}"));
+            assert_eq!(p.mac_address, "02:42:0a:06:00:07");
+            assert_eq!(p.fixed_ips[0].ip_address.to_string(), "10.6.0.7");
+            if mizar {
+                let path = format!("/project/{}/ports/{}", p.project_id, p.id);
+                let (status, body, _) = c.request("DELETE", &path, None).unwrap();
+                assert_eq!(status, 200, "{body}");
+            } else {
+                c.delete::<Port>(&p.id).unwrap();
+            }
+        }
+    });
+}
+
 #[test]
 fn a_token_is_required_when_configured() {
     let (_dir, spec) = redb_store();

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use redb::{Database, ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
 
@@ -49,7 +50,20 @@ struct Feed {
 pub struct RedbStore {
     db: Arc<Database>,
     writer: Sender<(Txn, Reply)>,
+    /// The writer thread, which holds the database too: waited for on drop.
+    writer_thread: Option<JoinHandle<()>>,
     feed: Arc<Mutex<Feed>>,
+}
+
+impl Drop for RedbStore {
+    /// Ends the writer thread and waits for it, so the file is free for the next opener
+    /// (redb locks it whole) once the store is dropped, not some time after.
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.writer, mpsc::channel().0));
+        if let Some(t) = self.writer_thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 fn backend<E: std::fmt::Display>(e: E) -> StoreError {
@@ -129,13 +143,14 @@ impl RedbStore {
         }));
         let (tx, rx) = mpsc::channel();
         let (wdb, wfeed) = (db.clone(), feed.clone());
-        std::thread::Builder::new()
+        let writer_thread = std::thread::Builder::new()
             .name("corvid-redb-writer".into())
             .spawn(move || writer(&wdb, &wfeed, rx, revision))
             .map_err(backend)?;
         Ok(RedbStore {
             db,
             writer: tx,
+            writer_thread: Some(writer_thread),
             feed,
         })
     }
@@ -415,6 +430,17 @@ mod tests {
             (true, 2),
             "a change of nothing keeps the revision"
         );
+    }
+
+    #[test]
+    fn a_dropped_store_lets_the_next_opener_have_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        for _ in 0..20 {
+            let store = Arc::new(RedbStore::open(&path).unwrap());
+            run(&store, Txn::default());
+            drop(store);
+        }
     }
 
     #[test]

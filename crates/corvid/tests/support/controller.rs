@@ -2,12 +2,14 @@
 //! (Debian's etcd-server) with its own data dir, and `corvid controller`.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corvid_api::Client;
+use corvid_api::{Client, Port};
+use corvid_controller::keys::{self, Parsed};
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -341,4 +343,84 @@ pub fn cpu_time(pid: u32) -> Duration {
     // SAFETY: sysconf only reads a configuration value.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Duration::from_micros(ticks * 1_000_000 / hz)
+}
+
+/// What a store holds, read from its keys rather than through a controller's API: the
+/// ports, and every MAC and address reserved with the ID of its holder. The API shows
+/// only objects, so a reservation left without its port is seen only here.
+pub struct Stored {
+    /// Every key under corvid's prefix.
+    pub keys: Vec<String>,
+    pub ports: Vec<Port>,
+    /// MAC to holder.
+    pub macs: BTreeMap<String, String>,
+    /// (subnet, address) to holder.
+    pub ips: BTreeMap<(String, IpAddr), String>,
+}
+
+impl Stored {
+    /// Reads the store `spec` names (as `--store` takes it). redb lets one process open a
+    /// store at a time: stop the controller of a redb store first.
+    pub fn read(spec: &str) -> Stored {
+        let store = corvid_controller::store::open(spec).expect("the store opens");
+        let (kvs, _) = store.range(keys::ROOT).expect("the store reads");
+        let mut s = Stored {
+            keys: Vec::new(),
+            ports: Vec::new(),
+            macs: BTreeMap::new(),
+            ips: BTreeMap::new(),
+        };
+        for kv in kvs {
+            let holder = String::from_utf8_lossy(&kv.value).into_owned();
+            match keys::parse(&kv.key) {
+                Parsed::Resource("ports", _) => s
+                    .ports
+                    .push(serde_json::from_slice(&kv.value).expect("a stored port")),
+                Parsed::Mac(mac) => {
+                    s.macs.insert(mac.to_string(), holder);
+                }
+                Parsed::Ip(subnet, ip) => {
+                    s.ips.insert((subnet.to_string(), ip), holder);
+                }
+                _ => {}
+            }
+            s.keys.push(kv.key);
+        }
+        s
+    }
+
+    /// What disagrees between the ports and the reservations: a MAC or address reserved
+    /// for no port that has it, or a port whose MAC or address is not reserved for it.
+    /// Empty when they agree.
+    pub fn mismatches(&self) -> Vec<String> {
+        let mut wrong = Vec::new();
+        let mut macs = self.macs.clone();
+        let mut ips = self.ips.clone();
+        for p in &self.ports {
+            match macs.remove(&p.mac_address) {
+                Some(holder) if holder == p.id => {}
+                other => wrong.push(format!(
+                    "port {}'s MAC {} is reserved for {other:?}",
+                    p.id, p.mac_address
+                )),
+            }
+            for f in &p.fixed_ips {
+                match ips.remove(&(f.subnet_id.clone(), f.ip_address)) {
+                    Some(holder) if holder == p.id => {}
+                    other => wrong.push(format!(
+                        "port {}'s address {} is reserved for {other:?}",
+                        p.id, f.ip_address
+                    )),
+                }
+            }
+        }
+        wrong.extend(
+            macs.iter()
+                .map(|(mac, holder)| format!("MAC {mac} is reserved for {holder}, no port of it")),
+        );
+        wrong.extend(ips.iter().map(|((subnet, ip), holder)| {
+            format!("address {ip} of subnet {subnet} is reserved for {holder}, no port of it")
+        }));
+        wrong
+    }
 }
