@@ -2,10 +2,14 @@
 //! host namespace (as root): the exact call sequence a real Docker 20.10 sent
 //! (`tests/data/docker-remote-driver-trace-2.jsonl`, two networks, two containers,
 //! connect/disconnect, removal) replayed with corvid's own pool IDs and addresses, then
-//! bad input. Nothing may be left in the controller or on the host.
+//! bad input. Nothing may be left in the controller (not even a reserved MAC or address,
+//! read from its store) or on the host.
 
 #[path = "support/ns.rs"]
 mod ns;
+
+#[path = "support/controller.rs"]
+mod controller;
 
 #[path = "support/docker.rs"]
 mod docker;
@@ -16,7 +20,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use corvid_api::{Client, Network, Port, Status, Subnet, SubnetPool};
+use controller::Stored;
+use corvid_api::{Client, Network, Port, Status, Subnet};
 use docker::{post, try_post};
 use ns::{wait_until, Ns, Proc};
 use serde_json::{json, Value};
@@ -51,6 +56,7 @@ struct Setup {
     host: Ns,
     socket: PathBuf,
     client_url: String,
+    store: String,
     controller: Proc,
     plugin: Proc,
     _dir: tempfile::TempDir,
@@ -64,30 +70,26 @@ impl Setup {
             .prefix("cvt-docker")
             .tempdir()
             .unwrap();
-        let controller = Proc(
-            host.command(env!("CARGO_BIN_EXE_corvid"))
-                .args(["controller", "--listen", "127.0.0.1:9696", "--store"])
-                .arg(format!("redb:{}", dir.path().join("state.redb").display()))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let store = format!("redb:{}", dir.path().join("state.redb").display());
         let socket = dir.path().join("corvid.sock");
-        let plugin = start_plugin(&host, &socket);
         let s = Setup {
+            controller: start_controller(&host, &store),
+            plugin: start_plugin(&host, &socket),
             host,
             socket,
             client_url: "http://127.0.0.1:9696".into(),
-            controller,
-            plugin,
+            store,
             _dir: dir,
         };
-        wait_until("the controller", Duration::from_secs(20), || {
-            s.api(|c| c.request("GET", "/", None)).is_ok()
-        });
+        s.wait_for_controller();
         s.wait_for_plugin();
         s
+    }
+
+    fn wait_for_controller(&self) {
+        wait_until("the controller", Duration::from_secs(20), || {
+            self.api(|c| c.request("GET", "/", None)).is_ok()
+        });
     }
 
     fn wait_for_plugin(&self) {
@@ -108,14 +110,32 @@ impl Setup {
         self.host.open().run(|| f(&c)).unwrap()
     }
 
-    fn empty(&self) -> bool {
-        self.api(|c| {
-            c.list::<Network>(&[]).unwrap().0.is_empty()
-                && c.list::<Subnet>(&[]).unwrap().0.is_empty()
-                && c.list::<SubnetPool>(&[]).unwrap().0.is_empty()
-                && c.list::<Port>(&[]).unwrap().0.is_empty()
-        })
+    /// Every key the controller's store holds but the cluster's identity: its objects
+    /// and every reservation of a MAC or an address, which the API does not show. redb
+    /// is read by one process at a time, so the controller stops for the reading and
+    /// starts again.
+    fn leftovers(&mut self) -> Vec<String> {
+        self.controller.kill9();
+        let stored = Stored::read(&self.store);
+        self.controller = start_controller(&self.host, &self.store);
+        self.wait_for_controller();
+        stored
+            .keys
+            .into_iter()
+            .filter(|k| k != corvid_controller::keys::CLUSTER_ID)
+            .collect()
     }
+}
+
+fn start_controller(host: &Ns, store: &str) -> Proc {
+    Proc(
+        host.command(env!("CARGO_BIN_EXE_corvid"))
+            .args(["controller", "--listen", "127.0.0.1:9696", "--store", store])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 fn start_plugin(host: &Ns, socket: &std::path::Path) -> Proc {
@@ -133,7 +153,7 @@ fn start_plugin(host: &Ns, socket: &std::path::Path) -> Proc {
 
 #[test]
 fn dockers_own_call_sequence_replays_and_leaves_nothing() {
-    let s = Setup::new("dr");
+    let mut s = Setup::new("dr");
     let trace = include_str!("data/docker-remote-driver-trace-2.jsonl");
     let mut map = HashMap::new();
     let mut joined = 0;
@@ -183,7 +203,11 @@ fn dockers_own_call_sequence_replays_and_leaves_nothing() {
         }
     }
     assert_eq!(joined, 3);
-    assert!(s.empty(), "the controller holds nothing after the removals");
+    assert_eq!(
+        s.leftovers(),
+        Vec::<String>::new(),
+        "the controller holds nothing after the removals"
+    );
     assert!(s.host.links("cvc").is_empty() && s.host.links("cvp").is_empty());
 }
 
@@ -427,6 +451,71 @@ fn lifecycle_body(step: &str, round: usize, learned: &HashMap<&str, String>) -> 
     }
 }
 
+/// Sends lifecycle step `step`, which must succeed (`context` says what came before, for
+/// the failure message), and keeps what its answer gives the later steps.
+fn lifecycle_call(
+    s: &Setup,
+    step: &'static str,
+    round: usize,
+    learned: &mut HashMap<&'static str, String>,
+    context: &str,
+) -> Value {
+    let method = step.split(' ').next().unwrap();
+    let body = lifecycle_body(step, round, learned).to_string();
+    let (status, answer) = post(&s.socket, method, &body);
+    assert_eq!(status, 200, "round {round}, {step} {context}: {answer}");
+    let keep = match step {
+        "IpamDriver.RequestPool" => Some(("pool", "PoolID")),
+        "IpamDriver.RequestAddress gateway" => Some(("gateway", "Address")),
+        "IpamDriver.RequestAddress" => Some(("address", "Address")),
+        _ => None,
+    };
+    if let Some((name, field)) = keep {
+        learned.insert(name, answer[field].as_str().unwrap().to_string());
+    }
+    answer
+}
+
+/// Leave unplugs the endpoint: its veth pair is gone before DeleteEndpoint, wherever
+/// Docker left the container's end: given back to the host under its old name (as Docker
+/// does when it takes a sandbox down) or still in the sandbox. DeleteEndpoint may never
+/// come (a daemon that dies in between), and a pair left behind would stay on the bridge.
+#[test]
+fn leave_removes_the_pair_before_delete_endpoint() {
+    let mut s = Setup::new("dl");
+    let sandbox = Ns::new(&format!("cvt{}dl", std::process::id()), "sandbox");
+    for (round, given_back) in [(0, true), (1, false)] {
+        let mut learned = HashMap::new();
+        for step in LIFECYCLE {
+            let answer = lifecycle_call(&s, step, round, &mut learned, "");
+            match step {
+                "NetworkDriver.Join" => {
+                    // What Docker does with the end Join names: into the sandbox as eth0.
+                    let src = answer["InterfaceName"]["SrcName"].as_str().unwrap();
+                    s.host
+                        .ip(&format!("link set {src} netns {}", sandbox.name()));
+                    sandbox.ip(&format!("link set {src} name eth0"));
+                    if given_back {
+                        sandbox.ip(&format!("link set eth0 name {src}"));
+                        sandbox.ip(&format!("link set {src} netns {}", s.host.name()));
+                    }
+                }
+                "NetworkDriver.Leave" => {
+                    for (ns, prefix) in [(&s.host, "cvp"), (&s.host, "cvc"), (&sandbox, "eth")] {
+                        assert_eq!(
+                            ns.links(prefix),
+                            Vec::<String>::new(),
+                            "round {round} (end given back: {given_back}): after Leave"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(s.leftovers(), Vec::<String>::new(), "round {round}");
+    }
+}
+
 /// The driver killed in the middle of each call of a container's life, at three moments
 /// per call, then restarted; the call is sent again, as Docker's user would run the
 /// command again, and the life goes on. After each life the controller holds nothing and
@@ -441,7 +530,7 @@ fn a_driver_killed_mid_call_converges_with_the_next_call() {
         .flat_map(|v| DELAYS_US.iter().map(move |d| (v, *d)))
         .enumerate()
     {
-        let mut learned: HashMap<&str, String> = HashMap::new();
+        let mut learned = HashMap::new();
         for (i, step) in LIFECYCLE.iter().enumerate() {
             let method = step.split(' ').next().unwrap();
             let body = lifecycle_body(step, round, &learned).to_string();
@@ -454,27 +543,12 @@ fn a_driver_killed_mid_call_converges_with_the_next_call() {
                 let answered = call.join().unwrap();
                 interrupted += usize::from(!finished && answered.is_none_or(|(st, _)| st != 200));
             }
-            let (status, answer) = post(&s.socket, method, &body);
-            assert_eq!(
-                status, 200,
-                "round {round}, {step} after a kill in {}: {answer}",
-                LIFECYCLE[victim]
-            );
-            match *step {
-                "IpamDriver.RequestPool" => {
-                    learned.insert("pool", answer["PoolID"].as_str().unwrap().to_string());
-                }
-                "IpamDriver.RequestAddress gateway" => {
-                    learned.insert("gateway", answer["Address"].as_str().unwrap().to_string());
-                }
-                "IpamDriver.RequestAddress" => {
-                    learned.insert("address", answer["Address"].as_str().unwrap().to_string());
-                }
-                _ => {}
-            }
+            let after = format!("after a kill in {}", LIFECYCLE[victim]);
+            lifecycle_call(&s, step, round, &mut learned, &after);
         }
-        assert!(
-            s.empty(),
+        assert_eq!(
+            s.leftovers(),
+            Vec::<String>::new(),
             "round {round} (kill in {}): the controller keeps something",
             LIFECYCLE[victim]
         );
