@@ -3,16 +3,20 @@
 //! containers that ping each other, a CNI pod on the same network and a container behind a
 //! second host with its own dockerd, connect/disconnect, `docker network inspect`, a plugin
 //! restart under running containers, and removal that leaves nothing in the controller or
-//! on the hosts. Runs as root, in namespaces only (see tests/support/cluster.rs).
+//! on the hosts; and corvid's IPAM driver alone, under Docker's bridge driver. Runs as root, in namespaces only (see tests/support/cluster.rs).
 
 #[path = "support/cluster.rs"]
 mod cluster;
+
+#[path = "support/controller.rs"]
+mod controller;
 
 use std::time::Duration;
 
 use cluster::docker::{DockerPlugin, Dockerd, IMAGE};
 use cluster::ns::wait_until;
 use cluster::{cni_result, result_ip, url, Cluster};
+use controller::Stored;
 use corvid_api::{Network, Port, Status, Subnet, SubnetPool};
 use serde_json::Value;
 
@@ -268,4 +272,68 @@ fn docker_finds_a_tcp_driver_by_its_spec_file() {
     docker.ok(&["rm", "-f", "cs"]);
     docker.ok(&["network", "rm", "cvtspec"]);
     assert!(cluster.ports().is_empty());
+}
+
+/// corvid's IPAM driver alone, under Docker's own bridge driver, on a controller subnet
+/// that CNI pods could share: Docker's bridge holds the gateway and the containers'
+/// veths, corvid only their addresses (ports of the subnet). Removing a container releases
+/// its address: afterwards the controller holds no port, and its store reserves no
+/// address or MAC.
+#[test]
+fn corvid_ipam_serves_dockers_bridge_driver() {
+    let mut cluster = Cluster::new("di");
+    let (net, subnet) = cluster.network("ipam", "10.219.0.0/24", false);
+    let host = &cluster.hosts[0];
+    let driver = format!("{}i", cluster.tag);
+    let _plugin = DockerPlugin::start(host, &driver, "h1", &url());
+    let docker = Dockerd::start(host);
+    let adopt = format!("corvid.subnet.id={}", subnet.id);
+    docker.ok(&[
+        "network",
+        "create",
+        "-d",
+        "bridge",
+        "--ipam-driver",
+        &driver,
+        "--ipam-opt",
+        &adopt,
+        "cvtipam",
+    ]);
+    for round in 0..2 {
+        for name in ["ia", "ib"] {
+            docker.ok(&[
+                "run", "-d", "--name", name, "--net", "cvtipam", IMAGE, "sleep", "600",
+            ]);
+        }
+        let (a, b) = (docker.ip("ia", "cvtipam"), docker.ip("ib", "cvtipam"));
+        for ip in [&a, &b] {
+            let port = port_at(&cluster, ip).expect("a controller port holds each address");
+            assert_eq!(port.network_id, net.id);
+            assert!(
+                port.binding_host_id.is_empty(),
+                "round {round}: an address, bound by no corvid driver"
+            );
+        }
+        assert!(docker.ping("ia", &b), "round {round}: a pings b");
+        assert!(
+            docker.ping("ib", "10.219.0.1"),
+            "round {round}: b pings the gateway on Docker's bridge"
+        );
+        docker.ok(&["rm", "-f", "ia", "ib"]);
+        assert_eq!(
+            cluster.ports(),
+            Vec::<Port>::new(),
+            "round {round}: the removed containers' addresses are released"
+        );
+    }
+    docker.ok(&["network", "rm", "cvtipam"]);
+    drop(docker);
+    // The controller stopped: redb's file is one process's at a time.
+    cluster.controller = None;
+    let stored = Stored::read(&cluster.store);
+    assert_eq!(
+        (stored.ips, stored.macs),
+        Default::default(),
+        "reservations left"
+    );
 }
