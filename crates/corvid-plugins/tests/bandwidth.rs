@@ -262,3 +262,59 @@ fn mixed_with_the_reference_both_ways() {
         );
     }
 }
+
+/// A DEL sent again after the address went to another container takes nothing of the
+/// new holder's: its shaping stays (CHECK passes: its qdisc and its ifb), and it still
+/// goes out, masqueraded by its bridge.
+#[test]
+fn a_stale_del_leaves_the_next_holder_of_the_address_alone() {
+    let site = Site::new();
+    let mut bridge: Value = serde_json::from_str(&bridge_conf(&site, "1.1.0")).unwrap();
+    bridge["ipMasq"] = json!(true);
+    let ipam = bridge["ipam"].as_object_mut().unwrap();
+    ipam.remove("subnet");
+    ipam.insert(
+        "ranges".into(),
+        single_address_ranges(&[("10.75.0.0/24", "10.75.0.9")]),
+    );
+    ipam.insert("routes".into(), json!([{"dst": "0.0.0.0/0"}]));
+    let bridge = bridge.to_string();
+    let bandwidth = |prev: Option<&Value>| {
+        with_prev_result(&bandwidth_conf("1.1.0", &Value::Null, limits()), prev)
+    };
+    let call = |plugin: &str, command: &str, id: &str, netns: &str, conf: &str| {
+        let (path, cni_path) = site.plugin(plugin, false);
+        site.call_with(path, &cni_path, command, id, netns, conf)
+            .run()
+    };
+    let (b, rb) = repeat_a_stale_del(
+        |id, ns| {
+            let r = call("bridge", "ADD", id, &ns.path_str(), &bridge);
+            assert!(r.success, "{}", r.stdout);
+            let out = call(
+                "bandwidth",
+                "ADD",
+                id,
+                &ns.path_str(),
+                &bandwidth(Some(&r.json)),
+            );
+            assert!(out.success, "{}", out.stdout);
+            r.json
+        },
+        |id, netns, prev| {
+            assert!(call("bandwidth", "DEL", id, netns, &bandwidth(prev)).success);
+            let conf = with_prev_result(&bridge, prev);
+            assert!(call("bridge", "DEL", id, netns, &conf).success);
+        },
+    );
+    let check = call(
+        "bandwidth",
+        "CHECK",
+        "b",
+        &b.path_str(),
+        &bandwidth(Some(&rb)),
+    );
+    assert!(check.success, "b's shaping is whole: {}", check.stdout);
+    assert_eq!(ifbs(&site.host).len(), 1, "b's ifb");
+    assert!(b.ping("10.251.0.2"), "b still goes out");
+}

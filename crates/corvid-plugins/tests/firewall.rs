@@ -45,13 +45,27 @@ fn attach(
     policy: &str,
     reference: (bool, bool),
 ) -> Value {
+    let bridge = bridge_conf(site, "1.0.0", n);
+    attach_with(site, id, ns, &bridge, n, policy, reference)
+}
+
+/// [`attach`] with the bridge's configuration given.
+fn attach_with(
+    site: &Site,
+    id: &str,
+    ns: &TestNs,
+    bridge: &str,
+    n: u8,
+    policy: &str,
+    reference: (bool, bool),
+) -> Value {
     let r = run(
         site,
         site.plugin("bridge", reference.0),
         "ADD",
         id,
         ns,
-        &bridge_conf(site, "1.0.0", n),
+        bridge,
     );
     assert!(r.success, "{}", r.stdout);
     let f = run(
@@ -254,19 +268,23 @@ fn iptables(site: &Site, args: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-#[test]
-fn containers_go_out_through_an_iptables_forward_drop_policy() {
-    let site = Site::new();
-    // Docker's filtering as iptables-nft writes it: FORWARD drops by default and jumps to
-    // DOCKER-USER first.
+/// Docker's filtering as iptables-nft writes it: FORWARD drops by default and jumps to
+/// DOCKER-USER first. Returns iptables' listing of it.
+fn docker_forward_drop(site: &Site) -> String {
     for rule in [
         "-N DOCKER-USER",
         "-A FORWARD -j DOCKER-USER",
         "-P FORWARD DROP",
     ] {
-        iptables(&site, rule);
+        iptables(site, rule);
     }
-    let docker = iptables(&site, "-S");
+    iptables(site, "-S")
+}
+
+#[test]
+fn containers_go_out_through_an_iptables_forward_drop_policy() {
+    let site = Site::new();
+    let docker = docker_forward_drop(&site);
     let c = TestNs::new();
     let r = run(
         &site,
@@ -319,4 +337,41 @@ fn containers_go_out_through_an_iptables_forward_drop_policy() {
         run(&site, site.plugin("firewall", false), "DEL", "d", &c, &conf).success,
         "twice"
     );
+}
+
+/// A DEL sent again after the address went to another container takes nothing of the
+/// new holder's: its addresses stay listed as its own (CHECK passes), and it still goes
+/// out through Docker's DROP policy, which only corvid's rules for it let it pass.
+#[test]
+fn a_stale_del_leaves_the_next_holder_of_the_address_alone() {
+    let site = Site::new();
+    docker_forward_drop(&site);
+    let mut bridge: Value = serde_json::from_str(&bridge_conf(&site, "1.0.0", 0)).unwrap();
+    let ipam = bridge["ipam"].as_object_mut().unwrap();
+    ipam.remove("subnet");
+    ipam.insert(
+        "ranges".into(),
+        single_address_ranges(&[("10.70.0.0/24", "10.70.0.9")]),
+    );
+    let bridge = bridge.to_string();
+    let firewall = |prev: &Value| firewall_conf("1.0.0", 0, prev, "open");
+    let call = |plugin: &str, command: &str, id: &str, netns: &str, conf: &str| {
+        let (path, cni_path) = site.plugin(plugin, false);
+        site.call_with(path, &cni_path, command, id, netns, conf)
+            .run()
+    };
+    let (b, rb) = repeat_a_stale_del(
+        |id, ns| attach_with(&site, id, ns, &bridge, 0, "open", (false, false)),
+        |id, netns, prev| {
+            let conf = with_prev_result(&firewall(&Value::Null), prev);
+            assert!(call("firewall", "DEL", id, netns, &conf).success);
+            let conf = with_prev_result(&bridge, prev);
+            assert!(call("bridge", "DEL", id, netns, &conf).success);
+        },
+    );
+    let tag = corvid_net::nftables::AttachmentTag::new("cvtfw0", "b", "eth0");
+    assert_eq!(tags(&site), [tag.as_str()], "b's address, as b's");
+    let check = call("firewall", "CHECK", "b", &b.path_str(), &firewall(&rb));
+    assert!(check.success, "b's rules are whole: {}", check.stdout);
+    assert!(b.ping("10.251.0.2"), "b still goes out");
 }

@@ -149,6 +149,36 @@ fn egress_leaves_with_the_host_address_and_the_subnet_keeps_its_own() {
     assert_eq!(site.ruleset(), before);
 }
 
+/// A DEL sent again after the address went to another container takes nothing of the
+/// new holder's: its elements stay, tagged its own, and it still goes out masqueraded.
+#[test]
+fn a_stale_del_leaves_the_next_holder_of_the_address_alone() {
+    let site = Site::new();
+    let mut conf: Value = serde_json::from_str(&site.conf(true)).unwrap();
+    conf["ipam"]["ranges"] =
+        single_address_ranges(&[("10.78.0.0/24", "10.78.0.9"), ("fd78::/64", "fd78::9")]);
+    let conf = conf.to_string();
+    let (b, rb) = repeat_a_stale_del(
+        |id, ns| site.call("ADD", id, ns, &conf),
+        |id, netns, prev| {
+            site.call_in("DEL", id, netns, &with_prev_result(&conf, prev))
+                .ok();
+        },
+    );
+    let tag = corvid_net::nftables::AttachmentTag::new("cvtmasq", "b", "eth0");
+    let want: BTreeSet<(String, String)> = [true, false]
+        .map(|v4| (result_ip(&rb, v4), tag.as_str().to_string()))
+        .into();
+    assert_eq!(site.elements(), want, "b's addresses, as b's");
+    for (outside, host) in [("10.251.0.2", "10.251.0.1"), ("fd51::2", "fd51::1")] {
+        assert_eq!(
+            seen_source(&site.outside, &b, outside),
+            host,
+            "b still goes out masqueraded"
+        );
+    }
+}
+
 #[test]
 fn sixty_four_parallel_adds_and_dels_keep_one_element_per_address() {
     let site = Site::new();

@@ -234,6 +234,52 @@ fn published_ports_are_reached_from_everywhere_and_gone_after_del() {
     drop((tcp, udp));
 }
 
+/// A DEL sent again after the address and the host ports went to another container
+/// takes nothing of the new holder's: its mappings stay as its own (CHECK passes), and
+/// its published port still reaches it.
+#[test]
+fn a_stale_del_leaves_the_next_holder_of_the_ports_alone() {
+    let site = Site::new();
+    let mut bridge = site.bridge_conf("1.1.0");
+    bridge["ipam"]["ranges"] =
+        single_address_ranges(&[("10.79.0.0/24", "10.79.0.9"), ("fd79::/64", "fd79::9")]);
+    let bridge = bridge.to_string();
+    let portmap = |prev: Option<&Value>| {
+        with_prev_result(&site.portmap_conf("1.1.0", &Value::Null, MAPPINGS), prev)
+    };
+    let (b, rb) = repeat_a_stale_del(
+        |id, ns| {
+            let (plugin, cni_path) = site.mine("bridge");
+            let r = site.call(plugin, &cni_path, "ADD", id, ns, &bridge).ok();
+            let (plugin, cni_path) = site.mine("portmap");
+            site.call(plugin, &cni_path, "ADD", id, ns, &portmap(Some(&r)))
+                .ok();
+            r
+        },
+        |id, netns, prev| {
+            site.ours("portmap", "DEL", id, netns, &portmap(prev)).ok();
+            site.ours("bridge", "DEL", id, netns, &with_prev_result(&bridge, prev))
+                .ok();
+        },
+    );
+    let tag = corvid_net::nftables::AttachmentTag::new("cvtpm", "b", "eth0");
+    assert_eq!(
+        site.tags(),
+        [tag.as_str(); 6],
+        "two mappings and a hairpin, each family"
+    );
+    let check = site
+        .ours("portmap", "CHECK", "b", &b.path_str(), &portmap(Some(&rb)))
+        .run();
+    assert!(check.success, "b's mappings are whole: {}", check.stdout);
+    let _server = EchoServer::start(&b, 80, false);
+    assert_eq!(
+        echo(&site.outside, "10.251.0.1", 8080, false).as_deref(),
+        Some("10.251.0.2"),
+        "b's published port reaches b"
+    );
+}
+
 #[test]
 fn every_version_adds_checks_and_deletes() {
     let site = Site::new();

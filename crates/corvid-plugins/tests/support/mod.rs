@@ -6,7 +6,7 @@
 mod nft;
 
 use corvid_net::{Netlink, Netns};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -482,4 +482,48 @@ impl Site {
         let dir = self.plugins.path().display().to_string();
         self.call_with(self.plugins.plugin(name), &dir, command, id, netns, conf)
     }
+}
+
+/// host-local ranges of one address each, `(subnet, address)` per family: every container
+/// on them gets the same addresses, the next one once the last let them go.
+pub fn single_address_ranges(ranges: &[(&str, &str)]) -> Value {
+    ranges
+        .iter()
+        .map(|(subnet, a)| json!([{"subnet": subnet, "rangeStart": a, "rangeEnd": a}]))
+        .collect()
+}
+
+/// `conf` with `prev` as its prevResult, or with none.
+pub fn with_prev_result(conf: &str, prev: Option<&Value>) -> String {
+    let mut conf: Value = serde_json::from_str(conf).unwrap();
+    match prev {
+        Some(p) => conf["prevResult"] = p.clone(),
+        None => {
+            conf.as_object_mut().unwrap().remove("prevResult");
+        }
+    }
+    conf.to_string()
+}
+
+/// A stale DEL, as runtimes send them: container `a` added and deleted, `b` added in its
+/// place with `a`'s addresses (which the caller's configuration gives out again), then
+/// `a`'s DEL sent again after its namespace went: with `a`'s cached result as prevResult,
+/// as a runtime retrying it does, and without. `del` gets the container ID, the netns
+/// path and the prevResult. Returns `b` and its result, for the caller to check that
+/// nothing of `b` went.
+pub fn repeat_a_stale_del(
+    add: impl Fn(&str, &TestNs) -> Value,
+    del: impl Fn(&str, &str, Option<&Value>),
+) -> (TestNs, Value) {
+    let a = TestNs::new();
+    let ra = add("a", &a);
+    del("a", &a.path_str(), Some(&ra));
+    let gone = a.path_str();
+    drop(a);
+    let b = TestNs::new();
+    let rb = add("b", &b);
+    assert_eq!(rb["ips"], ra["ips"], "b got a's addresses");
+    del("a", &gone, Some(&ra));
+    del("a", &gone, None);
+    (b, rb)
 }
