@@ -46,6 +46,16 @@ impl Setup {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
+    /// A script plugin `name` that appends "COMMAND name" to `log`, then runs `then`:
+    /// the order of a list's calls, as they happened.
+    fn logging_script(&self, name: &str, log: &Path, then: &str) {
+        let log = log.display();
+        self.script(
+            name,
+            &format!("echo \"$CNI_COMMAND {name}\" >> {log}\n{then}"),
+        );
+    }
+
     fn list(&self, version: &str, second: Value) -> (Vec<u8>, NetConfList) {
         let v = json!({"cniVersion": version, "name": "cvtexec", "plugins": [
             {"type": "bridge", "bridge": "cvtbre", "isGateway": true,
@@ -86,10 +96,24 @@ fn cache_file(s: &Setup) -> PathBuf {
 fn a_list_chains_prev_result_caches_checks_and_deletes_in_reverse() {
     let s = Setup::new();
     let c = TestNs::new();
-    let (bytes, list) = s.list(
+    let log = s.extra.path().join("calls.log");
+    // corvid's plugins, each behind a script that logs its call.
+    for plugin in ["bridge", "tuning"] {
+        let real = s.plugins.plugin(plugin);
+        s.logging_script(
+            &format!("cvt-{plugin}"),
+            &log,
+            &format!("exec {}", real.display()),
+        );
+    }
+    let (bytes, _) = s.list(
         "1.0.0",
-        json!({"type": "tuning", "sysctl": {"net.ipv4.conf.eth0.accept_local": "1"}}),
+        json!({"type": "cvt-tuning", "sysctl": {"net.ipv4.conf.eth0.accept_local": "1"}}),
     );
+    let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+    v["plugins"][0]["type"] = json!("cvt-bridge");
+    let bytes = v.to_string().into_bytes();
+    let list = NetConfList::parse(&bytes).unwrap();
     let rt = s.runtime();
     let conf = attachment(&c);
     let result = s.host.run(|| rt.add(&bytes, &list, &conf)).unwrap();
@@ -122,6 +146,21 @@ fn a_list_chains_prev_result_caches_checks_and_deletes_in_reverse() {
     s.host.run(|| rt.del(&list, &conf)).unwrap();
     s.host.run(|| rt.del(&list, &conf)).unwrap();
     s.assert_clean();
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls.lines().collect::<Vec<_>>(),
+        [
+            "ADD cvt-bridge",
+            "ADD cvt-tuning",
+            "CHECK cvt-bridge",
+            "CHECK cvt-tuning",
+            "DEL cvt-tuning",
+            "DEL cvt-bridge",
+            "DEL cvt-tuning",
+            "DEL cvt-bridge"
+        ],
+        "ADD and CHECK in the list's order, DEL in reverse"
+    );
 }
 
 #[test]
@@ -340,14 +379,11 @@ fn add_runs_in_order_and_del_in_reverse() {
     let log = s.extra.path().join("calls.log");
     // Each logs "<command> <name>" and passes its prevResult on (or a minimal result).
     for name in ["cvt-first", "cvt-second"] {
-        s.script(
+        s.logging_script(
             name,
-            &format!(
-                "echo \"$CNI_COMMAND {name}\" >> {log}\n\
-                 [ \"$CNI_COMMAND\" = ADD ] && echo '{{\"cniVersion\":\"1.0.0\",\"ips\":[{{\"address\":\"10.93.0.2/24\"}}]}}'\n\
-                 exit 0",
-                log = log.display()
-            ),
+            &log,
+            "[ \"$CNI_COMMAND\" = ADD ] && echo '{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.93.0.2/24\"}]}'\n\
+             exit 0",
         );
     }
     let v = json!({"cniVersion": "1.0.0", "name": "cvtorder", "plugins": [{"type": "cvt-first"}, {"type": "cvt-second"}]});

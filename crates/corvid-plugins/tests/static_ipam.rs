@@ -174,11 +174,27 @@ fn check_wants_each_configured_address_in_prev_result() {
     let mut wrong = ours_prev(&ipam);
     wrong["ips"][0]["gateway"] = json!("10.84.0.254");
     let bad = conf("1.0.0", ipam.clone(), json!({"prevResult": wrong}));
+    // Refused for the address it could not match, with the reference's code and words
+    // (a configuration it could not read would be another code).
     let (ours, theirs) = both(&host, &plugins, "CHECK", &bad, "");
-    assert!(!ours.success && !theirs.success, "{}", ours.stdout);
+    assert_eq!((ours.code(), theirs.code()), (999, 999), "{}", ours.stdout);
+    assert_eq!(ours.json["msg"], theirs.json["msg"]);
+    assert!(
+        ours.json["msg"].as_str().unwrap().contains("10.84.0.5"),
+        "{}",
+        ours.stdout
+    );
+    // No prevResult: the configuration is incomplete (the spec's code 7; the reference
+    // says 999).
     let missing = conf("1.0.0", ipam, json!({}));
     let (ours, theirs) = both(&host, &plugins, "CHECK", &missing, "");
-    assert!(!ours.success && !theirs.success);
+    assert!(!theirs.success);
+    assert_eq!(ours.code(), 7, "{}", ours.stdout);
+    assert!(
+        ours.json["msg"].as_str().unwrap().contains("prevResult"),
+        "{}",
+        ours.stdout
+    );
 }
 
 fn ours_prev(ipam: &Value) -> Value {
@@ -212,6 +228,11 @@ fn the_reference_bridge_delegates_to_corvids_static() {
     let r = call("ADD").ok();
     assert_eq!(address_part(&r["ips"][0]["address"]), "10.85.0.5");
     assert!(pod.ping("10.85.0.1"), "the pod does not reach its gateway");
-    call("DEL").ok();
-    call("DEL").ok();
+    // DEL takes the pod's interface and the host's end of it; again, it finds nothing.
+    for _ in 0..2 {
+        call("DEL").ok();
+        assert_eq!(pod.links(), Vec::<String>::new(), "the pod's eth0 is gone");
+        assert_eq!(host.veths(), Vec::<String>::new(), "the host end is gone");
+        assert!(!pod.ping("10.85.0.1"), "the pod still reaches its gateway");
+    }
 }
