@@ -6,8 +6,8 @@
 #[path = "support/cluster.rs"]
 mod cluster;
 
-use std::collections::BTreeSet;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use cluster::ns::wait_until;
 use cluster::{cni_result, result_ip, Cluster};
@@ -24,6 +24,27 @@ fn post(cluster: &Cluster, path: &str, body: Value) -> Value {
 
 fn answered(answers: &[String]) -> BTreeSet<&str> {
     answers.iter().map(String::as_str).collect()
+}
+
+/// A network for VIPs, with one subnet and no gateway.
+fn services_network(cluster: &Cluster, cidr: &str) -> (Network, Subnet) {
+    cluster.api(|c| {
+        let n: Network = c.create(json!({"name": "services"})).unwrap();
+        let s: Subnet = c
+            .create(json!({"network_id": n.id, "cidr": cidr, "ip_version": 4, "gateway_ip": null}))
+            .unwrap();
+        (n, s)
+    })
+}
+
+/// A member of `pool` at `ip`, port 8080; its ID.
+fn add_member(cluster: &Cluster, pool: &str, ip: &str) -> String {
+    let m = post(
+        cluster,
+        "/v2/lbaas/members",
+        json!({"member": {"pool_id": pool, "address": ip, "protocol_port": 8080}}),
+    );
+    m["member"]["id"].as_str().unwrap().to_string()
 }
 
 #[test]
@@ -49,13 +70,7 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
         .map(|(p, n)| p.serve_name(n, 8080))
         .collect();
 
-    let (svc_net, svc_subnet): (Network, Subnet) = cluster.api(|c| {
-        let n: Network = c.create(json!({"name": "services"})).unwrap();
-        let s: Subnet = c
-            .create(json!({"network_id": n.id, "cidr": "10.97.0.0/24", "ip_version": 4, "gateway_ip": null}))
-            .unwrap();
-        (n, s)
-    });
+    let (svc_net, svc_subnet) = services_network(&cluster, "10.97.0.0/24");
     let lb = post(
         &cluster,
         "/v2/lbaas/loadbalancers",
@@ -76,11 +91,7 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     );
     let pool_id = pool["pool"]["id"].as_str().unwrap().to_string();
     for ip in &ips[..3] {
-        post(
-            &cluster,
-            "/v2/lbaas/members",
-            json!({"member": {"pool_id": pool_id, "address": ip, "protocol_port": 8080}}),
-        );
+        add_member(&cluster, &pool_id, ip);
     }
 
     // From a pod on host 1 and from one on host 2: every member answers, wherever it is.
@@ -166,5 +177,127 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     assert!(
         !addrs.iter().any(|(_, a)| a.addr().to_string() == fip_addr),
         "{addrs:?}"
+    );
+}
+
+/// A pool's members changed through the controller while a client keeps connecting: a
+/// member taken out is never chosen again; and a listener moved to a pool of as many
+/// members, one of them another (one change for the agent: the same count, one member
+/// swapped), keeps every connection answered, and the one that went is not chosen again.
+#[test]
+fn members_changed_under_traffic_are_followed_at_once() {
+    let cluster = Cluster::new("sm");
+    cluster.network("green", "10.52.0.0/24", false);
+    let names = ["m1", "m2", "m3", "m4"];
+    let hosts = [0, 1, 0, 1];
+    let pods: Vec<_> = names.iter().map(|n| cluster.pod(n)).collect();
+    let ip: BTreeMap<&str, String> = names
+        .iter()
+        .zip(&pods)
+        .zip(hosts)
+        .map(|((n, p), h)| (*n, result_ip(&cni_result(&cluster.add(h, "green", p)))))
+        .collect();
+    let _servers: Vec<_> = pods
+        .iter()
+        .zip(names)
+        .map(|(p, n)| p.serve_name(n, 8080))
+        .collect();
+    let client = cluster.pod("client");
+    cni_result(&cluster.add(0, "green", &client));
+
+    let (_, subnet) = services_network(&cluster, "10.98.0.0/24");
+    let lb = post(
+        &cluster,
+        "/v2/lbaas/loadbalancers",
+        json!({"loadbalancer": {"name": "web", "vip_subnet_id": subnet.id, "vip_address": "10.98.0.10"}}),
+    );
+    let lb_id = lb["loadbalancer"]["id"].as_str().unwrap();
+    let listener = post(
+        &cluster,
+        "/v2/lbaas/listeners",
+        json!({"listener": {"loadbalancer_id": lb_id, "protocol": "TCP", "protocol_port": 80}}),
+    );
+    let listener_id = listener["listener"]["id"].as_str().unwrap();
+    let pool = |listener: Option<&str>| {
+        let mut pool = json!({"loadbalancer_id": lb_id, "protocol": "TCP",
+            "lb_algorithm": "ROUND_ROBIN"});
+        if let Some(l) = listener {
+            pool["listener_id"] = json!(l);
+        }
+        let p = post(&cluster, "/v2/lbaas/pools", json!({ "pool": pool }));
+        p["pool"]["id"].as_str().unwrap().to_string()
+    };
+    let first = pool(Some(listener_id));
+    let member: BTreeMap<&str, String> = names[..3]
+        .iter()
+        .map(|n| (*n, add_member(&cluster, &first, &ip[n])))
+        .collect();
+    let vip = "10.98.0.10";
+    let chosen_from = |members: &[&str]| {
+        let answers = client.connect(vip, 80, 30, false);
+        answered(&answers) == members.iter().copied().collect()
+    };
+    wait_until("the VIP to answer", Duration::from_secs(10), || {
+        chosen_from(&names[..3])
+    });
+
+    // m1 goes.
+    let path = format!("/v2/lbaas/members/{}", member["m1"]);
+    assert_eq!(
+        cluster.api(|c| c.request("DELETE", &path, None)).unwrap().0,
+        204
+    );
+    wait_until("the agent to drop m1", Duration::from_secs(10), || {
+        chosen_from(&["m2", "m3"])
+    });
+    let answers = client.connect(vip, 80, 40, false);
+    assert_eq!(
+        answered(&answers),
+        BTreeSet::from(["m2", "m3"]),
+        "m1 chosen again, or the others not: {answers:?}"
+    );
+
+    // The listener moves to a pool of two as well: m2 stays, m4 comes for m3.
+    // Connections go on meanwhile.
+    let second = pool(None);
+    for n in ["m2", "m4"] {
+        add_member(&cluster, &second, &ip[n]);
+    }
+    let path = format!("/v2/lbaas/listeners/{listener_id}");
+    let body = json!({"listener": {"default_pool_id": second}});
+    // Nothing in the scope may panic before the traffic stops: the scope would wait for
+    // it forever.
+    let moved = std::sync::atomic::AtomicBool::new(false);
+    let (during, put, swapped) = std::thread::scope(|s| {
+        let traffic = s.spawn(|| {
+            let mut during = Vec::new();
+            while !moved.load(std::sync::atomic::Ordering::SeqCst) {
+                during.extend(client.connect(vip, 80, 1, false));
+            }
+            during
+        });
+        let put = cluster.api(|c| c.request("PUT", &path, Some(&body)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut swapped = false;
+        while !swapped && Instant::now() < deadline {
+            swapped = chosen_from(&["m2", "m4"]);
+        }
+        moved.store(true, std::sync::atomic::Ordering::SeqCst);
+        (traffic.join().unwrap(), put, swapped)
+    });
+    let (status, v, _) = put.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert!(swapped, "the agent did not swap m3 for m4");
+    assert!(
+        during
+            .iter()
+            .all(|a| ["m2", "m3", "m4"].contains(&a.as_str())),
+        "a connection went unanswered during the swap: {during:?}"
+    );
+    let answers = client.connect(vip, 80, 40, false);
+    assert_eq!(
+        answered(&answers),
+        BTreeSet::from(["m2", "m4"]),
+        "m3 chosen again, or the others not: {answers:?}"
     );
 }
