@@ -2,15 +2,14 @@
 
 use std::process::Command;
 
+#[path = "support/plugins.rs"]
+mod plugins;
+
 #[test]
 fn installs_runnable_plugins() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins =
-        std::path::Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
-    assert!(
-        plugins.exists(),
-        "build corvid-plugins first (cargo build --workspace)"
-    );
+    // What `corvid cni install` copies by default: checked to be there and fresh.
+    plugins::binary();
     for _ in 0..2 {
         let out = Command::new(env!("CARGO_BIN_EXE_corvid"))
             .args(["cni", "install", "--dir"])

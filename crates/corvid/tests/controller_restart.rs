@@ -16,6 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use cluster::ns::{self, testing_script, wait_until, Proc};
+use cluster::plugins;
 use cluster::{cni_result, result_ip, Cluster};
 use serde_json::json;
 

@@ -11,7 +11,6 @@ mod support {
 
 use k8s_cri::v1::{PortMapping, Protocol};
 use serde_json::json;
-use std::path::Path;
 use std::process::Command;
 use support::cluster::ns::Ns;
 use support::cri::Containerd;
@@ -35,7 +34,7 @@ fn cri_sandboxes_get_published_ports_and_shaping_from_corvid_plugins() {
         .prefix("cvt-bin")
         .tempdir()
         .unwrap();
-    let plugins = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
+    let plugins = support::cluster::plugins::binary();
     let out = Command::new(env!("CARGO_BIN_EXE_corvid"))
         .args(["cni", "install", "--dir"])
         .arg(bin.path())

@@ -9,6 +9,9 @@
 #[path = "support/ns.rs"]
 mod ns;
 
+#[path = "support/plugins.rs"]
+mod plugins;
+
 #[path = "support/up.rs"]
 mod stack;
 

@@ -618,7 +618,7 @@ fn run_plugin(
     netns: &Path,
     conf: &serde_json::Value,
 ) -> std::process::Output {
-    let bin = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
+    let bin = cluster::plugins::binary();
     let mut child = Command::new(bin)
         .arg(plugin)
         .env("CNI_COMMAND", command)

@@ -5,6 +5,9 @@
 #[path = "support/ns.rs"]
 mod ns;
 
+#[path = "support/plugins.rs"]
+mod plugins;
+
 #[path = "support/up.rs"]
 mod stack;
 

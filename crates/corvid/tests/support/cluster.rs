@@ -9,7 +9,9 @@ pub mod ns;
 #[path = "docker.rs"]
 pub mod docker;
 
-use std::path::Path;
+#[path = "plugins.rs"]
+pub mod plugins;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -108,12 +110,7 @@ impl Cluster {
             .prefix("cvt-bin")
             .tempdir()
             .unwrap();
-        let plugins = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
-        assert!(
-            plugins.exists(),
-            "{} is missing: build the workspace (cargo test --workspace)",
-            plugins.display()
-        );
+        let plugins = plugins::binary();
         let out = Command::new(env!("CARGO_BIN_EXE_corvid"))
             .args(["cni", "install", "--dir"])
             .arg(bin.path())

@@ -3,13 +3,14 @@
 //! run beside it.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::ns::{wait_until, Ns, Proc};
+use super::plugins;
 
 /// The directories of one `corvid up` stack; it runs while its [`Proc`] lives.
 pub struct Up {
@@ -49,7 +50,7 @@ impl Up {
         let conflist = self.conf().join("corvid.conflist");
         wait_until("corvid up", Duration::from_secs(30), || conflist.exists());
         if !self.bin().exists() {
-            let plugins = Path::new(env!("CARGO_BIN_EXE_corvid")).with_file_name("corvid-plugins");
+            let plugins = plugins::binary();
             let bin = self.bin();
             let out = self.cni(
                 host,
