@@ -51,7 +51,10 @@ impl Named {
 
 impl Drop for Named {
     fn drop(&mut self) {
-        nft::check_ruleset_lists(std::path::Path::new(&self.path()));
+        let problem = nft::ruleset_problem(std::path::Path::new(&self.path()));
         let _ = Netns::delete_path(std::path::Path::new(&self.path()));
+        if let Some(p) = problem {
+            panic!("{p}");
+        }
     }
 }

@@ -6,39 +6,33 @@
 use std::path::Path;
 use std::process::Command;
 
-/// Lists the ruleset of the namespace at `netns` both ways; panics naming what failed,
-/// unless the thread is already panicking (a second panic would abort the test binary).
-pub fn check_ruleset_lists(netns: &Path) {
+/// What is wrong with listing the ruleset of the namespace at `netns`, both ways; none
+/// when both work (or nft is not there). The caller removes the namespace first and
+/// panics after, so that a failed check leaves no namespace behind.
+pub fn ruleset_problem(netns: &Path) -> Option<String> {
     if std::thread::panicking() {
-        return;
+        return None;
     }
+    let ns = corvid_net::Netns::open(netns).ok()?;
     for args in [&["list", "ruleset"][..], &["-j", "list", "ruleset"]] {
         let mut nft = Command::new("nft");
         nft.args(args);
-        let Ok(ns) = corvid_net::Netns::open(netns) else {
-            return;
-        };
         ns.apply_to(&mut nft).expect("enter the namespace");
         let out = match nft.output() {
             Ok(out) => out,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-            Err(e) => panic!("nft: {e}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => return Some(format!("nft: {e}")),
         };
-        assert!(
-            out.status.success(),
-            "nft {} in {}: {}",
-            args.join(" "),
-            netns.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let what = format!("nft {} in {}", args.join(" "), netns.display());
+        if !out.status.success() {
+            return Some(format!("{what}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
         if args[0] == "-j" {
             let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&out.stdout);
-            assert!(
-                parsed.is_ok_and(|v| v["nftables"].is_array()),
-                "nft -j list ruleset in {}: {}",
-                netns.display(),
-                String::from_utf8_lossy(&out.stdout)
-            );
+            if !parsed.is_ok_and(|v| v["nftables"].is_array()) {
+                return Some(format!("{what}: {}", String::from_utf8_lossy(&out.stdout)));
+            }
         }
     }
+    None
 }

@@ -110,8 +110,11 @@ impl Ns {
 
 impl Drop for Ns {
     fn drop(&mut self) {
-        nft::check_ruleset_lists(&self.path);
+        let problem = nft::ruleset_problem(&self.path);
         let _ = Netns::delete_path(&self.path);
+        if let Some(p) = problem {
+            panic!("{p}");
+        }
     }
 }
 
