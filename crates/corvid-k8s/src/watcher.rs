@@ -118,13 +118,18 @@ impl Retry {
     /// What the backoff of this retry is counted by.
     fn key(&self) -> String {
         match self {
-            Retry::Pod(p) => format!("pod/{}", p.uid().unwrap_or_default()),
+            Retry::Pod(p) => pod_key(&p.uid().unwrap_or_default()),
             Retry::Namespace(n) => format!("namespace/{}", n.uid().unwrap_or_default()),
             Retry::Service(uid) => format!("service/{uid}"),
             Retry::PortDelete(uid) => format!("port/{uid}"),
             Retry::NetworkDelete(uid) => format!("network/{uid}"),
         }
     }
+}
+
+/// The backoff key of a pod's work, by its UID.
+fn pod_key(uid: &str) -> String {
+    format!("pod/{uid}")
 }
 
 /// How long each piece of failed work waits before it is tried again: one second after
@@ -1060,7 +1065,7 @@ impl PodWork {
                 tracing::warn!(namespace = %ns, pod = %name, "making the pod's port: {e}");
                 // The pod's only other sign would be the plugin's code 11 after its
                 // timeout: say it on the pod, once per outage.
-                let key = Retry::Pod(Box::new(p.clone())).key();
+                let key = pod_key(&uid);
                 if matches!(e, ApiError::Transport(_)) && !self.backoff.failed_before(&key) {
                     warning_event(
                         &self.kube,
@@ -1102,7 +1107,7 @@ impl PodWork {
             .await
         {
             Ok(_) => {
-                self.backoff.reset(&Retry::Pod(Box::new(p.clone())).key());
+                self.backoff.reset(&pod_key(&uid));
                 metrics::METRICS
                     .annotation_seconds
                     .observe(started.elapsed().as_secs_f64());
