@@ -369,10 +369,10 @@ pub fn snat(v6: bool, addr: Register) -> Expressions {
     nat(0, v6, addr, None)
 }
 
-/// Adds or refreshes, in the map `set` with timeouts, the key in `key` with the value in
-/// `data` (`update @set { key : data }`).
-pub fn update_map(set: &str, key: Register, data: Register) -> Expressions {
-    // NFTA_DYNSET_SET_NAME 1, _OP 3 (NFT_DYNSET_OP_UPDATE 1), _SREG_KEY 4, _SREG_DATA 5
+/// Adds or refreshes, in the set `set` with timeouts, the key in `key`
+/// (`update @set { key }`).
+pub fn update_set(set: &str, key: Register) -> Expressions {
+    // NFTA_DYNSET_SET_NAME 1, _OP 3 (NFT_DYNSET_OP_UPDATE 1), _SREG_KEY 4
     other(
         "dynset",
         vec![
@@ -383,7 +383,6 @@ pub fn update_map(set: &str, key: Register, data: Register) -> Expressions {
             }),
             nla(3, be32(1)),
             nla(4, reg_bytes(key)),
-            nla(5, reg_bytes(data)),
         ],
     )
 }

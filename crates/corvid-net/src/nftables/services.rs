@@ -10,7 +10,7 @@
 //! set service-reject4    { type ipv4_addr . inet_proto . inet_service }  no member: refused
 //! set service-nodeports-reject { type inet_proto . inet_service }
 //! map service-members4   { type mark . mark : ipv4_addr . inet_service }
-//!                          (service number . index) to a member
+//!                          (index . service number) to a member
 //! set service-hairpin4   { type ipv4_addr . ipv4_addr }        (member . member)
 //! set service-outside4   { type ipv4_addr }   members outside corvid's networks
 //! map floating-ips4      { type ipv4_addr : ipv4_addr }        public to fixed
@@ -26,9 +26,10 @@
 //!     fib daddr type local meta l4proto . th dport vmap @service-nodeports
 //!     ip daddr @floating-ips4 meta mark set ...; dnat ip to ip daddr map @floating-ips4 }
 //! chain svc-<hash> {                            one per service port
-//!     [ip saddr map @affinity-<hash>: dnat to it]       sessionAffinity: ClientIP
-//!     dnat to (<number> . numgen random mod N) map @service-members4
-//!                                                [update @affinity-<hash> { ip saddr : it }] }
+//!     [ip saddr . <i> @affinity-<hash> update @affinity-<hash> { ip saddr . <i> }
+//!         dnat to (<i> . <number>) map @service-members4]  each i; sessionAffinity
+//!     dnat to (numgen random mod N . <number>) map @service-members4
+//!                             [update @affinity-<hash> { ip saddr . the index }] }
 //! chain services-filter-prerouting, services-filter-output { type filter priority -110
 //!     ... @service-reject4 reject (TCP reset, else port unreachable) }
 //! chain services-postrouting { type nat hook postrouting priority srcnat
@@ -150,12 +151,12 @@ fn frontend_key(addr: IpAddr, protocol: Protocol, port: u16) -> Vec<u8> {
 }
 
 fn member_key(number: u32, index: u32) -> Vec<u8> {
-    let mut k = number.to_ne_bytes().to_vec();
-    k.extend(index.to_ne_bytes());
+    let mut k = index.to_ne_bytes().to_vec();
+    k.extend(number.to_ne_bytes());
     k
 }
 
-/// The chain and affinity map of the service `id`.
+/// The chain and affinity set of the service `id`.
 fn names(id: &str) -> (String, String) {
     let hash = fnv1a(&[id]);
     (
@@ -546,43 +547,57 @@ impl Services {
 
     /// The rules of a service's chain: pick a member at random (first the one this
     /// client had, with affinity) and send the connection there.
+    ///
+    /// Affinity is a set of (client . member index), one rule per index, as kube-proxy
+    /// keeps one set per endpoint: a rule that wrote a looked-up member into a map
+    /// would be one nft 1.0.6's `list ruleset` aborts on, and an index names another
+    /// member only when the members change, which flushes the set.
     fn rules(batch: &mut Batch, id: &str, s: &Service, number: u32) {
         let (chain, affinity) = names(id);
         let v6 = s.vip.is_ipv6();
         let f = family(v6);
         let w = if v6 { 4 } else { 1 };
-        if s.affinity.is_some() {
-            let mut sticky = expr::nfproto(v6);
-            sticky.extend([
-                expr::load(Field::SrcAddr, v6, reg32(0)),
-                expr::map(&affinity, reg32(0), reg32(0)),
-                expr::dnat(v6, reg32(0), Some(reg32(w))),
-            ]);
-            batch.add_rule(&chain, sticky, None);
-        }
-        let mut pick = vec![
-            expr::immediate(reg32(0), &number.to_ne_bytes()),
-            expr::random(reg32(1), Self::members(s).count() as u32),
-            expr::map(f.members, reg32(0), reg32(0)),
+        // Registers: the client's address from 0, the member's index in w, the
+        // service's number after it; the member lookup then writes the member's address
+        // from 0 and its port in w.
+        let to_member = [
+            expr::immediate(reg32(w + 1), &number.to_ne_bytes()),
+            expr::map(f.members, reg32(w), reg32(0)),
+            expr::dnat(v6, reg32(0), Some(reg32(w))),
         ];
+        let n = Self::members(s).count() as u32;
         if s.affinity.is_some() {
-            // The chain is only reached for packets of the VIP's family: no check here,
-            // which would take the registers holding the member.
+            for i in 0..n {
+                let mut sticky = expr::nfproto(v6);
+                sticky.extend([
+                    expr::load(Field::SrcAddr, v6, reg32(0)),
+                    expr::immediate(reg32(w), &i.to_ne_bytes()),
+                    expr::lookup(&affinity, reg32(0), true),
+                    expr::update_set(&affinity, reg32(0)),
+                ]);
+                sticky.extend(to_member.clone());
+                batch.add_rule(&chain, sticky, None);
+            }
+        }
+        // The chain is only reached for packets of the VIP's family: the check is for
+        // nft, which prints the client's address as such after it.
+        let mut pick = expr::nfproto(v6);
+        pick.push(expr::random(reg32(w), n));
+        if s.affinity.is_some() {
             pick.extend([
-                expr::load(Field::SrcAddr, v6, reg32(w + 1)),
-                expr::update_map(&affinity, reg32(w + 1), reg32(0)),
+                expr::load(Field::SrcAddr, v6, reg32(0)),
+                expr::update_set(&affinity, reg32(0)),
             ]);
         }
-        pick.push(expr::dnat(v6, reg32(0), Some(reg32(w))));
+        pick.extend(to_member);
         batch.add_rule(&chain, pick, None);
     }
 
-    fn affinity_map(batch: &mut Batch, name: &str, v6: bool, timeout: Duration) {
-        let addr = DataType::addr(v6);
+    fn affinity_set(batch: &mut Batch, name: &str, v6: bool, timeout: Duration) {
         batch.add_set(&SetSpec {
             name,
-            key: addr,
-            data: Some(DataType::concat(&[addr, DataType::INET_SERVICE])),
+            key: DataType::concat(&[DataType::addr(v6), DataType::NUMBER]),
+            data: None,
             interval: false,
             timeout: Some(timeout),
         });
@@ -631,7 +646,7 @@ impl Services {
         let v6 = s.vip.is_ipv6();
         batch.add_chain(&chain, None);
         if let Some(t) = s.affinity {
-            Self::affinity_map(batch, &affinity, v6, t);
+            Self::affinity_set(batch, &affinity, v6, t);
         }
         let f = family(v6);
         for (i, (addr, port)) in Self::members(s).enumerate() {
@@ -726,7 +741,7 @@ impl Services {
                         batch.delete_set(&affinity);
                     }
                     if let Some(t) = now {
-                        Self::affinity_map(batch, &affinity, new.vip.is_ipv6(), t);
+                        Self::affinity_set(batch, &affinity, new.vip.is_ipv6(), t);
                     }
                 }
             }

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 #[path = "../../../corvid-net/tests/support/nft.rs"]
-mod nft;
+pub mod nft;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
