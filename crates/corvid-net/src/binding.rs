@@ -288,6 +288,7 @@ fn make_pair(
             // gateways); the peer is still down, so its carrier too, and none is made yet.
             host.set_no_link_local(&port.host)?;
         }
+        set_ipv6(netns, &port.container.name, false)?;
         container.set_up(&port.container)?;
         if spec.hairpin {
             host.set_hairpin(&port.host, true)?;
@@ -302,6 +303,31 @@ fn make_pair(
         return Err(e);
     }
     Ok(port)
+}
+
+/// Turns IPv6 on or off on the interface `ifname` of `netns`; a kernel without IPv6 has
+/// nothing to turn.
+fn set_ipv6(netns: &Netns, ifname: &str, on: bool) -> Result<()> {
+    let key = format!("net/ipv6/conf/{ifname}/disable_ipv6");
+    let value = if on { "0" } else { "1" };
+    match netns.run(|| crate::sysctl::set(&key, value))? {
+        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
+/// Turns IPv6 back on for a container end that gets an IPv6 address, before it gets it.
+///
+/// A pair's container end starts with IPv6 off, as Docker's interfaces on IPv4-only
+/// networks have since CVE-2024-32473: no address a router's advertisement could give
+/// it, and none of the link-local address's duplicate detection, listener reports and
+/// router solicitations, which the bridge floods to every port (most of an ADD's
+/// growth with the bridge's size).
+pub fn enable_ipv6_for(netns: &Netns, link: &Link, addrs: &[IpNet]) -> Result<()> {
+    if addrs.iter().any(|a| a.addr().is_ipv6()) {
+        set_ipv6(netns, &link.name, true)?;
+    }
+    Ok(())
 }
 
 /// Gives an interface its addresses and routes; an existing default route is kept, as
@@ -419,6 +445,7 @@ pub fn ensure_plugged(
                 // does not say whether a port has it).
                 host.set_hairpin(&h, true)?;
             }
+            enable_ipv6_for(netns, &c, addrs)?;
             let readdressed = sync_addresses(container, &c, addrs)?;
             if !readdressed.is_empty() {
                 crate::announce::announce(container, netns, &c, addrs);
@@ -454,7 +481,8 @@ pub fn ensure_plugged(
         .iter()
         .map(|(dst, gw)| RouteSpec::new(*dst, *gw, port.container.index))
         .collect();
-    configure(container, &port.container, addrs, &routes)
+    enable_ipv6_for(netns, &port.container, addrs)
+        .and_then(|()| configure(container, &port.container, addrs, &routes))
         .inspect_err(|_| drop(host.delete_link(&port.host)))?;
     crate::announce::announce(container, netns, &port.container, addrs);
     Ok(Plugged::New { replaced })

@@ -129,8 +129,8 @@ fn a_missing_pair_is_plugged_and_a_whole_one_left_alone() {
 }
 
 #[test]
-fn the_host_end_has_no_ipv6_link_local_and_the_pod_end_keeps_its_own() {
-    let s = Setup::new("p6");
+fn ipv6_is_off_on_the_host_end_and_on_a_pod_end_without_an_ipv6_address() {
+    let mut s = Setup::new("p6");
     s.ensure().unwrap();
     let link_locals = |ns: &Named, name: &str| -> Vec<IpNet> {
         let mut nl = ns.netlink();
@@ -142,11 +142,36 @@ fn the_host_end_has_no_ipv6_link_local_and_the_pod_end_keeps_its_own() {
             .filter(|a| matches!(a.addr(), IpAddr::V6(v6) if v6.segments()[0] == 0xfe80))
             .collect()
     };
-    // The kernel makes a link-local address as the carrier comes up: the pod's is there
-    // at once, the host end's would be too.
-    assert_eq!(link_locals(&s.pod, "eth0").len(), 1);
+    let disabled = |ns: &Named| {
+        ns.netns()
+            .run(|| corvid_net::sysctl::get("net/ipv6/conf/eth0/disable_ipv6"))
+            .unwrap()
+            .unwrap()
+    };
+    // The kernel makes a link-local address as the carrier comes up, on every end that
+    // has IPv6 on: neither end of an IPv4-only port has one.
+    assert_eq!(link_locals(&s.pod, "eth0"), []);
     assert_eq!(link_locals(&s.host, HOST_END), []);
+    assert_eq!(disabled(&s.pod), "1");
     s.assert_works();
+    // The same port given an IPv6 address turns IPv6 on first, and gets its
+    // link-local address with it.
+    s.addrs.push("fd60::5/64".parse().unwrap());
+    assert!(matches!(s.ensure().unwrap(), Plugged::Finished(_)));
+    assert_eq!(disabled(&s.pod), "0");
+    assert_eq!(link_locals(&s.pod, "eth0").len(), 1);
+    let v6: Vec<IpNet> = s
+        .pod
+        .netlink()
+        .addresses(None)
+        .unwrap()
+        .into_iter()
+        .map(|(_, a)| a)
+        .filter(|a| a.addr().is_ipv6() && !a.addr().is_loopback())
+        .filter(|a| !matches!(a.addr(), IpAddr::V6(v6) if v6.segments()[0] == 0xfe80))
+        .collect();
+    assert_eq!(v6, [s.addrs[1]]);
+    assert_eq!(link_locals(&s.host, HOST_END), []);
 }
 
 #[test]

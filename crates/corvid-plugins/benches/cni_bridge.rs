@@ -108,8 +108,10 @@ impl Floor {
         }
     }
 
+    /// The kernel's part of an ADD: the pair plugged, its address, and the neighbours
+    /// told (one broadcast the bridge floods to every port), with corvid's own calls.
     fn add(&mut self, range: std::ops::Range<usize>) {
-        use corvid_net::binding::{plug, VethSpec};
+        use corvid_net::binding::{configure, enable_ipv6_for, plug, VethSpec};
         let spec = VethSpec {
             ifname: "eth0",
             mtu: None,
@@ -121,10 +123,18 @@ impl Floor {
             alias: None,
         };
         let start = Instant::now();
-        for (_, netns) in &self.containers[range] {
+        for i in range {
+            let netns = &self.containers[i].1;
+            let addr = std::net::Ipv4Addr::from(
+                u32::from(std::net::Ipv4Addr::new(10, 77, 0, 2)) + i as u32,
+            );
+            let addrs = [ipnet::IpNet::new(addr.into(), 16).unwrap()];
             let mut container = corvid_net::Netlink::open_in(netns).unwrap();
             let one = Instant::now();
-            plug(&mut self.host, &mut container, netns, &self.bridge, &spec).unwrap();
+            let port = plug(&mut self.host, &mut container, netns, &self.bridge, &spec).unwrap();
+            enable_ipv6_for(netns, &port.container, &addrs).unwrap();
+            configure(&mut container, &port.container, &addrs, &[]).unwrap();
+            corvid_net::announce::announce(&mut container, netns, &port.container, &addrs);
             self.added.samples.push(one.elapsed());
         }
         self.added.wall += start.elapsed();
@@ -222,6 +232,23 @@ fn main() {
             figures[&(lane.label, "DEL", 1)].0 - floor.0
         );
     }
+    let plug = figures[&("plug", "ADD", 1)];
+    println!("\nADD as the bridge fills up, one at a time: p50 of the last {window} / first {window}, and the growth in ms");
+    println!(
+        "  the kernel's floor (plug, address, announce): {:.3}, {:.2} ms",
+        plug.2 / plug.1,
+        plug.2 - plug.1
+    );
+    for lane in &lanes {
+        let add = figures[&(lane.label, "ADD", 1)];
+        println!(
+            "  {}: {:.3}, {:.2} ms, {:.2} ms above the floor's growth",
+            lane.label,
+            add.2 / add.1,
+            add.2 - add.1,
+            (add.2 - add.1) - (plug.2 - plug.1)
+        );
+    }
     if masqs.len() == 2 {
         let add = figures[&("corvid+masq", "ADD", 1)];
         let add_plain = figures[&("corvid", "ADD", 1)];
@@ -246,7 +273,6 @@ fn main() {
             del.1 / del.2,
             del_plain.1 / del_plain.2
         );
-        let plug = figures[&("plug", "ADD", 1)];
         println!(
             "  the kernel's floor itself: plugging a pair, last {window} / first {window}: {:.3}; `ip link del`, first / last: {:.3}",
             plug.2 / plug.1,

@@ -304,6 +304,7 @@ fn finish(
     }
     let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
     let routes = attach::result_routes(result, port.container.index);
+    corvid_net::binding::enable_ipv6_for(ns, &port.container, &addrs).map_err(errors::net)?;
     configure(container, &port.container, &addrs, &routes).map_err(errors::net)?;
     corvid_net::announce::announce(container, ns, &port.container, &addrs);
     if conf.is_gateway {

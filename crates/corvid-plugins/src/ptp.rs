@@ -134,9 +134,10 @@ fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
         )
         .map_err(errors::net)?;
         made.pair = Some(p.clone());
+        let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
+        corvid_net::binding::enable_ipv6_for(&ns, &p.container, &addrs).map_err(errors::net)?;
         configure_container(&mut container, &p, &mut result)?;
         configure_host(&mut host, &p, &result)?;
-        let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
         corvid_net::announce::announce(&mut container, &ns, &p.container, &addrs);
         if conf.ip_masq {
             let addrs: Vec<IpNet> = result.ips.iter().map(|ip| ip.address).collect();
