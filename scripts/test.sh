@@ -72,9 +72,10 @@ if ! command -v schemathesis >/dev/null \
     }
 fi
 
-# The Kubernetes tests (crates/corvid/tests/kubernetes.rs) run a real kube-apiserver 1.20:
+# The Kubernetes tests (crates/corvid/tests/kubernetes.rs) run a real kube-apiserver and
+# kube-controller-manager 1.20:
 # built from Debian's source package once, cached outside the checkout.
-scripts/build-kube-apiserver.sh
+scripts/build-kube.sh
 
 # The package test (crates/corvid/tests/package.rs) installs into a clean root: Debian's
 # minimal base with systemd, made once by debootstrap and cached outside the checkout.

@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod annotation;
+pub mod endpoints;
 pub mod ids;
 pub mod leader;
 pub mod metrics;

@@ -4,9 +4,8 @@
 //!
 //! A Service with a cluster IP is a load balancer whose VIP port holds that IP on the
 //! service network; each service port is a listener with one pool, whose members are
-//! the ready pods the selector matches, on their target port (a number, or a name looked
-//! up in each pod's container ports); a service without a selector takes its members
-//! from its Endpoints instead, as kube-proxy does. A `type: LoadBalancer` service also gets a
+//! the ready endpoints the API's endpoint objects give for the port's name (see
+//! `endpoints`), as kube-proxy takes them. A `type: LoadBalancer` service also gets a
 //! floating IP from the public network, associated with the VIP port, and written into
 //! `status.loadBalancer.ingress`.
 
@@ -16,66 +15,11 @@ use std::net::IpAddr;
 use corvid_api::{
     ApiError, Client, FloatingIp, LbProtocol, Listener, LoadBalancer, Member, Pool, NODE_PORT_TAG,
 };
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service, ServicePort};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::{Service, ServicePort};
 use serde_json::json;
 
-use crate::annotation::{PortAnnotation, KEY};
+use crate::endpoints::{protocol_of, EndpointGroup};
 use crate::ids;
-
-/// What the watcher needs of a pod to make it a member.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PodView {
-    /// The pod's namespace.
-    pub namespace: String,
-    /// Its labels.
-    pub labels: BTreeMap<String, String>,
-    /// Its address: from corvid's port annotation, else `status.podIP`.
-    pub ip: Option<IpAddr>,
-    /// Its Ready condition is true, and it is not being deleted.
-    pub ready: bool,
-    /// Its containers' ports by name, with their protocol.
-    pub ports: Vec<(String, u16, String)>,
-}
-
-impl PodView {
-    /// The view of `pod`.
-    pub fn of(pod: &Pod) -> PodView {
-        let annotated = pod
-            .annotations()
-            .get(KEY)
-            .and_then(|a| PortAnnotation::parse(a).ok())
-            .filter(|a| Some(&a.pod_uid) == pod.metadata.uid.as_ref())
-            .and_then(|a| a.addresses.first().map(|n| n.addr()));
-        let status = pod.status.as_ref();
-        let ip = annotated.or_else(|| status?.pod_ip.as_deref()?.parse().ok());
-        let ready = pod.metadata.deletion_timestamp.is_none()
-            && status
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let ports = pod
-            .spec
-            .iter()
-            .flat_map(|s| &s.containers)
-            .flat_map(|c| c.ports.iter().flatten())
-            .filter_map(|p| {
-                Some((
-                    p.name.clone()?,
-                    u16::try_from(p.container_port).ok()?,
-                    p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                ))
-            })
-            .collect();
-        PodView {
-            namespace: pod.namespace().unwrap_or_default(),
-            labels: pod.labels().clone(),
-            ip,
-            ready,
-            ports,
-        }
-    }
-}
 
 /// One service port as a listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,103 +63,30 @@ fn protocol_name(p: LbProtocol) -> &'static str {
     }
 }
 
-fn protocol_of(name: Option<&str>) -> LbProtocol {
-    match name.unwrap_or("TCP") {
-        "TCP" => LbProtocol::Tcp,
-        "UDP" => LbProtocol::Udp,
-        "SCTP" => LbProtocol::Sctp,
-        _ => LbProtocol::Other,
-    }
-}
-
-/// Whether `svc`'s selector picks `pod` (ready or not): same namespace, every label
-/// of a selector that has some.
-pub fn selects(svc: &Service, pod: &PodView) -> bool {
-    let selector = svc.spec.as_ref().and_then(|s| s.selector.as_ref());
-    selector.is_some_and(|sel| {
-        !sel.is_empty()
-            && pod.namespace == svc.namespace().unwrap_or_default()
-            && sel.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
-    })
-}
-
 /// Kubernetes' default for `sessionAffinityConfig.clientIP.timeoutSeconds`.
 const DEFAULT_AFFINITY_SECONDS: u64 = 10800;
 
-/// What `svc` should be, given the pods of its namespace; none for a service that gets
-/// no load balancer (headless, ExternalName, no cluster IP yet).
-pub fn wanted<'a>(svc: &Service, pods: impl Iterator<Item = &'a PodView>) -> Option<Wanted> {
-    let chosen: Vec<&PodView> = pods
-        .filter(|p| p.ready && p.ip.is_some() && selects(svc, p))
-        .collect();
-    build(svc, |p, port, protocol| {
-        chosen
-            .iter()
-            .filter_map(|pod| {
-                let target = match &p.target_port {
-                    None => port,
-                    Some(IntOrString::Int(n)) => u16::try_from(*n).ok()?,
-                    Some(IntOrString::String(name)) => match name.parse() {
-                        Ok(n) => n,
-                        Err(_) => {
-                            pod.ports
-                                .iter()
-                                .find(|(n, _, proto)| {
-                                    n == name && protocol_of(Some(proto)) == protocol
-                                })?
-                                .1
-                        }
-                    },
-                };
-                Some((pod.ip?, target))
-            })
-            .collect()
-    })
-}
-
-/// Whether `svc` takes its members from its Endpoints rather than from pods: it has no
-/// selector (the `kubernetes` service, whose endpoints the API servers write, and any
-/// service whose endpoints are written by hand).
-pub fn by_endpoints(svc: &Service) -> bool {
-    svc.spec
-        .as_ref()
-        .and_then(|s| s.selector.as_ref())
-        .is_none_or(|sel| sel.is_empty())
-}
-
-/// What a service without a selector should be, given its Endpoints: as kube-proxy
-/// reads them, the ready addresses of each subset, on the subset's port of the service
-/// port's name (the only one, for an unnamed port).
-pub fn wanted_from_endpoints(svc: &Service, endpoints: Option<&Endpoints>) -> Option<Wanted> {
-    let subsets = endpoints.and_then(|e| e.subsets.as_ref());
-    build(svc, |p, _, protocol| {
-        subsets
-            .into_iter()
-            .flatten()
-            .flat_map(|subset| {
-                let ports = subset.ports.as_deref().unwrap_or_default();
-                let port = ports
-                    .iter()
-                    .find(|ep| {
-                        ep.name.as_deref().unwrap_or("") == p.name.as_deref().unwrap_or("")
-                            && protocol_of(ep.protocol.as_deref()) == protocol
-                    })
-                    .and_then(|ep| u16::try_from(ep.port).ok());
-                subset
-                    .addresses
-                    .iter()
-                    .flatten()
-                    .filter_map(move |a| Some((a.ip.parse().ok()?, port?)))
-            })
+/// What `svc` should be, given its endpoints' groups; none for a service that gets no
+/// load balancer (headless, ExternalName, no cluster IP yet).
+pub fn wanted<'a>(
+    svc: &Service,
+    groups: impl Iterator<Item = &'a EndpointGroup> + Clone,
+) -> Option<Wanted> {
+    build(svc, |p, protocol| {
+        let name = p.name.as_deref().unwrap_or("");
+        groups
+            .clone()
+            .filter_map(|g| Some((g, g.port(name, protocol)?)))
+            .flat_map(|(g, port)| g.addresses.iter().map(move |a| (*a, port)))
             .collect()
     })
 }
 
 /// A service's load balancer with each port's members as `members` gives them (by the
-/// service port, its number and protocol); the VIP's family only.
+/// service port and its protocol); the VIP's family only.
 fn build(
     svc: &Service,
-    members: impl Fn(&ServicePort, u16, LbProtocol) -> Vec<(IpAddr, u16)>,
+    members: impl Fn(&ServicePort, LbProtocol) -> Vec<(IpAddr, u16)>,
 ) -> Option<Wanted> {
     let spec = svc.spec.as_ref()?;
     if spec.type_.as_deref() == Some("ExternalName") {
@@ -240,7 +111,7 @@ fn build(
             port,
             node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
             affinity,
-            members: members(p, port, protocol)
+            members: members(p, protocol)
                 .into_iter()
                 .filter(|(ip, _)| ip.is_ipv4() == vip.is_ipv4())
                 .collect(),
@@ -558,38 +429,45 @@ mod tests {
         .unwrap()
     }
 
-    fn pod(name: &str, ip: &str, ready: bool, labels: serde_json::Value) -> PodView {
-        let p: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "ns", "uid": name, "labels": labels},
-            "spec": {"containers": [{"name": "c", "ports": [
-                {"name": "http", "containerPort": 8081, "protocol": "TCP"}]}]},
-            "status": {"podIP": ip, "conditions": [
-                {"type": "Ready", "status": if ready { "True" } else { "False" }}]},
-        }))
-        .unwrap();
-        PodView::of(&p)
+    fn group(ips: &[&str], ports: &[(&str, u16, LbProtocol)]) -> EndpointGroup {
+        EndpointGroup {
+            addresses: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            ports: ports
+                .iter()
+                .map(|(n, p, l)| (n.to_string(), *p, *l))
+                .collect(),
+        }
     }
 
     #[test]
-    fn ready_pods_the_selector_matches_are_members_on_their_target_port() {
-        let pods = [
-            pod("a", "10.1.0.5", true, json!({"app": "web", "tier": "x"})),
-            pod("b", "10.1.0.6", false, json!({"app": "web"})),
-            pod("c", "10.1.0.7", true, json!({"app": "db"})),
+    fn each_port_takes_the_groups_that_serve_its_name_and_protocol() {
+        // Two slices: their pods resolved the named port to different numbers.
+        let groups = [
+            group(
+                &["10.1.0.5"],
+                &[
+                    ("http", 8081, LbProtocol::Tcp),
+                    ("dns", 5353, LbProtocol::Udp),
+                ],
+            ),
+            group(&["10.1.0.6", "fd00::6"], &[("http", 9090, LbProtocol::Tcp)]),
         ];
         let s = svc(
             json!({"clusterIP": "10.96.0.10", "selector": {"app": "web"},
             "sessionAffinity": "ClientIP",
-            "ports": [{"port": 80, "targetPort": "http"}, {"port": 53, "protocol": "UDP", "targetPort": 5353}]}),
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"},
+                {"name": "dns", "port": 53, "protocol": "UDP"}]}),
         );
-        let w = wanted(&s, pods.iter()).unwrap();
+        let w = wanted(&s, groups.iter()).unwrap();
         let tcp = &w.listeners["TCP/80"];
         assert_eq!(
             tcp.members,
-            BTreeSet::from([("10.1.0.5".parse().unwrap(), 8081)])
+            BTreeSet::from([
+                ("10.1.0.5".parse().unwrap(), 8081),
+                ("10.1.0.6".parse().unwrap(), 9090)
+            ])
         );
         assert_eq!(tcp.affinity, Some(10800));
-        // A named port is looked up with its protocol: the UDP port is a number here.
         assert_eq!(
             w.listeners["UDP/53"].members,
             BTreeSet::from([("10.1.0.5".parse().unwrap(), 5353)])

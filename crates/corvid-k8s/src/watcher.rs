@@ -7,7 +7,7 @@
 //! down. Instead, once a full list has arrived and every `resync` after, ports whose pod
 //! is gone and networks whose namespace is gone are swept.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use std::time::Duration;
 use corvid_api::{ApiError, Client, Network, Port, Subnet, SubnetPool};
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Endpoints, Event as K8sEvent, Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Event as K8sEvent, Namespace, Pod, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Event};
@@ -23,10 +23,11 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
+use crate::endpoints::{self, EndpointGroup};
 use crate::ids;
 use crate::leader::{Candidate, Election};
 use crate::metrics::{self, Kind, Phase};
-use crate::services::{self, Made, PodView, Trouble};
+use crate::services::{self, Made, Trouble};
 
 /// What `corvid kube-watch` is told.
 #[derive(Debug, Clone)]
@@ -176,7 +177,7 @@ enum Input {
     Namespace(Box<Event<Namespace>>),
     Pod(Box<Event<Pod>>),
     Service(Box<Event<Service>>),
-    Endpoints(Box<Event<Endpoints>>),
+    Endpoints(Box<Event<endpoints::Change>>),
     WatchFailed(&'static str, String),
     Retry(Retry),
     Resync,
@@ -205,8 +206,6 @@ struct Watcher {
     services: HashMap<String, Service>,
     services_listing: Option<HashMap<String, Service>>,
     services_listed: bool,
-    /// What each pod offers a service, by namespace and pod UID.
-    pod_views: HashMap<String, HashMap<String, PodView>>,
     /// What the controller holds for each service, by service UID.
     made: HashMap<String, Made>,
     /// The last trouble reported for each service, so that it is reported once.
@@ -215,8 +214,13 @@ struct Watcher {
     public_network: Option<String>,
     /// The controller's cluster ID, which annotations carry to the plugin.
     cluster: Arc<str>,
-    /// Endpoints, by `namespace/name`: the members of services without a selector.
-    endpoints: HashMap<String, Endpoints>,
+    /// Each endpoint object's service and groups, by the object's `namespace/name`.
+    endpoints: HashMap<String, (String, Vec<EndpointGroup>)>,
+    endpoints_listing: Option<HashMap<String, (String, Vec<EndpointGroup>)>>,
+    /// The endpoint objects of each service, by its `namespace/name`.
+    endpoints_of: HashMap<String, BTreeSet<String>>,
+    /// The first whole list of endpoint objects came in.
+    endpoints_listed: bool,
     /// Failed work's tries so far, for its backoff.
     backoff: Backoff,
     /// Gone namespaces whose networks wait for their last ports, by UID: each port of a
@@ -258,12 +262,14 @@ impl Watcher {
             services: HashMap::new(),
             services_listing: None,
             services_listed: false,
-            pod_views: HashMap::new(),
             made: HashMap::new(),
             troubles: HashMap::new(),
             public_network: None,
             cluster: Arc::from(""),
             endpoints: HashMap::new(),
+            endpoints_listing: None,
+            endpoints_of: HashMap::new(),
+            endpoints_listed: false,
             backoff: Backoff::default(),
             pending_networks: HashSet::new(),
         }
@@ -306,15 +312,14 @@ impl Watcher {
                     |e| Input::Service(Box::new(e)),
                 )
             });
-        let endpoints =
-            watcher::watcher(Api::<Endpoints>::all(self.kube.clone()), Default::default()).map(
-                |e| {
-                    e.map_or_else(
-                        |e| Input::WatchFailed("endpoints", e.to_string()),
-                        |e| Input::Endpoints(Box::new(e)),
-                    )
-                },
-            );
+        let source = endpoints::Source::discover(&self.kube).await;
+        tracing::info!("services' members from {}", source.name());
+        let endpoints = source.watch(self.kube.clone()).map(|e| {
+            e.map_or_else(
+                |e| Input::WatchFailed("endpoints", e.to_string()),
+                |e| Input::Endpoints(Box::new(e)),
+            )
+        });
         let retries = self
             .retry_rx
             .take()
@@ -523,7 +528,6 @@ impl Watcher {
 
     async fn pod_event(&mut self, e: Event<Pod>) {
         metrics::event(Kind::Pod);
-        self.pod_view(&e).await;
         match e {
             Event::Init => self.pods_listing = Some(HashSet::new()),
             Event::InitApply(p) => {
@@ -534,16 +538,8 @@ impl Watcher {
             }
             Event::InitDone => {
                 self.pods = self.pods_listing.take().unwrap_or_default();
-                let first = !self.listed.1;
                 self.listed.1 = true;
                 self.sweep().await;
-                // Services waited for the first whole list of their members.
-                if first && self.services_listed {
-                    let all: Vec<String> = self.services.keys().cloned().collect();
-                    for uid in all {
-                        self.service(&uid).await;
-                    }
-                }
             }
             Event::Apply(p) => {
                 if let Some(uid) = p.uid() {
@@ -561,66 +557,86 @@ impl Watcher {
         }
     }
 
-    /// Keeps what pods offer services, and brings the services that select a pod (before
-    /// or after its change) up to date when that changed.
-    async fn pod_view(&mut self, e: &Event<Pod>) {
-        let (pod, view) = match e {
-            Event::InitApply(p) | Event::Apply(p) => (p, Some(PodView::of(p))),
-            Event::Delete(p) => (p, None),
-            _ => return,
+    /// Keeps the endpoint objects, and brings the services whose members they changed up
+    /// to date; a relist replaces them all.
+    async fn endpoints_event(&mut self, e: Event<endpoints::Change>) {
+        metrics::event(Kind::Service);
+        let changed: BTreeSet<String> = match e {
+            Event::Init => {
+                self.endpoints_listing = Some(HashMap::new());
+                return;
+            }
+            Event::InitApply(c) => {
+                if let (Some(l), Some(groups)) = (&mut self.endpoints_listing, c.groups) {
+                    l.insert(c.object, (c.service, groups));
+                }
+                return;
+            }
+            Event::InitDone => {
+                let listed = self.endpoints_listing.take().unwrap_or_default();
+                let mut changed = BTreeSet::new();
+                for (object, before) in &self.endpoints {
+                    if listed.get(object) != Some(before) {
+                        changed.insert(before.0.clone());
+                    }
+                }
+                for (object, now) in &listed {
+                    if self.endpoints.get(object) != Some(now) {
+                        changed.insert(now.0.clone());
+                    }
+                }
+                self.endpoints_of.clear();
+                for (object, (service, _)) in &listed {
+                    self.endpoints_of
+                        .entry(service.clone())
+                        .or_default()
+                        .insert(object.clone());
+                }
+                self.endpoints = listed;
+                if !self.endpoints_listed {
+                    // Services waited for the first whole list of their members.
+                    self.endpoints_listed = true;
+                    self.services.values().map(object_key).collect()
+                } else {
+                    changed
+                }
+            }
+            Event::Apply(c) | Event::Delete(c) => {
+                let now = c.groups.map(|g| (c.service, g));
+                let before = match &now {
+                    Some(n) => self.endpoints.insert(c.object.clone(), n.clone()),
+                    None => self.endpoints.remove(&c.object),
+                };
+                if before == now {
+                    return;
+                }
+                let mut changed = BTreeSet::new();
+                if let Some((service, _)) = before {
+                    if let Some(objects) = self.endpoints_of.get_mut(&service) {
+                        objects.remove(&c.object);
+                        if objects.is_empty() {
+                            self.endpoints_of.remove(&service);
+                        }
+                    }
+                    changed.insert(service);
+                }
+                if let Some((service, _)) = now {
+                    self.endpoints_of
+                        .entry(service.clone())
+                        .or_default()
+                        .insert(c.object);
+                    changed.insert(service);
+                }
+                changed
+            }
         };
-        let (Some(uid), ns) = (pod.uid(), pod.namespace().unwrap_or_default()) else {
-            return;
-        };
-        let views = self.pod_views.entry(ns.clone()).or_default();
-        let old = match &view {
-            Some(v) => views.insert(uid, v.clone()),
-            None => views.remove(&uid),
-        };
-        if views.is_empty() {
-            self.pod_views.remove(&ns);
-        }
-        if old == view {
-            return;
-        }
         let affected: Vec<String> = self
             .services
             .iter()
-            .filter(|(_, s)| {
-                old.iter()
-                    .chain(view.iter())
-                    .any(|v| services::selects(s, v))
-            })
+            .filter(|(_, s)| changed.contains(&object_key(*s)))
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in affected {
-            self.service(&uid).await;
-        }
-    }
-
-    /// Keeps the Endpoints, and brings the selector-less service of the same name up to
-    /// date when they change.
-    async fn endpoints_event(&mut self, e: Event<Endpoints>) {
-        metrics::event(Kind::Service);
-        let (key, now) = match e {
-            Event::InitApply(ep) | Event::Apply(ep) => (object_key(&ep), Some(ep)),
-            Event::Delete(ep) => (object_key(&ep), None),
-            Event::Init | Event::InitDone => return,
-        };
-        let before = match now {
-            Some(ep) => self.endpoints.insert(key.clone(), ep),
-            None => self.endpoints.remove(&key),
-        };
-        if before.as_ref() == self.endpoints.get(&key) {
-            return;
-        }
-        let selectorless: Vec<String> = self
-            .services
-            .iter()
-            .filter(|(_, s)| object_key(*s) == key && services::by_endpoints(s))
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        for uid in selectorless {
             self.service(&uid).await;
         }
     }
@@ -661,19 +677,21 @@ impl Watcher {
     /// Makes the controller hold what the service with UID `uid` should be (nothing once
     /// it is gone), and its status show its floating IP.
     async fn service(&mut self, uid: &str) {
-        // Before the first whole pod list, a service's members are not known: a restarted
-        // watcher would take every healthy service's members away for a moment. A gone
-        // service's load balancer goes at once.
-        if !self.listed.1 && self.services.contains_key(uid) {
+        // Before the first whole list of endpoints, a service's members are not known: a
+        // restarted watcher would take every healthy service's members away for a moment.
+        // A gone service's load balancer goes at once.
+        if !self.endpoints_listed && self.services.contains_key(uid) {
             return;
         }
         let svc = self.services.get(uid).cloned();
         let want = svc.as_ref().and_then(|s| {
-            if services::by_endpoints(s) {
-                return services::wanted_from_endpoints(s, self.endpoints.get(&object_key(s)));
-            }
-            let pods = self.pod_views.get(&s.namespace().unwrap_or_default());
-            services::wanted(s, pods.into_iter().flat_map(HashMap::values))
+            let objects = self.endpoints_of.get(&object_key(s));
+            let groups = objects
+                .into_iter()
+                .flatten()
+                .filter_map(|o| self.endpoints.get(o))
+                .flat_map(|(_, g)| g);
+            services::wanted(s, groups)
         });
         let name = svc
             .as_ref()
@@ -733,7 +751,7 @@ impl Watcher {
             empty.then(|| Trouble {
                 reason: "NoReadyPods",
                 message: format!(
-                    "no ready pod matches the selector {selector:?}: connections to {} are refused",
+                    "no ready endpoint for the selector {selector:?}: connections to {} are refused",
                     want.vip
                 ),
             })
@@ -1124,7 +1142,7 @@ impl PodWork {
     }
 }
 
-/// `namespace/name` of an object: how a service and its Endpoints find each other.
+/// `namespace/name` of an object: how a service and its endpoint objects find each other.
 fn object_key<K: kube::Resource>(object: &K) -> String {
     format!(
         "{}/{}",

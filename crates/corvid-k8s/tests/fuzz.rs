@@ -1,9 +1,9 @@
 //! Property-based fuzzing of what the Kubernetes side reads from the API server: corvid's
-//! port annotation (any text, and real annotations with fields replaced), and Pods and
-//! Services of any shape turned into pod views and wanted load balancers. Property: an
-//! error that says what is wrong, or a value that holds together (an annotation reads
-//! back to itself; a load balancer's members are ready pods the service selects), never a
-//! panic.
+//! port annotation (any text, and real annotations with fields replaced), and
+//! EndpointSlices and Services of any shape turned into endpoint groups and wanted load
+//! balancers. Property: an error that says what is wrong, or a value that holds together
+//! (an annotation reads back to itself; a load balancer's members are ready endpoints of
+//! the service's slices, on a port they serve), never a panic.
 //!
 //! 2,000 cases by default; `CORVID_FUZZ_CASES` for a longer run.
 
@@ -12,8 +12,10 @@
 mod fuzz;
 
 use corvid_k8s::annotation::PortAnnotation;
-use corvid_k8s::services::{selects, wanted, PodView};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use corvid_k8s::endpoints::{of_slice, EndpointGroup};
+use corvid_k8s::services::wanted;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::DynamicObject;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -60,7 +62,8 @@ fn key() -> impl Strategy<Value = String> {
             "annotations", "selector", "ports", "port", "targetPort", "protocol", "nodePort",
             "clusterIP", "type", "sessionAffinity", "sessionAffinityConfig", "clientIP",
             "timeoutSeconds", "podIP", "conditions", "containers", "containerPort",
-            "deletionTimestamp", "loadBalancerIP", "corvid.io/port", "app",
+            "deletionTimestamp", "loadBalancerIP", "corvid.io/port", "app", "endpoints",
+            "addressType", "ready", "kubernetes.io/service-name",
         ])
         .prop_map(str::to_string),
         1 => "[a-zA-Z./]{0,8}",
@@ -118,24 +121,28 @@ fn service() -> impl Strategy<Value = Value> {
         })
 }
 
-/// A Pod near a real one (annotated, ready, labelled), with fields replaced by anything.
-fn pod() -> impl Strategy<Value = Value> {
+/// An EndpointSlice near a real one (of the service, an endpoint ready or not), with
+/// fields replaced by anything, at the top or in its endpoint.
+fn slice() -> impl Strategy<Value = Value> {
     (
-        annotation(),
         prop::collection::vec((key(), value()), 0..3),
+        prop::collection::vec((key(), value()), 0..2),
         any::<bool>(),
     )
-        .prop_map(|(annotation, changes, ready)| {
-            let mut p = json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "web-1", "namespace": "default", "uid": "uid-1",
-                    "labels": {"app": "web"}, "annotations": {"corvid.io/port": annotation}},
-                "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
-                "status": {"podIP": "10.0.0.5",
-                    "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}});
-            for (k, v) in changes {
-                p["metadata"].as_object_mut().unwrap().insert(k, v);
+        .prop_map(|(changes, endpoint_changes, ready)| {
+            let mut s = json!({"apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+                "metadata": {"name": "web-x", "namespace": "default",
+                    "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.5"], "conditions": {"ready": ready}}],
+                "ports": [{"name": "", "port": 8080, "protocol": "TCP"}]});
+            for (k, v) in endpoint_changes {
+                s["endpoints"][0].as_object_mut().unwrap().insert(k, v);
             }
-            p
+            for (k, v) in changes {
+                s.as_object_mut().unwrap().insert(k, v);
+            }
+            s
         })
 }
 
@@ -157,33 +164,46 @@ proptest! {
 }
 
 #[test]
-fn services_and_pods_of_any_shape() {
+fn services_and_slices_of_any_shape() {
     // Services that got members, so the run is known to reach past deserializing.
     let served = std::cell::Cell::new(0u32);
     let mut runner = proptest::test_runner::TestRunner::new(config());
     let outcome = runner.run(
-        &(service(), prop::collection::vec(pod(), 0..4)),
-        |(svc, pods)| {
+        &(service(), prop::collection::vec(slice(), 0..4)),
+        |(svc, slices)| {
             let Ok(svc) = serde_json::from_value::<Service>(svc) else {
                 return Ok(());
             };
-            let views: Vec<PodView> = pods
-                .into_iter()
-                .filter_map(|p| serde_json::from_value::<Pod>(p).ok())
-                .map(|p| PodView::of(&p))
+            let groups: Vec<EndpointGroup> = slices
+                .iter()
+                .filter_map(|s| serde_json::from_value::<DynamicObject>(s.clone()).ok())
+                .filter_map(|s| of_slice(&s))
+                .map(|(_, g)| g)
                 .collect();
-            if let Some(w) = wanted(&svc, views.iter()) {
+            let ready = |ip: &std::net::IpAddr, port: u16| {
+                slices.iter().any(|s| {
+                    s["endpoints"].as_array().is_some_and(|e| {
+                        e.iter().any(|e| {
+                            e["addresses"][0].as_str() == Some(&ip.to_string())
+                                && e["conditions"]["ready"] != json!(false)
+                        })
+                    }) && s["ports"].as_array().is_some_and(|p| {
+                        p.iter()
+                            .any(|p| p["port"].as_u64() == Some(u64::from(port)))
+                    })
+                })
+            };
+            if let Some(w) = wanted(&svc, groups.iter()) {
                 for listener in w.listeners.values() {
                     if !listener.members.is_empty() {
                         served.set(served.get() + 1);
                     }
-                    for (ip, _) in &listener.members {
+                    for (ip, port) in &listener.members {
                         prop_assert!(
-                            views
-                                .iter()
-                                .any(|v| v.ready && v.ip == Some(*ip) && selects(&svc, v)),
-                            "member {} is no ready pod the service selects",
-                            ip
+                            ready(ip, *port),
+                            "member {}:{} is no ready endpoint of a slice serving the port",
+                            ip,
+                            port
                         );
                     }
                 }

@@ -127,7 +127,7 @@ fn load_balancer(cluster: &Cluster, subnet: &str, vip: &str, members: &[String])
 /// serving its name on 8080, and Ready.
 fn k8s_pod(cluster: &Cluster, kube: &KubeApi, name: &str, host: usize, app: &str) -> (Ns, Proc) {
     let (n, app, node) = (name.to_string(), app.to_string(), format!("h{}", host + 1));
-    let port_id = kube.admin(|c| async move {
+    let (port_id, ip) = kube.admin(|c| async move {
         let api = Api::<Pod>::namespaced(c, "bench");
         let p: Pod = serde_json::from_value(json!({
             "metadata": {"name": n, "labels": {"app": app}},
@@ -142,9 +142,8 @@ fn k8s_pod(cluster: &Cluster, kube: &KubeApi, name: &str, host: usize, app: &str
                 .annotations
                 .and_then(|a| a.get(corvid_k8s::annotation::KEY).cloned());
             if let Some(text) = found {
-                return corvid_k8s::annotation::PortAnnotation::parse(&text)
-                    .unwrap()
-                    .port_id;
+                let a = corvid_k8s::annotation::PortAnnotation::parse(&text).unwrap();
+                return (a.port_id, a.addresses[0].addr().to_string());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -166,7 +165,9 @@ fn k8s_pod(cluster: &Cluster, kube: &KubeApi, name: &str, host: usize, app: &str
     let server = ns.serve_name(name, 8080);
     let n = name.to_string();
     kube.admin(|c| async move {
-        let patch = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        // As the kubelet writes it: the endpoint controllers take ready pods with an IP.
+        let patch = json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True"}]}});
         Api::<Pod>::namespaced(c, "bench")
             .patch_status(&n, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -31,8 +31,13 @@ fn manifest(name: &str) -> std::path::PathBuf {
 
 /// The cluster, the API server beside the controller, and the RBAC objects applied.
 fn setup(name: &str) -> (Cluster, KubeApi) {
+    setup_with(name, &[])
+}
+
+/// As [`setup`], with more arguments for the API server.
+fn setup_with(name: &str, extra: &[&str]) -> (Cluster, KubeApi) {
     let cluster = Cluster::new(name);
-    let kube = KubeApi::start(&cluster.lan.path, API_ADDR);
+    let kube = KubeApi::start_with(&cluster.lan.path, API_ADDR, extra);
     kube.apply_manifest(&manifest("rbac.yaml"));
     (cluster, kube)
 }
@@ -1081,12 +1086,14 @@ fn served_pods(
     }
 }
 
-/// Sets the pod's Ready condition, as its kubelet would.
+/// Sets the pod's Ready condition and its IP (the first of its annotation's), as its
+/// kubelet would.
 fn set_ready(kube: &KubeApi, ns: &str, name: &str, ready: bool) {
+    let ip = annotation(kube, ns, name).map(|a| a.addresses[0].addr().to_string());
     let (ns, name) = (ns.to_string(), name.to_string());
     kube.admin(|c| async move {
-        let patch = json!({"status": {"conditions": [
-            {"type": "Ready", "status": if ready { "True" } else { "False" }}]}});
+        let patch = json!({"status": {"podIP": ip, "podIPs": ip.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}});
         Api::<Pod>::namespaced(c, &ns)
             .patch_status(
                 &name,
@@ -1219,6 +1226,43 @@ fn services_without_a_selector_and_the_kubernetes_service_are_served() {
         Duration::from_secs(20),
         || client.connect(&vip, 80, 1, false) == ["m0"],
     );
+    // A hand-written EndpointSlice and no Endpoints: the members are the slices', as
+    // kube-proxy takes them.
+    let svc = service(
+        &kube,
+        "x",
+        "sliced",
+        json!({"spec": {"ports": [{"name": "http", "port": 80, "targetPort": 9999}]}}),
+        false,
+    );
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+        "metadata": {"name": "sliced-1", "labels": {"kubernetes.io/service-name": "sliced"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [member_ip], "conditions": {"ready": true}}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    });
+    kube.admin(|c| async move {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "discovery.k8s.io",
+            "v1beta1",
+            "EndpointSlice",
+        ));
+        Api::<DynamicObject>::namespaced_with(c, "x", &ar)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(slice).unwrap(),
+            )
+            .await
+            .unwrap();
+    });
+    let sliced = svc.spec.unwrap().cluster_ip.unwrap();
+    wait_until(
+        "the hand-written slice's endpoint to answer",
+        Duration::from_secs(20),
+        || client.connect(&sliced, 80, 1, false) == ["m0"],
+    );
     // The `kubernetes` service, whose endpoints the API server writes: the API server's
     // own address, outside every corvid network, reached through the node.
     let kubernetes = kube.admin(|c| async move {
@@ -1249,6 +1293,36 @@ fn services_without_a_selector_and_the_kubernetes_service_are_served() {
         Duration::from_secs(20),
         answered,
     );
+}
+
+#[test]
+fn where_endpoint_slices_are_not_served_members_come_from_endpoints() {
+    let (cluster, kube) = setup_with("ke", &["--runtime-config=discovery.k8s.io/v1beta1=false"]);
+    let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
+    namespace(&kube, "old");
+    let served = served_pods(
+        &cluster,
+        &kube,
+        "old",
+        &[("p0", 0, "web"), ("p1", 1, "web"), ("client", 1, "client")],
+    );
+    let client = &served.pods[2].3;
+    let svc = service(
+        &kube,
+        "old",
+        "web",
+        json!({"spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}),
+        false,
+    );
+    let vip = svc.spec.unwrap().cluster_ip.unwrap();
+    let web = std::collections::BTreeSet::from(["p0", "p1"]);
+    wait_until("both members to answer", Duration::from_secs(20), || {
+        answers_of(&client.connect(&vip, 80, 20, false)) == web
+    });
+    set_ready(&kube, "old", "p1", false);
+    wait_until("p1 left out", Duration::from_secs(20), || {
+        answers_of(&client.connect(&vip, 80, 10, false)) == std::collections::BTreeSet::from(["p0"])
+    });
 }
 
 #[test]
@@ -1345,6 +1419,28 @@ fn services_spread_over_ready_pods_and_follow_them() {
         serving_condition(&kube, "shop", "web"),
         Some(("False".into(), "NoReadyPods".into()))
     );
+    // publishNotReadyAddresses: the endpoint controllers publish pods that are not ready,
+    // and so they serve.
+    let publish = |on: bool| {
+        service(
+            &kube,
+            "shop",
+            "web",
+            json!({"spec": {"publishNotReadyAddresses": on}}),
+            true,
+        )
+    };
+    publish(true);
+    let not_ready = std::collections::BTreeSet::from(["p0", "p2"]);
+    wait_until(
+        "the pods that are not ready to serve",
+        Duration::from_secs(20),
+        || answers_of(&client.connect(&vip, 80, 20, false)) == not_ready,
+    );
+    publish(false);
+    wait_until("refusal again", Duration::from_secs(20), || {
+        client.connect(&vip, 80, 1, false) == ["refused"]
+    });
     set_ready(&kube, "shop", "p0", true);
     wait_until("the service served again", Duration::from_secs(10), || {
         serving_condition(&kube, "shop", "web") == Some(("True".into(), "Serving".into()))

@@ -1,7 +1,9 @@
-//! A real kube-apiserver (v1.20, built by scripts/build-kube-apiserver.sh) on a real etcd,
-//! both inside a test namespace, with static token users that RBAC binds like service
-//! accounts. No scheduler, controller-manager or kubelet: tests set `spec.nodeName` and
-//! play the kubelet.
+//! A real kube-apiserver and kube-controller-manager (v1.20, built by
+//! scripts/build-kube.sh) on a real etcd, all inside a test namespace, with static token
+//! users that RBAC binds like service accounts. The controller manager runs the endpoint
+//! controllers only (Endpoints, EndpointSlices and their mirroring): what services serve.
+//! No scheduler or kubelet: tests set `spec.nodeName` and play the kubelet (its Ready
+//! condition and pod IP).
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -24,17 +26,19 @@ pub const NODE_TOKEN: &str = "cvt-node-token";
 /// A user no role is bound to.
 pub const NOBODY_TOKEN: &str = "cvt-nobody-token";
 
-/// Where the API server binary is, built once and cached outside the checkout.
-pub fn binary() -> PathBuf {
-    std::env::var_os("CORVID_KUBE_APISERVER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/kube-apiserver-1.20/kube-apiserver"))
+/// Where the control plane's binary `name` is, built once and cached outside the
+/// checkout (`$KUBE_CACHE`, as the build script takes it).
+pub fn binary(name: &str) -> PathBuf {
+    std::env::var_os("KUBE_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/kube-1.20"), PathBuf::from)
+        .join(name)
 }
 
-/// A running API server and its etcd.
+/// A running API server, its etcd and the endpoint controllers.
 pub struct KubeApi {
     _etcd: Proc,
     apiserver: Proc,
+    controller_manager: Option<Proc>,
     dir: tempfile::TempDir,
     netns: PathBuf,
     /// Its URL, reachable from the namespace it runs in and the ones routed to it.
@@ -51,14 +55,22 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 impl KubeApi {
-    /// Starts etcd and the API server in namespace `netns`, serving on `addr:6443`.
+    /// Starts etcd, the API server and the endpoint controllers in namespace `netns`,
+    /// the API server serving on `addr:6443`.
     pub fn start(netns: &Path, addr: &str) -> KubeApi {
-        let bin = binary();
-        assert!(
-            bin.exists(),
-            "{} is missing: run scripts/build-kube-apiserver.sh (scripts/test.sh does)",
-            bin.display()
-        );
+        KubeApi::start_with(netns, addr, &[])
+    }
+
+    /// As [`KubeApi::start`], with more arguments for the API server.
+    pub fn start_with(netns: &Path, addr: &str, extra: &[&str]) -> KubeApi {
+        let [bin, kcm] = ["kube-apiserver", "kube-controller-manager"].map(binary);
+        for b in [&bin, &kcm] {
+            assert!(
+                b.exists(),
+                "{} is missing: run scripts/build-kube.sh (scripts/test.sh does)",
+                b.display()
+            );
+        }
         let dir = tempfile::Builder::new()
             .prefix("cvt-kube")
             .tempdir()
@@ -202,13 +214,15 @@ impl KubeApi {
             d.join("sa.key").display()
         ))
         .arg(format!("--cert-dir={}", d.join("certs").display()))
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(log);
         ns.apply_to(&mut api).unwrap();
         let apiserver = Proc(api.spawn().unwrap());
-        let kube = KubeApi {
+        let mut kube = KubeApi {
             _etcd: etcd,
             apiserver,
+            controller_manager: None,
             netns: netns.to_path_buf(),
             url: format!("https://{addr}:6443"),
             dir,
@@ -231,6 +245,32 @@ impl KubeApi {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+        // The simulated cluster's nodes, as their kubelets register them: the EndpointSlice
+        // controller refuses pods on a node it does not know.
+        kube.admin(|c| async move {
+            for node in ["h1", "h2"] {
+                let n: k8s_openapi::api::core::v1::Node =
+                    serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+                kube::Api::<k8s_openapi::api::core::v1::Node>::all(c.clone())
+                    .create(&Default::default(), &n)
+                    .await
+                    .unwrap();
+            }
+        });
+        let log = std::fs::File::create(kube.dir.path().join("controller-manager.log")).unwrap();
+        let mut kcm = Command::new(kcm);
+        kcm.arg(format!("--kubeconfig={}", ready.display()))
+            .args([
+                "--controllers=endpoint,endpointslice,endpointslicemirroring",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                "--port=0",
+                "--secure-port=0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log);
+        ns.apply_to(&mut kcm).unwrap();
+        kube.controller_manager = Some(Proc(kcm.spawn().unwrap()));
         kube
     }
 
@@ -327,6 +367,9 @@ impl KubeApi {
 
 impl Drop for KubeApi {
     fn drop(&mut self) {
+        if let Some(kcm) = &mut self.controller_manager {
+            kcm.kill9();
+        }
         self.apiserver.kill9();
     }
 }
