@@ -19,7 +19,9 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
 use support::cluster::ns::{spawn_with_input, wait_until};
 use support::cluster::{cni_result, Cluster};
-use support::kube::{plugin_conf, start_watcher, KubeApi, NOBODY_TOKEN, NODE_TOKEN};
+use support::kube::{
+    plugin_conf, start_in_cluster_watcher, start_watcher, KubeApi, NOBODY_TOKEN, NODE_TOKEN,
+};
 
 const API_ADDR: &str = "10.99.0.254";
 
@@ -500,6 +502,20 @@ fn unplugged(
         .output()
         .unwrap();
     assert!(!left.status.success(), "{what}: eth0 is still in the pod");
+}
+
+/// The `kubernetes` service's cluster IP.
+fn kubernetes_cluster_ip(kube: &KubeApi) -> String {
+    kube.admin(|c| async move {
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(c, "default")
+            .get("kubernetes")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .cluster_ip
+            .unwrap()
+    })
 }
 
 fn lease_holder(kube: &KubeApi) -> Option<String> {
@@ -1265,21 +1281,15 @@ fn services_without_a_selector_and_the_kubernetes_service_are_served() {
     );
     // The `kubernetes` service, whose endpoints the API server writes: the API server's
     // own address, outside every corvid network, reached through the node.
-    let kubernetes = kube.admin(|c| async move {
-        Api::<k8s_openapi::api::core::v1::Service>::namespaced(c, "default")
-            .get("kubernetes")
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .cluster_ip
-            .unwrap()
-    });
+    let kubernetes = kubernetes_cluster_ip(&kube);
+    // With the API server's TLS: its certificate, checked against the CA, names the
+    // cluster IP.
     let script = format!(
-        "import socket, ssl\nc = ssl._create_unverified_context()\n\
-         s = c.wrap_socket(socket.create_connection(('{kubernetes}', 443), timeout=3))\n\
+        "import socket, ssl\nc = ssl.create_default_context(cafile='{}')\n\
+         s = c.wrap_socket(socket.create_connection(('{kubernetes}', 443), timeout=3), server_hostname='{kubernetes}')\n\
          s.sendall(b'GET /version HTTP/1.1\\r\\nHost: kubernetes\\r\\nConnection: close\\r\\n\\r\\n')\n\
-         print(s.recv(100).decode().split()[0])"
+         print(s.recv(100).decode().split()[0])",
+        kube.ca().display()
     );
     let answered = || {
         client
@@ -1292,6 +1302,42 @@ fn services_without_a_selector_and_the_kubernetes_service_are_served() {
         "the API server through kubernetes.default",
         Duration::from_secs(20),
         answered,
+    );
+}
+
+#[test]
+fn the_watcher_runs_on_its_in_cluster_configuration_through_the_kubernetes_service() {
+    let (cluster, kube) = setup("kc");
+    // First start, as the Deployment's ConfigMap points it at the API server itself:
+    // nothing serves the `kubernetes` service before the watcher has made it.
+    let (mut first, _sa) = start_in_cluster_watcher(
+        &cluster.lan,
+        &kube,
+        (API_ADDR, 6443),
+        &["--lease-seconds", "4"],
+    );
+    namespace(&kube, "ic1");
+    wait_until("ic1's network", Duration::from_secs(20), || {
+        networks_of_namespace(&cluster, "ic1").len() == 1
+    });
+    let kubernetes = kubernetes_cluster_ip(&kube);
+    // Then on a node's host network, as kubelet's environment gives it: through the
+    // service's cluster IP, which the node's agent serves, with the API server's TLS.
+    // A node routes a cluster IP by its default route before the agent's DNAT picks the
+    // API server, as with kube-proxy.
+    cluster.hosts[0].ip("route add default via 10.99.0.254");
+    let (_second, _sa2) = start_in_cluster_watcher(
+        &cluster.hosts[0],
+        &kube,
+        (&kubernetes, 443),
+        &["--lease-seconds", "4", "--metrics-listen", "127.0.0.1:9698"],
+    );
+    first.kill9();
+    namespace(&kube, "ic2");
+    wait_until(
+        "ic2's network, made by the watcher on the node",
+        Duration::from_secs(30),
+        || networks_of_namespace(&cluster, "ic2").len() == 1,
     );
 }
 

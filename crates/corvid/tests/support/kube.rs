@@ -274,6 +274,11 @@ impl KubeApi {
         kube
     }
 
+    /// The CA certificate the API server's is signed by.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
     /// The API server's log, for assertion messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default()
@@ -389,6 +394,52 @@ pub fn start_watcher(cluster: &Cluster, kube: &KubeApi, extra: &[&str]) -> Proc 
         .spawn()
         .unwrap();
     Proc(child)
+}
+
+/// `corvid kube-watch` as its Deployment runs it, in namespace `ns` (a node's, for its
+/// host network): no kubeconfig, the API server at `KUBERNETES_SERVICE_HOST:PORT` (`api`),
+/// and the service account's token, CA and namespace at the fixed path kube reads them
+/// from, in a mount namespace of its own (a tmpfs over /run: the machine's is not
+/// touched). Keep the returned directory while it runs.
+pub fn start_in_cluster_watcher(
+    ns: &super::cluster::ns::Ns,
+    kube: &KubeApi,
+    api: (&str, u16),
+    extra: &[&str],
+) -> (Proc, tempfile::TempDir) {
+    let sa = tempfile::Builder::new().prefix("cvt-sa").tempdir().unwrap();
+    std::fs::write(sa.path().join("token"), WATCHER_TOKEN).unwrap();
+    std::fs::copy(kube.ca(), sa.path().join("ca.crt")).unwrap();
+    std::fs::write(sa.path().join("namespace"), "kube-system").unwrap();
+    let script = "mount -t tmpfs cvt-run /run \
+        && mkdir -p /run/secrets/kubernetes.io/serviceaccount \
+        && cp \"$CVT_SA\"/* /run/secrets/kubernetes.io/serviceaccount/ \
+        && exec \"$@\"";
+    let child = ns
+        .command("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(env!("CARGO_BIN_EXE_corvid"))
+        .args(["kube-watch", "--controller", &url()])
+        .args(extra)
+        .env("CVT_SA", sa.path())
+        .env("KUBERNETES_SERVICE_HOST", api.0)
+        .env("KUBERNETES_SERVICE_PORT", api.1.to_string())
+        // No kubeconfig anywhere kube looks first.
+        .env_remove("KUBECONFIG")
+        .env("HOME", sa.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    (Proc(child), sa)
 }
 
 /// The `corvid-k8s` plugin's configuration for node `host`, as the user with `token`.
