@@ -217,3 +217,120 @@ pub fn sync_bridges_allowance(nl: &mut crate::Netlink) -> Result<Change, String>
         _ => Change::None,
     })
 }
+
+/// The firewall plugin's chain, as in iptables-nft's tables (where the plugin writes it
+/// through netlink, `nftables::firewall`).
+const FIREWALL_CHAIN: &str = "CORVID-FORWARD";
+
+/// The legacy tools whose `filter` table is loaded in this namespace, for each family
+/// (true: IPv6). Legacy tables are out of nftables' reach: only their commands change them.
+fn legacy_filters() -> Vec<(Tool, bool)> {
+    [
+        ("/proc/net/ip_tables_names", Tool("iptables-legacy"), false),
+        ("/proc/net/ip6_tables_names", Tool("ip6tables-legacy"), true),
+    ]
+    .into_iter()
+    .filter(|(names, _, _)| {
+        std::fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l == "filter"))
+    })
+    .map(|(_, tool, v6)| (tool, v6))
+    .collect()
+}
+
+impl Tool {
+    /// The comments of the rules of `chain`, in order (empty for a rule without one).
+    fn comments(&self, chain: &str) -> Result<Vec<String>, String> {
+        let Some(o) = self.run(&["-S", chain])? else {
+            return Ok(Vec::new());
+        };
+        Ok(String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("-A "))
+            .map(|l| {
+                l.split_once("--comment ")
+                    .and_then(|(_, c)| c.split_whitespace().next())
+                    .unwrap_or("")
+                    .trim_matches('"')
+                    .to_string()
+            })
+            .collect())
+    }
+
+    /// Removes the rules `stale` picks from the firewall chain, and the chain and its
+    /// jump once it is empty.
+    fn remove_tagged(&self, stale: &dyn Fn(&str) -> bool) -> Result<(), String> {
+        if !self.has_chain(FIREWALL_CHAIN)? {
+            return Ok(());
+        }
+        let comments = self.comments(FIREWALL_CHAIN)?;
+        // From the last: a deletion renumbers the rules after it.
+        for (i, _) in comments.iter().enumerate().rev().filter(|(_, c)| stale(c)) {
+            self.must(&["-D", FIREWALL_CHAIN, &(i + 1).to_string()])?;
+        }
+        if comments.iter().all(|c| stale(c)) {
+            while self.holds(&["-C", "FORWARD", "-j", FIREWALL_CHAIN])? {
+                self.must(&["-D", "FORWARD", "-j", FIREWALL_CHAIN])?;
+            }
+            self.must(&["-X", FIREWALL_CHAIN])?;
+        }
+        Ok(())
+    }
+}
+
+/// Lets a container's addresses through legacy iptables' FORWARD where its filter table
+/// is loaded, as the reference's `CNI-FORWARD` does: out from them, and replies back to
+/// them, in corvid's chain jumped to from the top of FORWARD; each rule carries `tag`.
+pub fn allow_addresses_legacy(tag: &str, addrs: &[std::net::IpAddr]) -> Result<(), String> {
+    let filters = legacy_filters();
+    if filters.is_empty() {
+        return Ok(());
+    }
+    let _lock = serialized()?;
+    for (tool, v6) in filters {
+        let family: Vec<String> = addrs
+            .iter()
+            .filter(|a| a.is_ipv6() == v6)
+            .map(|a| a.to_string())
+            .collect();
+        if family.is_empty() {
+            continue;
+        }
+        if !tool.has_chain(FIREWALL_CHAIN)? {
+            tool.must(&["-N", FIREWALL_CHAIN])?;
+        }
+        if !tool.holds(&["-C", "FORWARD", "-j", FIREWALL_CHAIN])? {
+            tool.must(&["-I", "FORWARD", "1", "-j", FIREWALL_CHAIN])?;
+        }
+        let comment = ["-m", "comment", "--comment", tag, "-j", "ACCEPT"];
+        for addr in &family {
+            let established = ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"];
+            for rule in [
+                [&["-d", addr.as_str()][..], &established, &comment].concat(),
+                [&["-s", addr.as_str()][..], &comment].concat(),
+            ] {
+                if !tool.holds(&[&["-C", FIREWALL_CHAIN][..], &rule].concat())? {
+                    tool.must(&[&["-A", FIREWALL_CHAIN][..], &rule].concat())?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes the legacy iptables rules whose tag `stale` picks (a DEL's, a GC's), and the
+/// chain and its jump with the last rule. Every family is tried; the first failure is
+/// returned.
+pub fn remove_addresses_legacy(stale: &dyn Fn(&str) -> bool) -> Result<(), String> {
+    let filters = legacy_filters();
+    if filters.is_empty() {
+        return Ok(());
+    }
+    let _lock = serialized()?;
+    let mut first_error = None;
+    for (tool, _) in filters {
+        if let Err(e) = tool.remove_tagged(stale) {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}

@@ -254,15 +254,20 @@ fn mixed_with_the_reference_both_ways() {
 }
 
 fn iptables(site: &Site, args: &str) -> String {
+    iptables_with(site, "iptables-nft", args)
+}
+
+/// `tool` (`iptables-nft`, `iptables-legacy`) on the host with `args`: its output.
+fn iptables_with(site: &Site, tool: &str, args: &str) -> String {
     let out = site
         .host
-        .command("iptables-nft")
+        .command(tool)
         .args(args.split_whitespace())
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "iptables {args}: {}",
+        "{tool} {args}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -281,31 +286,38 @@ fn docker_forward_drop(site: &Site) -> String {
     iptables(site, "-S")
 }
 
-#[test]
-fn containers_go_out_through_an_iptables_forward_drop_policy() {
-    let site = Site::new();
-    let docker = docker_forward_drop(&site);
-    let c = TestNs::new();
+/// bridge on network `n`, which the host's DROP policy keeps in, then firewall, which
+/// lets it out: bridge's result and firewall's configuration.
+fn through_a_drop_policy(site: &Site, id: &str, c: &TestNs, n: u8) -> (Value, String) {
     let r = run(
-        &site,
+        site,
         site.plugin("bridge", false),
         "ADD",
-        "d",
-        &c,
-        &bridge_conf(&site, "1.0.0", 9),
+        id,
+        c,
+        &bridge_conf(site, "1.0.0", n),
     );
     assert!(r.success, "{}", r.stdout);
     assert!(
         !c.ping("10.251.0.2"),
         "the DROP policy stops the container without the firewall"
     );
-    let conf = firewall_conf("1.0.0", 9, &r.json, "open");
-    let out = run(&site, site.plugin("firewall", false), "ADD", "d", &c, &conf);
+    let conf = firewall_conf("1.0.0", n, &r.json, "open");
+    let out = run(site, site.plugin("firewall", false), "ADD", id, c, &conf);
     assert!(out.success, "{}", out.stdout);
-    assert!(c.ping("10.251.0.2"), "through Docker's DROP policy");
+    assert!(c.ping("10.251.0.2"), "through the DROP policy");
+    (r.json, conf)
+}
+
+#[test]
+fn containers_go_out_through_an_iptables_forward_drop_policy() {
+    let site = Site::new();
+    let docker = docker_forward_drop(&site);
+    let c = TestNs::new();
+    let (r, conf) = through_a_drop_policy(&site, "d", &c, 9);
     let with = iptables(&site, "-S");
     // iptables reads corvid's rules as its own: the jump first, then per address.
-    let ip = result_ip(&r.json, true);
+    let ip = result_ip(&r, true);
     let lines: Vec<&str> = with.lines().collect();
     assert!(
         lines.contains(&r#"-A FORWARD -m comment --comment "corvid firewall" -j CORVID-FORWARD"#),
@@ -335,6 +347,34 @@ fn containers_go_out_through_an_iptables_forward_drop_policy() {
     assert!(!c.ping("10.251.0.2"), "and with them the way out");
     assert!(
         run(&site, site.plugin("firewall", false), "DEL", "d", &c, &conf).success,
+        "twice"
+    );
+}
+
+#[test]
+fn containers_go_out_through_a_legacy_iptables_forward_drop_policy() {
+    let site = Site::new();
+    let legacy = |args: &str| iptables_with(&site, "iptables-legacy", args);
+    // ufw's filtering as legacy iptables writes it, out of nftables' reach.
+    legacy("-P FORWARD DROP");
+    let before = legacy("-S");
+    let c = TestNs::new();
+    let (r, conf) = through_a_drop_policy(&site, "l", &c, 8);
+    let with = legacy("-S");
+    let ip = result_ip(&r, true);
+    assert!(with.contains("-A FORWARD -j CORVID-FORWARD"), "{with}");
+    assert!(
+        with.contains(&format!(
+            "-A CORVID-FORWARD -s {ip}/32 -m comment --comment"
+        )),
+        "{with}"
+    );
+
+    assert!(run(&site, site.plugin("firewall", false), "DEL", "l", &c, &conf).success);
+    assert_eq!(legacy("-S"), before, "DEL leaves legacy iptables as it was");
+    assert!(!c.ping("10.251.0.2"), "and with its rules the way out");
+    assert!(
+        run(&site, site.plugin("firewall", false), "DEL", "l", &c, &conf).success,
         "twice"
     );
 }

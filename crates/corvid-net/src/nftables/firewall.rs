@@ -19,7 +19,9 @@
 //! into its `filter` table, as the reference's `CNI-FORWARD` does: a chain of corvid's
 //! own, `CORVID-FORWARD`, jumped to from the top of `FORWARD`, with one rule per address
 //! and direction written the way iptables writes them (an xtables `conntrack` match), so
-//! that iptables still reads the table.
+//! that iptables still reads the table. Legacy iptables' tables are beyond netlink's
+//! reach: where one filters, the same accepts go there through its commands
+//! ([`crate::iptables::allow_addresses_legacy`]).
 
 use super::expr::{self, reg32, Field, Reg, Verdict};
 use super::{
@@ -134,61 +136,65 @@ pub fn add_firewall(
     bridge: Option<&str>,
     policy: IngressPolicy,
 ) -> Result<()> {
-    let _lock = lock()?;
-    let mut batch = Batch::new();
-    if !nft.has_chain(CHAIN)? {
-        skeleton(&mut batch);
-    }
-    for addr in addrs {
-        let (set, key) = addr_key(*addr);
-        claim(nft, &mut batch, set, &key, None, tag)?;
-    }
-    for (table, v6) in iptables_filters(nft)? {
-        let family: Vec<&IpAddr> = addrs.iter().filter(|a| a.is_ipv6() == v6).collect();
-        if family.is_empty() {
-            continue;
+    {
+        let _lock = lock()?;
+        let mut batch = Batch::new();
+        if !nft.has_chain(CHAIN)? {
+            skeleton(&mut batch);
         }
-        batch.in_table(table);
-        if !nft.has_chain_in(table, COMPAT_CHAIN)? {
-            batch.add_chain(COMPAT_CHAIN, None);
-            let jump = vec![expr::verdict(Verdict::Jump(COMPAT_CHAIN))];
-            batch.insert_rule("FORWARD", jump, Some("corvid firewall"));
+        for addr in addrs {
+            let (set, key) = addr_key(*addr);
+            claim(nft, &mut batch, set, &key, None, tag)?;
         }
-        for addr in family {
-            let bytes = addr_key(*addr).1;
-            let replies = vec![
-                expr::load(Field::DstAddr, v6, Reg::Reg1),
-                expr::cmp(Reg::Reg1, true, &bytes),
-                expr::xt_established(),
-                expr::verdict(Verdict::Accept),
+        for (table, v6) in iptables_filters(nft)? {
+            let family: Vec<&IpAddr> = addrs.iter().filter(|a| a.is_ipv6() == v6).collect();
+            if family.is_empty() {
+                continue;
+            }
+            batch.in_table(table);
+            if !nft.has_chain_in(table, COMPAT_CHAIN)? {
+                batch.add_chain(COMPAT_CHAIN, None);
+                let jump = vec![expr::verdict(Verdict::Jump(COMPAT_CHAIN))];
+                batch.insert_rule("FORWARD", jump, Some("corvid firewall"));
+            }
+            for addr in family {
+                let bytes = addr_key(*addr).1;
+                let replies = vec![
+                    expr::load(Field::DstAddr, v6, Reg::Reg1),
+                    expr::cmp(Reg::Reg1, true, &bytes),
+                    expr::xt_established(),
+                    expr::verdict(Verdict::Accept),
+                ];
+                batch.add_rule(COMPAT_CHAIN, replies, Some(tag.as_str()));
+                let outbound = vec![
+                    expr::load(Field::SrcAddr, v6, Reg::Reg1),
+                    expr::cmp(Reg::Reg1, true, &bytes),
+                    expr::verdict(Verdict::Accept),
+                ];
+                batch.add_rule(COMPAT_CHAIN, outbound, Some(tag.as_str()));
+            }
+            batch.in_table(TableRef::CORVID);
+        }
+        if let (Some(bridge), true) = (bridge, policy != IngressPolicy::Open) {
+            // Bridges stay listed: a policy belongs to the network, not to one container.
+            let comment = format!("corvid-bridge:{bridge}");
+            let mut sets = vec![
+                (ISOLATED, expr::ifname_bytes(bridge).to_vec()),
+                (SAME, pair(bridge)),
             ];
-            batch.add_rule(COMPAT_CHAIN, replies, Some(tag.as_str()));
-            let outbound = vec![
-                expr::load(Field::SrcAddr, v6, Reg::Reg1),
-                expr::cmp(Reg::Reg1, true, &bytes),
-                expr::verdict(Verdict::Accept),
-            ];
-            batch.add_rule(COMPAT_CHAIN, outbound, Some(tag.as_str()));
-        }
-        batch.in_table(TableRef::CORVID);
-    }
-    if let (Some(bridge), true) = (bridge, policy != IngressPolicy::Open) {
-        // Bridges stay listed: a policy belongs to the network, not to one container.
-        let comment = format!("corvid-bridge:{bridge}");
-        let mut sets = vec![
-            (ISOLATED, expr::ifname_bytes(bridge).to_vec()),
-            (SAME, pair(bridge)),
-        ];
-        if policy == IngressPolicy::Isolated {
-            sets.push((HERMETIC, pair(bridge)));
-        }
-        for (set, key) in sets {
-            if nft.element(set, &key)?.is_none() {
-                batch.add_element(set, &key, None, &comment);
+            if policy == IngressPolicy::Isolated {
+                sets.push((HERMETIC, pair(bridge)));
+            }
+            for (set, key) in sets {
+                if nft.element(set, &key)?.is_none() {
+                    batch.add_element(set, &key, None, &comment);
+                }
             }
         }
+        nft.commit(batch)?;
     }
-    nft.commit(batch)
+    // After the lock is let go: the legacy commands take it themselves.
+    crate::iptables::allow_addresses_legacy(tag.as_str(), addrs).map_err(legacy_error)
 }
 
 /// The container's addresses the firewall does not let through (for CHECK).
@@ -215,7 +221,15 @@ pub fn delete_firewall(
     addrs: Option<&[IpAddr]>,
 ) -> Result<()> {
     release_addresses(nft, ADDRS, tag, addrs)?;
-    remove_iptables_rules(nft, |c| c == tag.as_str())
+    remove_iptables_rules(nft, |c| c == tag.as_str())?;
+    crate::iptables::remove_addresses_legacy(&|c| c == tag.as_str()).map_err(legacy_error)
+}
+
+fn legacy_error(e: String) -> crate::Error {
+    crate::Error::Io {
+        what: "legacy iptables".into(),
+        source: std::io::Error::other(e),
+    }
 }
 
 /// iptables' filter tables that filter forwarding here, with their family.
@@ -256,9 +270,9 @@ pub fn gc_firewall(nft: &mut Nftables, network: &str, keep: &[AttachmentTag]) ->
         nft.commit(batch)?;
     }
     let prefix = network_prefix(network);
-    remove_iptables_rules(nft, |c| {
-        c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c)
-    })
+    let stale = |c: &str| c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c);
+    remove_iptables_rules(nft, stale)?;
+    crate::iptables::remove_addresses_legacy(&stale).map_err(legacy_error)
 }
 
 /// The tags of every address let through (for tests and diagnostics).
