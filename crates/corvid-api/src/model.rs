@@ -1,5 +1,5 @@
 //! Resources as the controller stores and serves them, field for field in Neutron's v2.0
-//! shape (see `shared/reference/neutron-api-samples.md`), plus the watch feed.
+//! shape (Neutron's API reference), plus the watch feed.
 
 use std::net::IpAddr;
 

@@ -1,4 +1,4 @@
-//! Kurma's network plugins (`../shared/specs/kurma-network-plugins.md`): plugin images
+//! Kurma's network plugins (the protocol of apcera/kurma's `network/` plugins): plugin images
 //! and the runtime that runs them.
 
 #![deny(missing_docs)]

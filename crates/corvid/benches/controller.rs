@@ -4,7 +4,7 @@
 //! Run with `cargo bench -p corvid --bench controller`; `CORVID_BENCH_PORTS` sets the
 //! port count for the list/RSS part, `CORVID_BENCH_SECS` the create phase length.
 //! Neutron cannot run here; its figure (about 7 creates/s, p50 2.3 s, 16 clients, on this
-//! machine kind) is from shared/reference/README.md.
+//! machine kind) was measured outside this repository.
 
 #[path = "../tests/support/controller.rs"]
 mod support;
