@@ -68,7 +68,7 @@ pub fn run(
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| format!("listening on {}: {e}", config.listen))?;
-        let ops = corvid_metrics::router(std::sync::Arc::new(metrics::endpoints(&ctl)))
+        let ops = corvid_metrics::router(std::sync::Arc::new(metrics_endpoints(&ctl)))
             .route(
                 "/version",
                 axum::routing::get(move || version(cluster_id.clone())),
@@ -100,4 +100,26 @@ pub fn run(
 /// the agents (which mark their devices with the cluster) without a token.
 async fn version(cluster_id: String) -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "cluster_id": cluster_id}))
+}
+
+/// The metrics endpoints over `ctl`: ready while the store answers and the view is
+/// current (metrics.rs is kept free of the controller, which counts into it).
+fn metrics_endpoints(ctl: &std::sync::Arc<controller::Controller>) -> corvid_metrics::Endpoints {
+    let ready = std::sync::Arc::downgrade(ctl);
+    let observed = std::sync::Arc::downgrade(ctl);
+    metrics::endpoints(
+        Box::new(move || match ready.upgrade() {
+            Some(c) if c.may_be_stale() => Err(format!(
+                "the view has not been confirmed current with the store for {:.1} s",
+                c.unconfirmed().as_secs_f64()
+            )),
+            Some(_) => Ok(()),
+            None => Err("the controller is stopping".into()),
+        }),
+        move || {
+            let c = observed.upgrade()?;
+            let view = c.view();
+            Some((c.unconfirmed().as_secs_f64(), view.revision, view.counts()))
+        },
+    )
 }

@@ -3,7 +3,7 @@
 //! registry is: the store's writer thread and the request handlers reach it without
 //! being handed it.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use corvid_metrics::Endpoints;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -12,8 +12,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-
-use crate::controller::Controller;
 
 /// A request as counted: its route pattern (not its path, which holds IDs), method and
 /// status code.
@@ -113,28 +111,18 @@ fn registry() -> Registry {
     r
 }
 
-/// The endpoints over `ctl`: ready while the store answers and the view is current.
-pub fn endpoints(ctl: &Arc<Controller>) -> Endpoints {
-    let ready = Arc::downgrade(ctl);
-    let refreshed = Arc::downgrade(ctl);
-    Endpoints::new(
-        registry(),
-        Box::new(move || match ready.upgrade() {
-            Some(c) if c.may_be_stale() => Err(format!(
-                "the view has not been confirmed current with the store for {:.1} s",
-                c.unconfirmed().as_secs_f64()
-            )),
-            Some(_) => Ok(()),
-            None => Err("the controller is stopping".into()),
-        }),
-    )
-    .refreshing(move || {
-        if let Some(c) = refreshed.upgrade() {
+/// The endpoints: ready as `ready` says; `view` says, at each scrape, how far behind the
+/// store the view may be, its revision and how many objects of each kind it holds.
+pub fn endpoints(
+    ready: corvid_metrics::Readiness,
+    view: impl Fn() -> Option<(f64, i64, Vec<(&'static str, usize)>)> + Send + Sync + 'static,
+) -> Endpoints {
+    Endpoints::new(registry(), ready).refreshing(move || {
+        if let Some((lag, revision, counts)) = view() {
             let m = &*METRICS;
-            m.view_lag_seconds.set(c.unconfirmed().as_secs_f64());
-            let view = c.view();
-            m.view_revision.set(view.revision);
-            for (kind, n) in view.counts() {
+            m.view_lag_seconds.set(lag);
+            m.view_revision.set(revision);
+            for (kind, n) in counts {
                 m.objects
                     .get_or_create(&KindLabels { kind: kind.into() })
                     .set(n as i64);

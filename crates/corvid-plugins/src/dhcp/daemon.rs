@@ -467,7 +467,7 @@ pub fn main(args: &[String]) -> i32 {
     let flags = match parse(args) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("dhcp daemon: {e}");
+            tracing::error!("dhcp daemon: {e}");
             return 2;
         }
     };
@@ -475,13 +475,13 @@ pub fn main(args: &[String]) -> i32 {
     let (listener, made) = match listener(&socket) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("dhcp daemon: {e}");
+            tracing::error!("dhcp daemon: {e}");
             return 1;
         }
     };
     if let Some(p) = &flags.pidfile {
         if let Err(e) = std::fs::write(p, std::process::id().to_string()) {
-            eprintln!("dhcp daemon: Error writing pidfile {}: {e}", p.display());
+            tracing::error!("dhcp daemon: writing the pidfile {}: {e}", p.display());
             return 1;
         }
     }
