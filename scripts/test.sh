@@ -72,7 +72,7 @@ if ! command -v schemathesis >/dev/null \
     }
 fi
 
-# The Kubernetes tests (crates/corvid/tests/kubernetes.rs) run a real kube-apiserver and
+# The Kubernetes tests (crates/corvid/tests/kubernetes/) run a real kube-apiserver and
 # kube-controller-manager 1.20:
 # built from Debian's source package once, cached outside the checkout.
 scripts/build-kube.sh
