@@ -5,32 +5,14 @@
 
 mod attach;
 pub mod attachments;
-pub mod bandwidth;
-pub mod bridge;
-mod child;
-pub mod corvid;
-pub mod corvid_k8s;
-pub mod credentials;
+pub mod controller;
 pub mod delegate;
-pub mod dhcp;
-pub mod dummy;
 pub mod errors;
-pub mod firewall;
-pub mod host_device;
-pub mod host_local;
 pub mod install;
-pub mod ipvlan;
+pub mod interfaces;
+pub mod ipam;
 pub mod kurma;
-pub mod loopback;
-pub mod macvlan;
-pub mod portmap;
-pub mod ptp;
-pub mod sbr;
-pub mod static_ipam;
-pub mod tuning;
-pub mod vlan;
-pub mod vrf;
-pub mod wait;
+pub mod meta;
 
 use corvid_cni::skel::Plugin;
 
@@ -60,25 +42,25 @@ pub const PLUGIN_NAMES: [&str; 19] = [
 /// The plugin behind a name, if this binary has one.
 pub fn plugin_for(name: &str) -> Option<&'static (dyn Plugin + Sync)> {
     match name {
-        "bandwidth" => Some(&bandwidth::Bandwidth),
-        "bridge" => Some(&bridge::Bridge),
-        "corvid" => Some(&corvid::Corvid),
-        "corvid-k8s" => Some(&corvid_k8s::CorvidK8s),
-        "dhcp" => Some(&dhcp::Dhcp),
-        "dummy" => Some(&dummy::Dummy),
-        "firewall" => Some(&firewall::Firewall),
-        "host-device" => Some(&host_device::HostDevice),
-        "host-local" => Some(&host_local::HostLocal),
-        "ipvlan" => Some(&ipvlan::Ipvlan),
-        "loopback" => Some(&loopback::Loopback),
-        "macvlan" => Some(&macvlan::Macvlan),
-        "portmap" => Some(&portmap::Portmap),
-        "ptp" => Some(&ptp::Ptp),
-        "sbr" => Some(&sbr::Sbr),
-        "static" => Some(&static_ipam::Static),
-        "tuning" => Some(&tuning::Tuning),
-        "vlan" => Some(&vlan::Vlan),
-        "vrf" => Some(&vrf::Vrf),
+        "bandwidth" => Some(&meta::bandwidth::Bandwidth),
+        "bridge" => Some(&interfaces::bridge::Bridge),
+        "corvid" => Some(&controller::corvid::Corvid),
+        "corvid-k8s" => Some(&controller::corvid_k8s::CorvidK8s),
+        "dhcp" => Some(&ipam::dhcp::Dhcp),
+        "dummy" => Some(&interfaces::dummy::Dummy),
+        "firewall" => Some(&meta::firewall::Firewall),
+        "host-device" => Some(&interfaces::host_device::HostDevice),
+        "host-local" => Some(&ipam::host_local::HostLocal),
+        "ipvlan" => Some(&interfaces::ipvlan::Ipvlan),
+        "loopback" => Some(&interfaces::loopback::Loopback),
+        "macvlan" => Some(&interfaces::macvlan::Macvlan),
+        "portmap" => Some(&meta::portmap::Portmap),
+        "ptp" => Some(&interfaces::ptp::Ptp),
+        "sbr" => Some(&meta::sbr::Sbr),
+        "static" => Some(&ipam::static_ipam::Static),
+        "tuning" => Some(&meta::tuning::Tuning),
+        "vlan" => Some(&interfaces::vlan::Vlan),
+        "vrf" => Some(&meta::vrf::Vrf),
         _ => None,
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use cluster::ns::{wait_until, Ns};
 use cluster::{cni_result, result_ip, url, Cluster};
 use corvid_api::{Port, Status};
-use corvid_plugins::corvid::{legacy_port_id, port_id};
+use corvid_plugins::controller::corvid::{legacy_port_id, port_id};
 use serde_json::{json, Value};
 
 fn mac_in(pod: &Ns, ifname: &str) -> Option<String> {

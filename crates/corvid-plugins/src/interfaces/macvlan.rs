@@ -3,8 +3,8 @@
 //! (`linkInContainer`), in mode bridge, private, vepa or passthru. With an IPAM section it
 //! gets addresses and routes; without, it is only brought up (layer 2).
 
+use super::child::{self, invalid, Addressing};
 use crate::attach;
-use crate::child::{self, invalid, Addressing};
 use crate::errors;
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error};

@@ -4,8 +4,8 @@
 //! l3s. It shares the master's MAC. Its addresses come from IPAM, or chained without an
 //! IPAM section from the previous result.
 
+use super::child::{self, invalid, Addressing};
 use crate::attach;
-use crate::child::{self, invalid, Addressing};
 use crate::errors;
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error};

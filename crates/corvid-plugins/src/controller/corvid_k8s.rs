@@ -22,9 +22,9 @@ use kube::ResourceExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::corvid::Code as ControllerCode;
+use super::corvid::Code as ControllerCode;
+use super::wait::{self, NotActive};
 use crate::errors;
-use crate::wait::{self, NotActive};
 
 /// The Kubernetes pod plugin.
 pub struct CorvidK8s;
@@ -65,7 +65,7 @@ struct Conf {
     #[serde(default = "default_controller")]
     controller: String,
     #[serde(flatten)]
-    access: crate::credentials::ControllerAccess,
+    access: super::credentials::ControllerAccess,
     #[serde(default)]
     host_id: Option<String>,
     /// The client `access` describes, made (and its files checked) by `load`.

@@ -94,7 +94,7 @@ fn main() {
     if name == "dhcp" && rest.first().is_some_and(|a| a == "daemon") {
         // A daemon's state changes are info lines.
         init_logging(b"{}", Level::INFO);
-        std::process::exit(corvid_plugins::dhcp::daemon::main(&rest[1..]));
+        std::process::exit(corvid_plugins::ipam::dhcp::daemon::main(&rest[1..]));
     }
     let Some(plugin) = corvid_plugins::plugin_for(&name) else {
         init_logging(b"{}", Level::WARN);

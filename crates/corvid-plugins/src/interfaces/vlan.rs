@@ -2,8 +2,8 @@
 //! device of the host (or, with `linkInContainer`, of the container), with `mtu` at most
 //! the master's. Its addresses come from the IPAM section, which it needs.
 
+use super::child::{self, invalid, Addressing};
 use crate::attach;
-use crate::child::{self, invalid, Addressing};
 use crate::errors;
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error};

@@ -1,8 +1,8 @@
 //! dummy: the container's interface is a dummy device, a place for addresses with no
 //! link to anywhere (as for a service address). It needs an IPAM section.
 
+use super::child::{self, invalid, Addressing};
 use crate::attach::{self, ipam_type};
-use crate::child::{self, invalid, Addressing};
 use crate::errors;
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, NetConf};

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::wait::{self, NotActive};
 use crate::errors;
-use crate::wait::{self, NotActive};
 
 /// The controller-backed plugin.
 pub struct Corvid;
@@ -52,7 +52,7 @@ struct Conf {
     #[serde(default = "wait::default_timeout")]
     timeout: u64,
     #[serde(flatten)]
-    access: crate::credentials::ControllerAccess,
+    access: super::credentials::ControllerAccess,
 }
 
 fn load(args: &CmdArgs) -> Result<(Conf, Client), Error> {
