@@ -2,6 +2,20 @@
 //! orders (name and version injected, `prevResult` chained, capabilities passed as
 //! `runtimeConfig`, DEL in reverse, a failed ADD undone), and cache each ADD's result in
 //! libcni's layout so CHECK and DEL get it back after a restart.
+//!
+//! The parts, as libcni and its `pkg/invoke` lay them out: `invoke.rs` finds and runs one
+//! plugin, `cache.rs` keeps each ADD's result, `conf_dir.rs` loads configuration files;
+//! this file runs whole lists.
+
+mod cache;
+mod conf_dir;
+mod invoke;
+
+pub use cache::{CacheEntry, DEFAULT_CACHE_DIR};
+pub use conf_dir::{conf_files, load_dir, load_file, ConfDir};
+pub use invoke::find_plugin;
+
+use cache::remove_cache_file;
 
 use crate::command::Command;
 use crate::config::Attachment;
@@ -9,35 +23,9 @@ use crate::conflist::NetConfList;
 use crate::error::{Error, ErrorCode};
 use crate::result::CniResult;
 use crate::version::Version;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::mpsc;
+use std::path::PathBuf;
 use std::time::Duration;
-
-/// The end of a cache entry's name while it is written.
-const TEMP_SUFFIX: &str = ".tmp";
-
-/// An attachment's cache entry name, as libcni names it.
-fn cache_name(network: &str, rt: &RuntimeConf) -> String {
-    format!("{network}-{}-{}", rt.container_id, rt.ifname)
-}
-
-/// Removes a cache file; one already gone is fine.
-fn remove_cache_file(path: &Path) -> Result<(), Error> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::new(
-            ErrorCode::Io,
-            format!("result cache: remove {}: {e}", path.display()),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// libcni's default result cache directory.
-pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/results";
 
 /// How plugins are found and run.
 #[derive(Debug, Clone)]
@@ -63,52 +51,6 @@ pub struct RuntimeConf {
     pub args: Vec<(String, String)>,
     /// Values for capabilities (`portMappings`, `ips`, `mac`, `bandwidth`, ...).
     pub capability_args: Map<String, Value>,
-}
-
-/// A cached ADD, as libcni writes it (`kind: cniCacheV1`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CacheEntry {
-    /// Always "cniCacheV1".
-    pub kind: String,
-    /// The container ID.
-    pub container_id: String,
-    /// The configuration list the ADD ran, as JSON text.
-    #[serde(with = "config_bytes")]
-    pub config: Vec<u8>,
-    /// The interface name.
-    pub if_name: String,
-    /// The network name.
-    pub network_name: String,
-    /// The namespace path at ADD time.
-    #[serde(default)]
-    pub netns: String,
-    /// CNI_ARGS pairs.
-    #[serde(default)]
-    pub cni_args: Vec<(String, String)>,
-    /// Capability values.
-    #[serde(default)]
-    pub capability_args: Map<String, Value>,
-    /// The list's final result.
-    #[serde(default)]
-    pub result: Option<Value>,
-}
-
-/// libcni stores `config` as a Go []byte, i.e. base64 text.
-mod config_bytes {
-    use base64::engine::general_purpose::STANDARD;
-    use base64::Engine;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&STANDARD.encode(bytes))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        STANDARD
-            .decode(String::deserialize(d)?)
-            .map_err(|e| serde::de::Error::custom(format!("config is not base64: {e}")))
-    }
 }
 
 fn plugin_error(plugin: &str, e: Error) -> Error {
@@ -137,114 +79,6 @@ impl Runtime {
         }
     }
 
-    /// Finds a plugin on this runtime's plugin path.
-    pub fn find(&self, plugin: &str) -> Result<PathBuf, Error> {
-        find_plugin(plugin, &self.plugin_dirs)
-    }
-
-    /// Runs one plugin: the spec's environment, `stdin` as configuration; kills it past the
-    /// timeout. Returns what it printed on success, its CNI error otherwise.
-    pub fn run_plugin(
-        &self,
-        plugin: &str,
-        command: Command,
-        rt: &RuntimeConf,
-        stdin: &[u8],
-    ) -> Result<Vec<u8>, Error> {
-        self.invoke(plugin, command, rt, stdin)
-            .map_err(|f| match f {
-                Failure::NotRun(e) => e,
-                Failure::Failed(e) => plugin_error(plugin, e),
-            })
-    }
-
-    /// The one way corvid execs a plugin, for the runtime side and for a plugin delegating
-    /// to another (its IPAM) alike: found on the plugin path, CNI_* from `rt`, the rest of
-    /// the environment inherited, killed with us and past the timeout.
-    pub fn invoke(
-        &self,
-        plugin: &str,
-        command: Command,
-        rt: &RuntimeConf,
-        stdin: &[u8],
-    ) -> Result<Vec<u8>, Failure> {
-        let exe = self.find(plugin).map_err(Failure::NotRun)?;
-        let path = std::env::join_paths(&self.plugin_dirs).unwrap_or_default();
-        let args: Vec<String> = rt.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let mut cmd = std::process::Command::new(&exe);
-        // A plugin must not outlive its caller: orphaned, an IPAM could allocate after
-        // the runtime's DEL.
-        // SAFETY: the closure only makes the prctl system call, which is async-signal-safe.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                rustix::process::set_parent_process_death_signal(Some(
-                    rustix::process::Signal::KILL,
-                ))
-                .map_err(std::io::Error::from)
-            });
-        }
-        let mut child = cmd
-            .env("CNI_COMMAND", command.as_str())
-            .env("CNI_CONTAINERID", &rt.container_id)
-            .env("CNI_NETNS", &rt.netns)
-            .env("CNI_IFNAME", &rt.ifname)
-            .env("CNI_ARGS", args.join(";"))
-            .env("CNI_PATH", path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| {
-                Failure::NotRun(Error::new(
-                    ErrorCode::Io,
-                    format!("plugin {plugin} could not be started: {e}"),
-                ))
-            })?;
-        let mut input = child.stdin.take().expect("piped");
-        let mut output = child.stdout.take().expect("piped");
-        let config = stdin.to_vec();
-        let (tx, rx) = mpsc::channel();
-        // A plugin that never reads or never exits must not hang us: I/O happens on a
-        // helper thread and we wait for it with the timeout.
-        std::thread::spawn(move || {
-            let _ = input.write_all(&config);
-            drop(input);
-            let mut out = Vec::new();
-            let read = output.read_to_end(&mut out).map(|_| out);
-            let _ = tx.send(read);
-        });
-        let io = |e: std::io::Error| {
-            Failure::NotRun(Error::new(ErrorCode::Io, format!("plugin {plugin}: {e}")))
-        };
-        let out = match rx.recv_timeout(self.timeout) {
-            Ok(read) => read.map_err(io)?,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Failure::NotRun(Error::new(
-                    ErrorCode::TryAgainLater,
-                    format!(
-                        "plugin {plugin} did not finish {command} within {:?}; killed",
-                        self.timeout
-                    ),
-                )));
-            }
-        };
-        let status = child.wait().map_err(io)?;
-        if status.success() {
-            return Ok(out);
-        }
-        Err(Failure::Failed(
-            Error::from_plugin_output(&out).unwrap_or_else(|| {
-                Error::new(
-                    ErrorCode::Decoding,
-                    format!("failed ({status}) and printed no CNI error"),
-                )
-                .with_details(String::from_utf8_lossy(&out).into_owned())
-            }),
-        ))
-    }
-
     fn plugin_config(
         &self,
         list: &NetConfList,
@@ -271,85 +105,6 @@ impl Runtime {
             conf["runtimeConfig"] = Value::Object(runtime_config);
         }
         conf
-    }
-
-    fn cache_path(&self, network: &str, rt: &RuntimeConf) -> PathBuf {
-        self.cache_dir.join(cache_name(network, rt))
-    }
-
-    /// Where an entry is written before its rename: named after the attachment, so a
-    /// runtime killed between the two leaves a file that the attachment's DEL removes.
-    fn cache_temp_path(&self, network: &str, rt: &RuntimeConf) -> PathBuf {
-        self.cache_dir
-            .join(format!(".{}{TEMP_SUFFIX}", cache_name(network, rt)))
-    }
-
-    /// The cached ADD of an attachment, if any; an unreadable file counts as none.
-    pub fn cached(&self, network: &str, rt: &RuntimeConf) -> Option<CacheEntry> {
-        let bytes = std::fs::read(self.cache_path(network, rt)).ok()?;
-        serde_json::from_slice(&bytes).ok()
-    }
-
-    /// Every cached attachment of `network`.
-    pub fn cached_attachments(&self, network: &str) -> Vec<CacheEntry> {
-        let Ok(dir) = std::fs::read_dir(&self.cache_dir) else {
-            return Vec::new();
-        };
-        dir.flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{network}-"))
-            })
-            .filter_map(|e| {
-                serde_json::from_slice::<CacheEntry>(&std::fs::read(e.path()).ok()?).ok()
-            })
-            .filter(|c| c.network_name == network)
-            .collect()
-    }
-
-    fn write_cache(
-        &self,
-        list_bytes: &[u8],
-        list: &NetConfList,
-        rt: &RuntimeConf,
-        result: &Value,
-    ) -> Result<(), Error> {
-        let entry = CacheEntry {
-            kind: "cniCacheV1".into(),
-            container_id: rt.container_id.clone(),
-            config: list_bytes.to_vec(),
-            if_name: rt.ifname.clone(),
-            network_name: list.name.clone(),
-            netns: rt.netns.clone(),
-            cni_args: rt.args.clone(),
-            capability_args: rt.capability_args.clone(),
-            result: Some(result.clone()),
-        };
-        let io = |what: &str, e: std::io::Error| {
-            Error::new(ErrorCode::Io, format!("result cache: {what}: {e}"))
-        };
-        std::fs::create_dir_all(&self.cache_dir).map_err(|e| io("create directory", e))?;
-        let path = self.cache_path(&list.name, rt);
-        let tmp = self.cache_temp_path(&list.name, rt);
-        let bytes =
-            serde_json::to_vec(&entry).map_err(|e| io("encode", std::io::Error::other(e)))?;
-        let write = || -> std::io::Result<()> {
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            io("write", e)
-        })
     }
 
     /// ADD: runs the list in order and caches the result; when a plugin fails, the whole
@@ -434,44 +189,6 @@ impl Runtime {
         self.del_each(list, rt, cached.as_ref(), false)?;
         remove_cache_file(&self.cache_temp_path(&list.name, rt))?;
         remove_cache_file(&self.cache_path(&list.name, rt))
-    }
-
-    /// Removes the network's cache files that no valid attachment owns and that cannot
-    /// be read (empty or torn by a killed runtime), and temporary files left by one.
-    fn sweep_unreadable(&self, network: &str, valid: &[Attachment]) -> Result<(), Error> {
-        let Ok(dir) = std::fs::read_dir(&self.cache_dir) else {
-            return Ok(());
-        };
-        let owned: Vec<String> = valid
-            .iter()
-            .map(|a| {
-                let rt = RuntimeConf {
-                    container_id: a.container_id.clone(),
-                    ifname: a.ifname.clone(),
-                    ..RuntimeConf::default()
-                };
-                cache_name(network, &rt)
-            })
-            .collect();
-        for e in dir.flatten() {
-            let file = e.file_name().to_string_lossy().into_owned();
-            let entry = file
-                .strip_prefix('.')
-                .and_then(|f| f.strip_suffix(TEMP_SUFFIX))
-                .unwrap_or(&file);
-            if !entry.starts_with(&format!("{network}-")) || owned.iter().any(|o| o == entry) {
-                continue;
-            }
-            let readable = entry == file
-                && std::fs::read(e.path())
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<CacheEntry>(&b).ok())
-                    .is_some();
-            if !readable {
-                remove_cache_file(&e.path())?;
-            }
-        }
-        Ok(())
     }
 
     /// CHECK: each plugin verifies the cached result; refused below 0.4.0.
@@ -637,91 +354,6 @@ impl Runtime {
         }
         Ok(())
     }
-}
-
-/// Finds a plugin in `dirs` (CNI_PATH order); its name must not hold a path separator.
-pub fn find_plugin(plugin: &str, dirs: &[PathBuf]) -> Result<PathBuf, Error> {
-    if plugin.is_empty() || plugin.contains('/') {
-        return Err(Error::new(
-            ErrorCode::InvalidNetworkConfig,
-            format!("invalid plugin type \"{plugin}\""),
-        ));
-    }
-    dirs.iter()
-        .map(|d| d.join(plugin))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorCode::InvalidNetworkConfig,
-                format!("failed to find plugin \"{plugin}\" in path"),
-            )
-            .with_details(
-                dirs.iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(":"),
-            )
-        })
-}
-
-/// The networks of a configuration directory.
-#[derive(Debug, Default)]
-pub struct ConfDir {
-    /// Per network name, the first file defining it: (file, its bytes, the list).
-    pub networks: Vec<(PathBuf, Vec<u8>, NetConfList)>,
-    /// Files ignored because an earlier file defines the same network: (ignored, winner).
-    pub shadowed: Vec<(PathBuf, PathBuf)>,
-}
-
-/// Loads every configuration in `dir` (`.conf`, `.conflist`, `.json`, lexical order;
-/// single configurations wrapped as lists; the first list with a name wins, the others
-/// are reported as shadowed). A file that does not parse is reported with its path.
-pub fn load_dir(dir: &Path) -> Result<ConfDir, Error> {
-    let mut out = ConfDir::default();
-    for path in conf_files(dir)? {
-        let (bytes, list) = load_file(&path)?;
-        match out.networks.iter().find(|(_, _, l)| l.name == list.name) {
-            Some((winner, _, _)) => out.shadowed.push((path, winner.clone())),
-            None => out.networks.push((path, bytes, list)),
-        }
-    }
-    Ok(out)
-}
-
-/// The configuration files of `dir` (`.conf`, `.conflist`, `.json`), in lexical order.
-pub fn conf_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::new(ErrorCode::Io, format!("read {}: {e}", dir.display())))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            matches!(
-                p.extension().and_then(|x| x.to_str()),
-                Some("conf" | "conflist" | "json")
-            )
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// One configuration file as a list (a single configuration is wrapped as one), with its
-/// bytes; an error names the file.
-pub fn load_file(path: &Path) -> Result<(Vec<u8>, NetConfList), Error> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::new(ErrorCode::Io, format!("read {}: {e}", path.display())))?;
-    let is_list = path.extension().and_then(|x| x.to_str()) == Some("conflist")
-        || serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| v.get("plugins").is_some());
-    let list = if is_list {
-        NetConfList::parse(&bytes)
-    } else {
-        NetConfList::from_single(&bytes)
-    }
-    .map_err(|e| Error {
-        msg: format!("{}: {}", path.display(), e.msg),
-        ..e
-    })?;
-    Ok((bytes, list))
 }
 
 #[cfg(test)]
