@@ -106,7 +106,12 @@ fn routing(ns: &TestNs) -> Vec<Value> {
         all.extend(
             ip_json(ns, &[family, "route", "show", "table", "all"])
                 .into_iter()
-                .filter(|r| r["table"] != "local"),
+                .filter(|r| r["table"] != "local")
+                // The main table's link-local route of an IPv4-only interface: the
+                // reference's ptp leaves IPv6 on there, corvid's turns it off (as Docker).
+                .filter(|r| {
+                    !(r["dst"] == "fe80::/64" && r["table"].is_null() && r["dev"] == "eth0")
+                }),
         );
     }
     all
