@@ -262,3 +262,33 @@ fn mixed_with_the_reference_both_ways() {
         assert_eq!(c.netlink().link_by_name("eth0").unwrap().unwrap().mtu, 1500);
     }
 }
+
+/// corvid's bridge leaves an IPv4-only container's interface with IPv6 off; tuning's
+/// per-interface sysctl turns it back on, and its link-local address comes with it.
+#[test]
+fn ipv6_off_on_an_ipv4_only_port_comes_back_on_through_tuning() {
+    let bed = Bed::new();
+    let c = TestNs::new();
+    let r = bed.bridge_add(&c, "1.0.0", false);
+    assert_eq!(sysctl(&c, "net/ipv6/conf/eth0/disable_ipv6"), "1");
+    let link_local = || {
+        c.netlink().addresses(None).unwrap().iter().any(
+            |(_, a)| matches!(a.addr(), std::net::IpAddr::V6(v6) if v6.segments()[0] == 0xfe80),
+        )
+    };
+    assert!(!link_local(), "an IPv4-only port has no link-local address");
+    let conf = bed.tuning_conf(
+        "1.0.0",
+        &r,
+        json!({"sysctl": {"net.ipv6.conf.eth0.disable_ipv6": "0"}}),
+    );
+    let out = bed.run(bed.plugin("tuning", false), "ADD", &c, &conf);
+    assert!(out.success, "{}", out.stdout);
+    assert_eq!(sysctl(&c, "net/ipv6/conf/eth0/disable_ipv6"), "0");
+    assert!(link_local(), "turned on, eth0 makes its link-local address");
+    assert!(
+        bed.run(bed.plugin("tuning", false), "DEL", &c, &conf)
+            .success
+    );
+    assert_eq!(sysctl(&c, "net/ipv6/conf/eth0/disable_ipv6"), "1");
+}
