@@ -46,6 +46,8 @@ pub enum IngressPolicy {
 const CHAIN: &str = "firewall-forward";
 /// corvid's chain in iptables' filter table.
 const COMPAT_CHAIN: &str = "CORVID-FORWARD";
+/// The comment of the jump to it from `FORWARD`.
+const JUMP_COMMENT: &str = "corvid firewall";
 const ADDRS: [&str; 2] = ["fw4", "fw6"];
 const ISOLATED: &str = "isolated";
 const SAME: &str = "same";
@@ -155,7 +157,7 @@ pub fn add_firewall(
             if !nft.has_chain_in(table, COMPAT_CHAIN)? {
                 batch.add_chain(COMPAT_CHAIN, None);
                 let jump = vec![expr::verdict(Verdict::Jump(COMPAT_CHAIN))];
-                batch.insert_rule("FORWARD", jump, Some("corvid firewall"));
+                batch.insert_rule("FORWARD", jump, Some(JUMP_COMMENT));
             }
             for addr in family {
                 let bytes = addr_key(*addr).1;
@@ -245,17 +247,30 @@ fn iptables_filters(nft: &mut Nftables) -> Result<Vec<(TableRef, bool)>> {
 }
 
 /// Removes corvid's rules in iptables' filter tables whose comment is `stale` (reading
-/// its chain, which only hosts with iptables rules have).
+/// its chain, which only hosts with iptables rules have), and the chain and its jump with
+/// the last of them: iptables is left as corvid found it.
 fn remove_iptables_rules(nft: &mut Nftables, stale: impl Fn(&str) -> bool) -> Result<()> {
     let _lock = lock()?;
     let mut batch = Batch::new();
     for v6 in [false, true] {
         let table = TableRef::iptables_filter(v6);
+        if !nft.has_chain_in(table, COMPAT_CHAIN)? {
+            continue;
+        }
         batch.in_table(table);
-        for (handle, comment) in nft.rules(table, COMPAT_CHAIN)? {
+        let rules = nft.rules(table, COMPAT_CHAIN)?;
+        for (handle, comment) in &rules {
             if comment.as_deref().is_some_and(&stale) {
-                batch.delete_rule(COMPAT_CHAIN, handle);
+                batch.delete_rule(COMPAT_CHAIN, *handle);
             }
+        }
+        if rules.iter().all(|(_, c)| c.as_deref().is_some_and(&stale)) {
+            for (handle, comment) in nft.rules(table, "FORWARD")? {
+                if comment.as_deref() == Some(JUMP_COMMENT) {
+                    batch.delete_rule("FORWARD", handle);
+                }
+            }
+            batch.delete_chain(COMPAT_CHAIN);
         }
     }
     nft.commit(batch)
