@@ -5,16 +5,24 @@
 #![deny(missing_docs)]
 
 pub mod annotation;
+#[cfg(feature = "watcher")]
 pub mod endpoints;
 pub mod ids;
+#[cfg(feature = "watcher")]
 pub mod leader;
+#[cfg(feature = "watcher")]
 pub mod metrics;
+#[cfg(feature = "watcher")]
 pub mod service_cidr;
+#[cfg(feature = "watcher")]
 pub mod services;
+#[cfg(feature = "watcher")]
 pub mod watcher;
 
+#[cfg(feature = "watcher")]
 use std::path::Path;
 
+#[cfg(feature = "watcher")]
 /// A client of the API server: `kubeconfig` when given, else `$KUBECONFIG` (or
 /// `~/.kube/config`), else the in-cluster service account.
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
@@ -33,6 +41,7 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, String> 
     client(config).map_err(|e| format!("API server client: {e}"))
 }
 
+#[cfg(feature = "watcher")]
 /// kube's default client stack, but with TCP_NODELAY. Without it, the request that
 /// follows the TLS handshake waited for the server's delayed ACK: 40 ms on every first
 /// request, which is every request a CNI plugin makes.

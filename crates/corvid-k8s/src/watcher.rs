@@ -1093,8 +1093,8 @@ impl PodWork {
                     )
                     .await;
                 }
-                // The controller's refusal goes onto the pod, where the node's plugin
-                // (and `kubectl describe`) shows it instead of waiting out its timeout.
+                // The controller's refusal goes onto the pod, where `kubectl describe`
+                // shows it.
                 if let ApiError::Neutron { kind, message, .. } = &e {
                     let error = PortError {
                         reason: kind.clone(),
@@ -1106,6 +1106,19 @@ impl PodWork {
                         let _ = api
                             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                             .await;
+                        // Once per refusal, where the kubelet's sandbox error sends people.
+                        let reason = if kind.is_empty() {
+                            "ControllerRefused"
+                        } else {
+                            kind
+                        };
+                        warning_event(
+                            &self.kube,
+                            &p,
+                            reason,
+                            &format!("the corvid controller refuses the pod a port: {message}"),
+                        )
+                        .await;
                     }
                 }
                 self.retry(p);

@@ -34,7 +34,7 @@ use k8s_cri::v1::{
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use kube_api::{plugin_conf, start_watcher, KubeApi, NODE_TOKEN};
+use kube_api::{plugin_conf, start_watcher, KubeApi};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
@@ -173,7 +173,7 @@ fn main() {
         &cluster.hosts[0],
         cluster.bin.path(),
         &json!({"cniVersion": "1.0.0", "name": "corvid",
-                "plugins": [plugin_conf(&kube, 0, NODE_TOKEN, 60)]}),
+                "plugins": [plugin_conf(0, 60)]}),
     );
     let leases = tempfile::Builder::new()
         .prefix("cvt-leases")

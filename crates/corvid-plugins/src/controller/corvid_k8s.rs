@@ -1,24 +1,22 @@
-//! corvid-k8s: the node side of `corvid kube-watch`. ADD waits, on a watch of the one pod,
-//! for the `corvid.io/port` annotation the watcher writes, plugs the pod through the same
-//! binding as the bridge plugin, the agent and the Docker driver, tells the controller
-//! where the port is plugged (so the host's agent links it into the overlay and reports
-//! it ACTIVE), and answers the port's addresses. DEL unplugs; the watcher deletes the port
-//! when the pod goes.
+//! corvid-k8s: the node side of `corvid kube-watch`. The pod's port is named by its UID
+//! (`ids::port`), so ADD needs no API server: it waits, on the controller's watch feed,
+//! for the port the watcher makes, reads its network and subnets, plugs the pod through
+//! the same binding as the bridge plugin, the agent and the Docker driver, tells the
+//! controller where the port is plugged (so the host's agent links it into the overlay
+//! and reports it ACTIVE), and answers the port's addresses. DEL unplugs; the watcher
+//! deletes the port when the pod goes. No Kubernetes client is linked: the watcher's
+//! `corvid.io/port` annotation stays for people and tools.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use corvid_api::{ApiError, Client, Port};
+use corvid_api::{ApiError, Client, Network, Port, Subnet};
 use corvid_cni::result::{Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
-use corvid_k8s::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
+use corvid_k8s::annotation::PortAnnotation;
 use corvid_net::binding::{ensure_bridge, ensure_plugged, BridgeSpec, VethSpec};
 use corvid_net::{names, Netlink, Netns};
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, WatchEvent, WatchParams};
-use kube::ResourceExt;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -29,30 +27,6 @@ use crate::errors;
 /// The Kubernetes pod plugin.
 pub struct CorvidK8s;
 
-/// This plugin's own CNI error codes, beside the controller ones it shares with `corvid`
-/// (106 unreachable, 108 refused, 109 the agent failed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Code {
-    /// 110: the API server could not be reached.
-    ApiServerUnreachable = 110,
-    /// 111: the API server refused the plugin's credentials (401) or its RBAC role lacks
-    /// get/list/watch on pods (403).
-    Forbidden = 111,
-    /// 112: the pod's `corvid.io/port` annotation is not one the plugin can use.
-    AnnotationMalformed = 112,
-}
-
-impl From<Code> for u32 {
-    fn from(c: Code) -> u32 {
-        c as u32
-    }
-}
-
-fn default_kubeconfig() -> PathBuf {
-    PathBuf::from("/etc/cni/net.d/corvid-k8s.kubeconfig")
-}
-
 fn default_controller() -> String {
     "http://127.0.0.1:9696".into()
 }
@@ -60,8 +34,6 @@ fn default_controller() -> String {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Conf {
-    #[serde(default = "default_kubeconfig")]
-    kubeconfig: PathBuf,
     #[serde(default = "default_controller")]
     controller: String,
     #[serde(flatten)]
@@ -114,6 +86,19 @@ fn pod_ref(args: &CmdArgs) -> Result<PodRef, Error> {
     }
 }
 
+/// The pod's UID, which names its port.
+fn uid_of(pod: &PodRef) -> Result<&str, Error> {
+    pod.uid.as_deref().ok_or_else(|| {
+        Error::new(
+            ErrorCode::InvalidEnvironment,
+            format!(
+                "CNI_ARGS must carry the pod's UID (K8S_POD_UID), as containerd and CRI-O pass it: pod {}/{}",
+                pod.namespace, pod.name
+            ),
+        )
+    })
+}
+
 fn load(args: &CmdArgs) -> Result<Conf, Error> {
     let mut c: Conf = serde_json::from_slice(&args.stdin).map_err(errors::config)?;
     if !c.controller.starts_with("http://") && !c.controller.starts_with("https://") {
@@ -127,22 +112,6 @@ fn load(args: &CmdArgs) -> Result<Conf, Error> {
     }
     c.client = Some(c.access.client(&c.controller)?);
     Ok(c)
-}
-
-/// An API server failure as the CNI error a person can act on.
-fn kube_error(e: kube::Error, doing: &str) -> Error {
-    match e {
-        kube::Error::Api(s) if s.code == 401 || s.code == 403 => Error::new(
-            Code::Forbidden,
-            format!("{doing}: the API server refused the plugin ({} {}): check the kubeconfig's token and that its user may get, list and watch pods", s.code, s.reason),
-        )
-        .with_details(s.message),
-        e => Error::new(
-            Code::ApiServerUnreachable,
-            format!("{doing}: the API server could not be reached"),
-        )
-        .with_details(e.to_string()),
-    }
 }
 
 /// A controller failure as a CNI error.
@@ -160,119 +129,41 @@ fn controller_error(e: ApiError, conf: &Conf, doing: &str) -> Error {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Error> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::new(ErrorCode::Io, format!("starting the runtime: {e}")))
-}
-
-async fn pods(conf: &Conf, pod: &PodRef) -> Result<Api<Pod>, Error> {
-    if !conf.kubeconfig.exists() {
-        return Err(Error::new(
-            ErrorCode::InvalidNetworkConfig,
-            format!(
-                "kubeconfig {} does not exist: set \"kubeconfig\" in the network configuration",
-                conf.kubeconfig.display()
-            ),
-        ));
-    }
-    let client = corvid_k8s::connect(Some(&conf.kubeconfig))
-        .await
-        .map_err(|e| Error::new(ErrorCode::InvalidNetworkConfig, e))?;
-    Ok(Api::namespaced(client, &pod.namespace))
-}
-
-/// The pod's annotation if it is there and meant for this pod.
-fn annotation_of(p: &Pod, want_uid: Option<&str>) -> Result<Option<PortAnnotation>, Error> {
-    let uid = p.uid().unwrap_or_default();
-    if want_uid.is_some_and(|w| w != uid) {
-        return Ok(None);
-    }
-    let Some(text) = p.annotations().get(KEY) else {
-        if let Some(e) = p
-            .annotations()
-            .get(ERROR_KEY)
-            .and_then(|t| serde_json::from_str::<PortError>(t).ok())
-        {
-            let code: u32 = if e.reason == "IpAddressGenerationFailure" {
-                ErrorCode::AddressExhausted.into()
-            } else {
-                ControllerCode::ControllerRefused.into()
-            };
-            return Err(Error::new(
-                code,
+/// What the pod's port is, as the watcher's annotation would say it: the port (once the
+/// watcher has made it, waiting up to the configured timeout on the controller's feed),
+/// its network, its subnets and the controller's cluster ID.
+fn port_of(conf: &Conf, client: &Client, pod: &PodRef, uid: &str) -> Result<PortAnnotation, Error> {
+    let id = corvid_k8s::ids::port(uid);
+    let doing = "reading the pod's port";
+    let port = wait::exists(client, &id, Duration::from_secs(conf.timeout))
+        .map_err(|e| controller_error(e, conf, doing))?
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::TryAgainLater,
                 format!(
-                    "corvid kube-watch cannot make a port for pod {}: {}",
-                    p.name_any(),
-                    e.message
+                    "pod {}/{} has no port ({id}) on the controller after {}s: is `corvid kube-watch` running? \
+                     If it is, the pod's events say why it cannot make one",
+                    pod.namespace, pod.name, conf.timeout
                 ),
-            ));
-        }
-        return Ok(None);
-    };
-    let a = PortAnnotation::parse(text).map_err(|e| {
-        Error::new(
-            Code::AnnotationMalformed,
-            format!("pod {}: {e}", p.name_any()),
-        )
-    })?;
-    Ok((a.pod_uid == uid).then_some(a))
+            )
+        })?;
+    describe(conf, client, &port, uid)
 }
 
-/// Waits, on a watch of the one pod, until it carries its annotation.
-async fn wait_annotation(conf: &Conf, pod: &PodRef) -> Result<PortAnnotation, Error> {
-    let api = pods(conf, pod).await?;
-    let deadline = Instant::now() + Duration::from_secs(conf.timeout);
-    let uid = pod.uid.as_deref();
-    let doing = format!("reading pod {}/{}", pod.namespace, pod.name);
-    'read: loop {
-        let mut version = "0".to_string();
-        if let Some(p) = api
-            .get_opt(&pod.name)
-            .await
-            .map_err(|e| kube_error(e, &doing))?
-        {
-            if let Some(a) = annotation_of(&p, uid)? {
-                return Ok(a);
-            }
-            version = p.resource_version().unwrap_or(version);
-        }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now()).as_secs();
-            if left == 0 {
-                return Err(Error::new(
-                    ErrorCode::TryAgainLater,
-                    format!(
-                        "pod {}/{} has no {KEY} annotation after {}s: is `corvid kube-watch` running?",
-                        pod.namespace, pod.name, conf.timeout
-                    ),
-                ));
-            }
-            let params = WatchParams::default()
-                .fields(&format!("metadata.name={}", pod.name))
-                .timeout(left.min(290) as u32);
-            let mut events = api
-                .watch(&params, &version)
-                .await
-                .map_err(|e| kube_error(e, &doing))?
-                .boxed();
-            while let Some(event) = events.next().await {
-                match event.map_err(|e| kube_error(e, &doing))? {
-                    WatchEvent::Added(p) | WatchEvent::Modified(p) => {
-                        if let Some(a) = annotation_of(&p, uid)? {
-                            return Ok(a);
-                        }
-                        version = p.resource_version().unwrap_or(version);
-                    }
-                    WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
-                    WatchEvent::Deleted(_) => {}
-                    // Too old a version: read the pod again.
-                    WatchEvent::Error(_) => continue 'read,
-                }
-            }
-        }
-    }
+/// What the annotation would say of `port`: read with its network, its subnets and the
+/// controller's cluster ID.
+fn describe(conf: &Conf, client: &Client, port: &Port, uid: &str) -> Result<PortAnnotation, Error> {
+    let doing = "reading the pod's port";
+    let network: Network = client
+        .get(&port.network_id)
+        .map_err(|e| controller_error(e, conf, doing))?;
+    let (subnets, _) = client
+        .list::<Subnet>(&[("network_id", &port.network_id)])
+        .map_err(|e| controller_error(e, conf, doing))?;
+    let cluster = client
+        .cluster_id()
+        .map_err(|e| controller_error(e, conf, doing))?;
+    Ok(PortAnnotation::of(port, uid, &network, &subnets, &cluster))
 }
 
 fn netns_of(args: &CmdArgs) -> Result<PathBuf, Error> {
@@ -384,13 +275,34 @@ fn result_of(a: &PortAnnotation, args: &CmdArgs, netns: &str) -> CniResult {
     }
 }
 
+/// The pod port this host bound to `netns` and `ifname`, for a DEL without the pod's UID.
+fn bound_port(
+    conf: &Conf,
+    ifname: &str,
+    netns: Option<&std::path::Path>,
+) -> Result<Option<String>, Error> {
+    let Some(netns) = netns else { return Ok(None) };
+    let netns = netns.display().to_string();
+    let (ports, _) = conf
+        .client()
+        .list::<Port>(&[
+            ("binding:host_id", &conf.host_id()),
+            ("device_owner", corvid_k8s::ids::POD_OWNER),
+        ])
+        .map_err(|e| controller_error(e, conf, "listing this host's pod ports"))?;
+    Ok(ports
+        .into_iter()
+        .find(|p| p.network_ns.as_deref() == Some(&netns) && p.veth_name.as_deref() == Some(ifname))
+        .map(|p| p.id))
+}
+
 impl Plugin for CorvidK8s {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, Error> {
         let conf = load(args)?;
         let pod = pod_ref(args)?;
         let netns_path = netns_of(args)?;
         let netns = Netns::open(&netns_path).map_err(errors::net)?;
-        let a = runtime()?.block_on(wait_annotation(&conf, &pod))?;
+        let a = port_of(&conf, &conf.client(), &pod, uid_of(&pod)?)?;
         let done = plug(&a, args, &netns).and_then(|overlay_here| {
             let client = conf.client();
             let host_id = conf.host_id();
@@ -446,24 +358,18 @@ impl Plugin for CorvidK8s {
         }
         let port_id = match &pod.uid {
             Some(uid) => Some(corvid_k8s::ids::port(uid)),
-            // Without the UID the annotation names the port; a pod that is gone took it.
-            None => {
-                let found = runtime()?.block_on(async {
-                    let api = pods(&conf, &pod).await?;
-                    let p = api
-                        .get_opt(&pod.name)
-                        .await
-                        .map_err(|e| kube_error(e, "reading the pod"))?;
-                    Ok::<_, Error>(p.and_then(|p| annotation_of(&p, None).ok().flatten()))
-                });
-                match found {
-                    Ok(a) => a.map(|a| a.port_id),
-                    Err(e) => {
-                        tracing::warn!("DEL: the pod's port is left to the watcher: {}", e.msg);
-                        None
-                    }
+            // Without the UID, the port this host bound to the namespace and interface.
+            None => match (
+                &args.netns,
+                bound_port(&conf, &args.ifname, args.netns.as_deref()),
+            ) {
+                (Some(_), Ok(found)) => found,
+                (None, _) => None,
+                (Some(_), Err(e)) => {
+                    tracing::warn!("DEL: the pod's port is left to the watcher: {}", e.msg);
+                    None
                 }
-            }
+            },
         };
         let Some(port_id) = port_id else {
             return Ok(());
@@ -488,20 +394,20 @@ impl Plugin for CorvidK8s {
         let conf = load(args)?;
         let pod = pod_ref(args)?;
         let fail = |msg: String| Error::new(ErrorCode::CheckFailed, msg);
-        let a = runtime()?.block_on(async {
-            let api = pods(&conf, &pod).await?;
-            let p = api
-                .get_opt(&pod.name)
-                .await
-                .map_err(|e| kube_error(e, "reading the pod"))?
-                .ok_or_else(|| fail(format!("pod {}/{} is gone", pod.namespace, pod.name)))?;
-            annotation_of(&p, pod.uid.as_deref())?.ok_or_else(|| {
-                fail(format!(
-                    "pod {}/{} has no {KEY} annotation",
+        let uid = uid_of(&pod)?;
+        let client = conf.client();
+        let id = corvid_k8s::ids::port(uid);
+        let doing = "reading the pod's port";
+        let port: Port = match client.get(&id) {
+            Err(ApiError::Neutron { status: 404, .. }) => {
+                return Err(fail(format!(
+                    "pod {}/{} has no port ({id}) on the controller",
                     pod.namespace, pod.name
-                ))
-            })
-        })?;
+                )))
+            }
+            r => r.map_err(|e| controller_error(e, &conf, doing))?,
+        };
+        let a = describe(&conf, &client, &port, uid)?;
         let ns = Netns::open(netns_of(args)?).map_err(errors::net)?;
         let mut nl = Netlink::open_in(&ns).map_err(errors::net)?;
         let link = nl
@@ -510,7 +416,7 @@ impl Plugin for CorvidK8s {
             .ok_or_else(|| fail(format!("interface {} is missing", args.ifname)))?;
         if !link.mac.eq_ignore_ascii_case(&a.mac) {
             return Err(fail(format!(
-                "interface {} has MAC {}, the annotation says {}",
+                "interface {} has MAC {}, its port says {}",
                 args.ifname, link.mac, a.mac
             )));
         }
@@ -553,26 +459,12 @@ impl Plugin for CorvidK8s {
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
         let conf = load(args)?;
-        let unavailable = |e: Error| Error::new(ErrorCode::PluginNotAvailable, e.msg);
         conf.client()
             .list::<Port>(&[("id", "none")])
-            .map_err(|e| unavailable(controller_error(e, &conf, "reaching the controller")))?;
-        runtime()?
-            .block_on(async {
-                let api = pods(
-                    &conf,
-                    &PodRef {
-                        namespace: "default".into(),
-                        name: String::new(),
-                        uid: None,
-                    },
-                )
-                .await?;
-                api.list_metadata(&kube::api::ListParams::default().limit(1))
-                    .await
-                    .map(drop)
-                    .map_err(|e| kube_error(e, "listing pods"))
+            .map(drop)
+            .map_err(|e| {
+                let e = controller_error(e, &conf, "reaching the controller");
+                Error::new(ErrorCode::PluginNotAvailable, e.msg)
             })
-            .map_err(unavailable)
     }
 }

@@ -74,3 +74,42 @@ pub fn active(
         }
     }
 }
+
+/// Waits up to `timeout` for port `id` to exist (another component makes it), on the
+/// feed; none when the time is up.
+pub fn exists(client: &Client, id: &str, timeout: Duration) -> Result<Option<Port>, ApiError> {
+    let deadline = Instant::now() + timeout;
+    let filter = WatchFilter {
+        host_id: None,
+        resource: Some(Port::PLURAL),
+    };
+    'read: loop {
+        let (ports, mut revision) = client.list::<Port>(&[("id", id)])?;
+        if let Some(port) = ports.into_iter().next() {
+            return Ok(Some(port));
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let wait = Duration::from_secs(left.as_secs().clamp(1, 30));
+            let page = match client.watch(revision, &filter, wait) {
+                Ok(page) => page,
+                // Fell behind the feed: look again and watch from there.
+                Err(ApiError::Neutron { status: 410, .. }) => continue 'read,
+                Err(e) => return Err(e),
+            };
+            revision = page.revision;
+            let made = page
+                .events
+                .iter()
+                .filter(|e| e.id == id && e.kind != EventKind::Delete)
+                .filter_map(|e| e.decode::<Port>().ok())
+                .next_back();
+            if let Some(port) = made {
+                return Ok(Some(port));
+            }
+        }
+    }
+}

@@ -25,9 +25,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
 use support::cluster::ns::{spawn_with_input, wait_until};
 use support::cluster::{cni_result, Cluster};
-use support::kube::{
-    plugin_conf, start_in_cluster_watcher, start_watcher, KubeApi, NOBODY_TOKEN, NODE_TOKEN,
-};
+use support::kube::{plugin_conf, start_in_cluster_watcher, start_watcher, KubeApi};
 
 const API_ADDR: &str = "10.99.0.254";
 
@@ -185,13 +183,13 @@ fn spawn_plugin(cluster: &Cluster, call: &K8sCall, conf: &Value) -> Child {
     spawn_with_input(&mut cmd, &conf.to_string())
 }
 
-fn run_plugin(cluster: &Cluster, kube: &KubeApi, call: &K8sCall) -> Output {
-    run_plugin_with(cluster, kube, call, json!({}))
+fn run_plugin(cluster: &Cluster, call: &K8sCall) -> Output {
+    run_plugin_with(cluster, call, json!({}))
 }
 
 /// The plugin with `extra` merged into its configuration (prevResult, a timeout...).
-fn run_plugin_with(cluster: &Cluster, kube: &KubeApi, call: &K8sCall, extra: Value) -> Output {
-    let mut conf = plugin_conf(kube, call.host, NODE_TOKEN, 30);
+fn run_plugin_with(cluster: &Cluster, call: &K8sCall, extra: Value) -> Output {
+    let mut conf = plugin_conf(call.host, 30);
     for (k, v) in extra.as_object().unwrap() {
         conf[k] = v.clone();
     }
@@ -239,14 +237,7 @@ fn service_names(kube: &KubeApi, ns: &str) -> Vec<String> {
 
 /// A DEL of pod `[namespace, name, uid]` that succeeds and leaves the pod without its
 /// interface.
-fn unplugged(
-    cluster: &Cluster,
-    kube: &KubeApi,
-    host: usize,
-    pod: [&str; 3],
-    netns: &Path,
-    what: &str,
-) {
+fn unplugged(cluster: &Cluster, host: usize, pod: [&str; 3], netns: &Path, what: &str) {
     let [ns, name, uid] = pod;
     let call = K8sCall {
         host,
@@ -256,7 +247,7 @@ fn unplugged(
         uid,
         netns: Some(netns),
     };
-    let out = run_plugin(cluster, kube, &call);
+    let out = run_plugin(cluster, &call);
     assert!(out.status.success(), "{what}: {out:?}");
     let left = std::process::Command::new("ip")
         .args([
@@ -365,7 +356,7 @@ fn served_pods(
             uid: &uid,
             netns: Some(&netns.path),
         };
-        cni_result(&run_plugin(cluster, kube, &call));
+        cni_result(&run_plugin(cluster, &call));
         servers.push(netns.serve_name(name, 8080));
         servers.push(netns.serve_name(name, 5353));
         set_ready(kube, ns, name, true);

@@ -551,7 +551,7 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
         .map(|h| {
             let conflist = json!({
                 "cniVersion": "1.0.0", "name": "corvid",
-                "plugins": [plugin_conf(&kube, h, NODE_TOKEN, 30)],
+                "plugins": [plugin_conf(h, 30)],
             });
             Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
         })

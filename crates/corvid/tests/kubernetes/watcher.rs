@@ -176,6 +176,21 @@ fn the_watcher_runs_on_its_in_cluster_configuration_through_the_kubernetes_servi
     // A node routes a cluster IP by its default route before the agent's DNAT picks the
     // API server, as with kube-proxy.
     cluster.hosts[0].ip("route add default via 10.99.0.254");
+    // Once the first watcher has made the service and the node's agent serves it: killed
+    // before, nothing would serve it (the bootstrap the ConfigMap's api-server keys are for).
+    let connect =
+        format!("import socket; socket.create_connection(('{kubernetes}', 443), timeout=2)");
+    wait_until(
+        "the kubernetes service served on the node",
+        Duration::from_secs(20),
+        || {
+            cluster.hosts[0]
+                .command("python3")
+                .args(["-c", &connect])
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    );
     let (_second, _sa2) = start_in_cluster_watcher(
         &cluster.hosts[0],
         &kube,

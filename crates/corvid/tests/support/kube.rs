@@ -21,10 +21,6 @@ use super::cluster::{url, Cluster};
 pub const ADMIN_TOKEN: &str = "cvt-admin-token";
 /// The watcher's user: what RBAC bindings to its ServiceAccount match.
 pub const WATCHER_TOKEN: &str = "cvt-watcher-token";
-/// The node plugin's user.
-pub const NODE_TOKEN: &str = "cvt-node-token";
-/// A user no role is bound to.
-pub const NOBODY_TOKEN: &str = "cvt-nobody-token";
 
 /// Where the control plane's binary `name` is, built once and cached outside the
 /// checkout (`$KUBE_CACHE`, as the build script takes it).
@@ -146,11 +142,8 @@ impl KubeApi {
             d.join("tokens.csv"),
             format!(
                 "{ADMIN_TOKEN},cvt-admin,cvt-admin,\"system:masters\"\n\
-                 {WATCHER_TOKEN},{},cvt-watcher,\"system:serviceaccounts,system:serviceaccounts:kube-system\"\n\
-                 {NODE_TOKEN},{},cvt-node,\"system:serviceaccounts,system:serviceaccounts:kube-system\"\n\
-                 {NOBODY_TOKEN},cvt-nobody,cvt-nobody\n",
+                 {WATCHER_TOKEN},{},cvt-watcher,\"system:serviceaccounts,system:serviceaccounts:kube-system\"\n",
                 sa("corvid-kube-watch"),
-                sa("corvid-node"),
             ),
         )
         .unwrap();
@@ -442,11 +435,11 @@ pub fn start_in_cluster_watcher(
     (Proc(child), sa)
 }
 
-/// The `corvid-k8s` plugin's configuration for node `host`, as the user with `token`.
-pub fn plugin_conf(kube: &KubeApi, host: usize, token: &str, timeout: u64) -> Value {
+/// The `corvid-k8s` plugin's configuration for node `host`: the controller only, as
+/// the plugin needs no API server.
+pub fn plugin_conf(host: usize, timeout: u64) -> Value {
     json!({
         "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "corvid-k8s",
-        "kubeconfig": kube.kubeconfig(token), "controller": url(),
-        "hostId": format!("h{}", host + 1), "timeout": timeout,
+        "controller": url(), "hostId": format!("h{}", host + 1), "timeout": timeout,
     })
 }
