@@ -54,6 +54,51 @@ pub struct Containerd {
     pub socket: PathBuf,
 }
 
+impl Drop for Containerd {
+    /// A test that panics leaves its pods' shims running (they outlive containerd) and
+    /// their mounts under the state directory, which then cannot be removed: the shims
+    /// are ended by PID, found by this containerd's socket, and the mounts detached.
+    fn drop(&mut self) {
+        let address = self.socket.display().to_string();
+        for pid in shims_of(&address) {
+            // SAFETY: kill(2) on a process this test's containerd started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let dir = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .filter(|m| m.starts_with(&dir))
+            .collect();
+        // The deepest first.
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+/// The PIDs of the shims serving the containerd at `address`.
+fn shims_of(address: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let shim = args.first()?.ends_with(b"containerd-shim-runc-v2");
+            let ours = args
+                .windows(2)
+                .any(|w| w[0] == b"-address" && w[1] == address.as_bytes());
+            (shim && ours).then_some(pid)
+        })
+        .collect()
+}
+
 fn sha256(path: &Path) -> String {
     let out = Command::new("sha256sum").arg(path).output().unwrap();
     String::from_utf8_lossy(&out.stdout)
