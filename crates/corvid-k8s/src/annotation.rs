@@ -1,5 +1,6 @@
-//! The `corvid.io/port` pod annotation: what the watcher allocated for a pod, in the form
-//! the node's CNI plugin plugs it from, without asking the controller.
+//! The `corvid.io/port` pod annotation: what the watcher allocated for a pod, for people
+//! and tools to read on the pod. The node's CNI plugin builds the same from the controller
+//! (the port its UID names, its network and subnets), and plugs from that.
 
 use std::net::IpAddr;
 

@@ -1,6 +1,8 @@
 //! Kubernetes onto corvid: `corvid kube-watch` gives every namespace a network and every
-//! scheduled pod a port, and writes the port onto the pod as the `corvid.io/port`
-//! annotation, which the node's `corvid-k8s` CNI plugin plugs from.
+//! scheduled pod a port (named by the pod's UID, which is how the node's `corvid-k8s` CNI
+//! plugin finds it), writes the port onto the pod as the `corvid.io/port` annotation, and
+//! serves services. The `watcher` feature (default) holds all of that but the annotation
+//! and the IDs, which is all the plugin links.
 
 #![deny(missing_docs)]
 
