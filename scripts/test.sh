@@ -127,6 +127,8 @@ export CORVID_STATIC_PLUGINS
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# A node-only `corvid`, without the Docker, Kubernetes and Kurma adapters, still builds.
+cargo clippy -p corvid --no-default-features -- -D warnings
 # The oldest Rust that Cargo.toml's rust-version promises, checked rather than assumed
 # (kube's crates set the floor): its toolchain from rustup, where rustup can get it.
 msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
