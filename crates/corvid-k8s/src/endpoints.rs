@@ -7,6 +7,7 @@
 //! Either kind becomes the same thing here: groups of ready addresses with the ports
 //! they serve, one group per slice or per Endpoints subset.
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use futures::{Stream, StreamExt};
@@ -246,6 +247,115 @@ fn convert<K>(e: Event<K>, change: fn(&K, bool) -> Change) -> Event<Change> {
     }
 }
 
+/// Every endpoint object the watch brought, indexed by service: which services a change
+/// touches, and each service's groups. Pure: the watcher feeds it the watch's events.
+#[derive(Debug, Default)]
+pub struct Index {
+    /// Each object's service and groups, by the object's `namespace/name`.
+    objects: HashMap<String, (String, Vec<EndpointGroup>)>,
+    /// The objects of each service, by its `namespace/name`.
+    of_service: HashMap<String, BTreeSet<String>>,
+    /// A list in progress (between `Init` and `InitDone`).
+    listing: Option<HashMap<String, (String, Vec<EndpointGroup>)>>,
+    /// A whole list came in once.
+    listed: bool,
+}
+
+impl Index {
+    /// Takes one event of the watch; returns the services (`namespace/name`) whose
+    /// members may have changed. The first whole list returns none: until then, no
+    /// service's members are known, and the caller reconciles all of them.
+    pub fn apply(&mut self, e: Event<Change>) -> BTreeSet<String> {
+        match e {
+            Event::Init => {
+                self.listing = Some(HashMap::new());
+                BTreeSet::new()
+            }
+            Event::InitApply(c) => {
+                if let (Some(l), Some(groups)) = (&mut self.listing, c.groups) {
+                    l.insert(c.object, (c.service, groups));
+                }
+                BTreeSet::new()
+            }
+            Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                let mut changed = BTreeSet::new();
+                for (object, before) in &self.objects {
+                    if listed.get(object) != Some(before) {
+                        changed.insert(before.0.clone());
+                    }
+                }
+                for (object, now) in &listed {
+                    if self.objects.get(object) != Some(now) {
+                        changed.insert(now.0.clone());
+                    }
+                }
+                self.of_service.clear();
+                for (object, (service, _)) in &listed {
+                    self.of_service
+                        .entry(service.clone())
+                        .or_default()
+                        .insert(object.clone());
+                }
+                self.objects = listed;
+                if std::mem::replace(&mut self.listed, true) {
+                    changed
+                } else {
+                    BTreeSet::new()
+                }
+            }
+            Event::Apply(c) | Event::Delete(c) => self.change(c),
+        }
+    }
+
+    fn change(&mut self, c: Change) -> BTreeSet<String> {
+        let now = c.groups.map(|g| (c.service, g));
+        let before = match &now {
+            Some(n) => self.objects.insert(c.object.clone(), n.clone()),
+            None => self.objects.remove(&c.object),
+        };
+        let mut changed = BTreeSet::new();
+        if before == now {
+            return changed;
+        }
+        if let Some((service, _)) = before {
+            if let Some(objects) = self.of_service.get_mut(&service) {
+                objects.remove(&c.object);
+                if objects.is_empty() {
+                    self.of_service.remove(&service);
+                }
+            }
+            changed.insert(service);
+        }
+        if let Some((service, _)) = now {
+            self.of_service
+                .entry(service.clone())
+                .or_default()
+                .insert(c.object);
+            changed.insert(service);
+        }
+        changed
+    }
+
+    /// A whole list came in once: services' members are known.
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
+    /// The groups of the service `namespace/name`.
+    pub fn groups_of<'a>(
+        &'a self,
+        service: &str,
+    ) -> impl Iterator<Item = &'a EndpointGroup> + Clone + 'a {
+        self.of_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|o| self.objects.get(o))
+            .flat_map(|(_, g)| g)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,5 +420,81 @@ mod tests {
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].addresses, ["10.1.0.5".parse::<IpAddr>().unwrap()]);
         assert_eq!(groups[0].port("http", LbProtocol::Tcp), Some(8080));
+    }
+
+    fn change(object: &str, service: &str, ips: &[&str]) -> Change {
+        Change {
+            object: object.into(),
+            service: service.into(),
+            groups: Some(vec![EndpointGroup {
+                addresses: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+                ports: vec![(String::new(), 80, LbProtocol::Tcp)],
+            }]),
+        }
+    }
+
+    fn ips(index: &Index, service: &str) -> Vec<String> {
+        let mut out: Vec<String> = index
+            .groups_of(service)
+            .flat_map(|g| &g.addresses)
+            .map(|a| a.to_string())
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn the_index_says_which_services_changed_and_keeps_their_groups() {
+        let mut index = Index::default();
+        // The first list: nothing reported (the caller reconciles every service).
+        index.apply(Event::Init);
+        index.apply(Event::InitApply(change("x/web-1", "x/web", &["10.1.0.5"])));
+        index.apply(Event::InitApply(change("x/web-2", "x/web", &["10.1.0.6"])));
+        assert!(!index.listed());
+        assert!(index.apply(Event::InitDone).is_empty());
+        assert!(index.listed());
+        assert_eq!(ips(&index, "x/web"), ["10.1.0.5", "10.1.0.6"]);
+        // A slice changes: its service; the same again: none.
+        let moved = change("x/web-2", "x/web", &["10.1.0.7"]);
+        assert_eq!(
+            index.apply(Event::Apply(moved.clone())),
+            BTreeSet::from(["x/web".into()])
+        );
+        assert!(index.apply(Event::Apply(moved)).is_empty());
+        assert_eq!(ips(&index, "x/web"), ["10.1.0.5", "10.1.0.7"]);
+        // A slice relabelled to another service: both.
+        let relabelled = change("x/web-2", "x/api", &["10.1.0.7"]);
+        assert_eq!(
+            index.apply(Event::Apply(relabelled)),
+            BTreeSet::from(["x/api".into(), "x/web".into()])
+        );
+        assert_eq!(ips(&index, "x/web"), ["10.1.0.5"]);
+        // Deleted: its service, and no group left for it.
+        let gone = Change {
+            groups: None,
+            ..change("x/web-2", "x/api", &[])
+        };
+        assert_eq!(
+            index.apply(Event::Delete(gone)),
+            BTreeSet::from(["x/api".into()])
+        );
+        assert!(ips(&index, "x/api").is_empty());
+        // A relist that misses a slice (deleted while the watch was down) and changes
+        // another reports both services; an unchanged one is left out.
+        index.apply(Event::Apply(change("x/db-1", "x/db", &["10.1.0.9"])));
+        index.apply(Event::Apply(change("x/cache-1", "x/cache", &["10.1.0.8"])));
+        index.apply(Event::Init);
+        index.apply(Event::InitApply(change("x/web-1", "x/web", &["10.1.0.4"])));
+        index.apply(Event::InitApply(change(
+            "x/cache-1",
+            "x/cache",
+            &["10.1.0.8"],
+        )));
+        assert_eq!(
+            index.apply(Event::InitDone),
+            BTreeSet::from(["x/db".into(), "x/web".into()])
+        );
+        assert_eq!(ips(&index, "x/web"), ["10.1.0.4"]);
+        assert!(ips(&index, "x/db").is_empty());
     }
 }

@@ -7,7 +7,7 @@
 //! down. Instead, once a full list has arrived and every `resync` after, ports whose pod
 //! is gone and networks whose namespace is gone are swept.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +23,7 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
-use crate::endpoints::{self, EndpointGroup};
+use crate::endpoints;
 use crate::ids;
 use crate::leader::{Candidate, Election};
 use crate::metrics::{self, Kind, Phase};
@@ -214,13 +214,8 @@ struct Watcher {
     public_network: Option<String>,
     /// The controller's cluster ID, which annotations carry to the plugin.
     cluster: Arc<str>,
-    /// Each endpoint object's service and groups, by the object's `namespace/name`.
-    endpoints: HashMap<String, (String, Vec<EndpointGroup>)>,
-    endpoints_listing: Option<HashMap<String, (String, Vec<EndpointGroup>)>>,
-    /// The endpoint objects of each service, by its `namespace/name`.
-    endpoints_of: HashMap<String, BTreeSet<String>>,
-    /// The first whole list of endpoint objects came in.
-    endpoints_listed: bool,
+    /// The endpoint objects, by service: what services serve.
+    endpoints: endpoints::Index,
     /// Failed work's tries so far, for its backoff.
     backoff: Backoff,
     /// Gone namespaces whose networks wait for their last ports, by UID: each port of a
@@ -266,10 +261,7 @@ impl Watcher {
             troubles: HashMap::new(),
             public_network: None,
             cluster: Arc::from(""),
-            endpoints: HashMap::new(),
-            endpoints_listing: None,
-            endpoints_of: HashMap::new(),
-            endpoints_listed: false,
+            endpoints: endpoints::Index::default(),
             backoff: Backoff::default(),
             pending_networks: HashSet::new(),
         }
@@ -558,82 +550,15 @@ impl Watcher {
     }
 
     /// Keeps the endpoint objects, and brings the services whose members they changed up
-    /// to date; a relist replaces them all.
+    /// to date; after the first whole list, every service.
     async fn endpoints_event(&mut self, e: Event<endpoints::Change>) {
         metrics::event(Kind::Service);
-        let changed: BTreeSet<String> = match e {
-            Event::Init => {
-                self.endpoints_listing = Some(HashMap::new());
-                return;
-            }
-            Event::InitApply(c) => {
-                if let (Some(l), Some(groups)) = (&mut self.endpoints_listing, c.groups) {
-                    l.insert(c.object, (c.service, groups));
-                }
-                return;
-            }
-            Event::InitDone => {
-                let listed = self.endpoints_listing.take().unwrap_or_default();
-                let mut changed = BTreeSet::new();
-                for (object, before) in &self.endpoints {
-                    if listed.get(object) != Some(before) {
-                        changed.insert(before.0.clone());
-                    }
-                }
-                for (object, now) in &listed {
-                    if self.endpoints.get(object) != Some(now) {
-                        changed.insert(now.0.clone());
-                    }
-                }
-                self.endpoints_of.clear();
-                for (object, (service, _)) in &listed {
-                    self.endpoints_of
-                        .entry(service.clone())
-                        .or_default()
-                        .insert(object.clone());
-                }
-                self.endpoints = listed;
-                if !self.endpoints_listed {
-                    // Services waited for the first whole list of their members.
-                    self.endpoints_listed = true;
-                    self.services.values().map(object_key).collect()
-                } else {
-                    changed
-                }
-            }
-            Event::Apply(c) | Event::Delete(c) => {
-                let now = c.groups.map(|g| (c.service, g));
-                let before = match &now {
-                    Some(n) => self.endpoints.insert(c.object.clone(), n.clone()),
-                    None => self.endpoints.remove(&c.object),
-                };
-                if before == now {
-                    return;
-                }
-                let mut changed = BTreeSet::new();
-                if let Some((service, _)) = before {
-                    if let Some(objects) = self.endpoints_of.get_mut(&service) {
-                        objects.remove(&c.object);
-                        if objects.is_empty() {
-                            self.endpoints_of.remove(&service);
-                        }
-                    }
-                    changed.insert(service);
-                }
-                if let Some((service, _)) = now {
-                    self.endpoints_of
-                        .entry(service.clone())
-                        .or_default()
-                        .insert(c.object);
-                    changed.insert(service);
-                }
-                changed
-            }
-        };
+        let first = matches!(e, Event::InitDone) && !self.endpoints.listed();
+        let changed = self.endpoints.apply(e);
         let affected: Vec<String> = self
             .services
             .iter()
-            .filter(|(_, s)| changed.contains(&object_key(*s)))
+            .filter(|(_, s)| first || changed.contains(&object_key(*s)))
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in affected {
@@ -680,19 +605,13 @@ impl Watcher {
         // Before the first whole list of endpoints, a service's members are not known: a
         // restarted watcher would take every healthy service's members away for a moment.
         // A gone service's load balancer goes at once.
-        if !self.endpoints_listed && self.services.contains_key(uid) {
+        if !self.endpoints.listed() && self.services.contains_key(uid) {
             return;
         }
         let svc = self.services.get(uid).cloned();
-        let want = svc.as_ref().and_then(|s| {
-            let objects = self.endpoints_of.get(&object_key(s));
-            let groups = objects
-                .into_iter()
-                .flatten()
-                .filter_map(|o| self.endpoints.get(o))
-                .flat_map(|(_, g)| g);
-            services::wanted(s, groups)
-        });
+        let want = svc
+            .as_ref()
+            .and_then(|s| services::wanted(s, self.endpoints.groups_of(&object_key(s))));
         let name = svc
             .as_ref()
             .map(|s| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()))
