@@ -208,11 +208,12 @@ impl Source {
     }
 }
 
-fn object_key<K: kube::Resource>(object: &K) -> String {
+/// `namespace/name` of an object: how a service and its endpoint objects find each other.
+pub(crate) fn object_key<K: kube::Resource>(object: &K) -> String {
     format!(
         "{}/{}",
-        object.meta().namespace.as_deref().unwrap_or_default(),
-        object.meta().name.as_deref().unwrap_or_default()
+        object.namespace().unwrap_or_default(),
+        object.name_any()
     )
 }
 

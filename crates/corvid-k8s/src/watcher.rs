@@ -23,7 +23,7 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::annotation::{PortAnnotation, PortError, ERROR_KEY, KEY};
-use crate::endpoints;
+use crate::endpoints::{self, object_key};
 use crate::ids;
 use crate::leader::{Candidate, Election};
 use crate::metrics::{self, Kind, Phase};
@@ -1072,15 +1072,6 @@ impl PodWork {
             }
         }
     }
-}
-
-/// `namespace/name` of an object: how a service and its endpoint objects find each other.
-fn object_key<K: kube::Resource>(object: &K) -> String {
-    format!(
-        "{}/{}",
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
 }
 
 /// Records a warning event on `object` (a pod, a service), as `kubectl describe` shows.

@@ -105,25 +105,47 @@ impl Tool {
         if !ours && !self.has_chain(DOCKER_USER)? && !self.forward_drops()? {
             return Ok(false);
         }
-        let mut added = false;
-        if !ours {
-            self.must(&["-N", CHAIN])?;
-            added = true;
-        }
+        let mut added = self.ensure_chain(CHAIN, ours, self.parent()?)?;
         for rule in accepts() {
             let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
-            let tail = [&rule[..], &["-j", "ACCEPT"]].concat();
-            if !self.holds(&[&["-C", CHAIN][..], &tail].concat())? {
-                self.must(&[&["-A", CHAIN][..], &tail].concat())?;
-                added = true;
-            }
+            added |= self.ensure_rule(CHAIN, &[&rule[..], &["-j", "ACCEPT"]].concat())?;
         }
-        let parent = self.parent()?;
-        if !self.holds(&["-C", parent, "-j", CHAIN])? {
-            self.must(&["-I", parent, "1", "-j", CHAIN])?;
+        Ok(added)
+    }
+
+    /// Makes `chain` (unless it `exists`), jumped to from the top of `parent`, where
+    /// either is missing; true when something was added.
+    fn ensure_chain(&self, chain: &str, exists: bool, parent: &str) -> Result<bool, String> {
+        let mut added = false;
+        if !exists {
+            self.must(&["-N", chain])?;
+            added = true;
+        }
+        if !self.holds(&["-C", parent, "-j", chain])? {
+            self.must(&["-I", parent, "1", "-j", chain])?;
             added = true;
         }
         Ok(added)
+    }
+
+    /// Appends `rule` to `chain` unless it is there; true when it was added.
+    fn ensure_rule(&self, chain: &str, rule: &[&str]) -> Result<bool, String> {
+        if self.holds(&[&["-C", chain][..], rule].concat())? {
+            return Ok(false);
+        }
+        self.must(&[&["-A", chain][..], rule].concat())?;
+        Ok(true)
+    }
+
+    /// Removes every jump from `parents` to `chain`, then the chain and what it holds.
+    fn drop_chain(&self, chain: &str, parents: &[&str]) -> Result<(), String> {
+        for parent in parents {
+            while self.holds(&["-C", parent, "-j", chain])? {
+                self.must(&["-D", parent, "-j", chain])?;
+            }
+        }
+        self.must(&["-F", chain])?;
+        self.must(&["-X", chain])
     }
 
     /// Removes every jump to corvid's chain, then the chain; true when it was there.
@@ -131,13 +153,7 @@ impl Tool {
         if !self.has_chain(CHAIN)? {
             return Ok(false);
         }
-        for parent in ["FORWARD", DOCKER_USER] {
-            while self.holds(&["-C", parent, "-j", CHAIN])? {
-                self.must(&["-D", parent, "-j", CHAIN])?;
-            }
-        }
-        self.must(&["-F", CHAIN])?;
-        self.must(&["-X", CHAIN])?;
+        self.drop_chain(CHAIN, &["FORWARD", DOCKER_USER])?;
         Ok(true)
     }
 }
@@ -268,10 +284,7 @@ impl Tool {
             self.must(&["-D", FIREWALL_CHAIN, &(i + 1).to_string()])?;
         }
         if comments.iter().all(|c| stale(c)) {
-            while self.holds(&["-C", "FORWARD", "-j", FIREWALL_CHAIN])? {
-                self.must(&["-D", "FORWARD", "-j", FIREWALL_CHAIN])?;
-            }
-            self.must(&["-X", FIREWALL_CHAIN])?;
+            self.drop_chain(FIREWALL_CHAIN, &["FORWARD"])?;
         }
         Ok(())
     }
@@ -295,12 +308,7 @@ pub fn allow_addresses_legacy(tag: &str, addrs: &[std::net::IpAddr]) -> Result<(
         if family.is_empty() {
             continue;
         }
-        if !tool.has_chain(FIREWALL_CHAIN)? {
-            tool.must(&["-N", FIREWALL_CHAIN])?;
-        }
-        if !tool.holds(&["-C", "FORWARD", "-j", FIREWALL_CHAIN])? {
-            tool.must(&["-I", "FORWARD", "1", "-j", FIREWALL_CHAIN])?;
-        }
+        tool.ensure_chain(FIREWALL_CHAIN, tool.has_chain(FIREWALL_CHAIN)?, "FORWARD")?;
         let comment = ["-m", "comment", "--comment", tag, "-j", "ACCEPT"];
         for addr in &family {
             let established = ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"];
@@ -308,9 +316,7 @@ pub fn allow_addresses_legacy(tag: &str, addrs: &[std::net::IpAddr]) -> Result<(
                 [&["-d", addr.as_str()][..], &established, &comment].concat(),
                 [&["-s", addr.as_str()][..], &comment].concat(),
             ] {
-                if !tool.holds(&[&["-C", FIREWALL_CHAIN][..], &rule].concat())? {
-                    tool.must(&[&["-A", FIREWALL_CHAIN][..], &rule].concat())?;
-                }
+                tool.ensure_rule(FIREWALL_CHAIN, &rule)?;
             }
         }
     }

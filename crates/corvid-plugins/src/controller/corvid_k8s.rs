@@ -275,6 +275,17 @@ fn result_of(a: &PortAnnotation, args: &CmdArgs, netns: &str) -> CniResult {
     }
 }
 
+/// The pod ports bound to this host.
+fn ports_here(conf: &Conf) -> Result<Vec<Port>, Error> {
+    conf.client()
+        .list::<Port>(&[
+            ("binding:host_id", &conf.host_id()),
+            ("device_owner", corvid_k8s::ids::POD_OWNER),
+        ])
+        .map(|(ports, _)| ports)
+        .map_err(|e| controller_error(e, conf, "listing this host's pod ports"))
+}
+
 /// The pod port this host bound to `netns` and `ifname`, for a DEL without the pod's UID.
 fn bound_port(
     conf: &Conf,
@@ -283,14 +294,7 @@ fn bound_port(
 ) -> Result<Option<String>, Error> {
     let Some(netns) = netns else { return Ok(None) };
     let netns = netns.display().to_string();
-    let (ports, _) = conf
-        .client()
-        .list::<Port>(&[
-            ("binding:host_id", &conf.host_id()),
-            ("device_owner", corvid_k8s::ids::POD_OWNER),
-        ])
-        .map_err(|e| controller_error(e, conf, "listing this host's pod ports"))?;
-    Ok(ports
+    Ok(ports_here(conf)?
         .into_iter()
         .find(|p| p.network_ns.as_deref() == Some(&netns) && p.veth_name.as_deref() == Some(ifname))
         .map(|p| p.id))
@@ -359,17 +363,10 @@ impl Plugin for CorvidK8s {
         let port_id = match &pod.uid {
             Some(uid) => Some(corvid_k8s::ids::port(uid)),
             // Without the UID, the port this host bound to the namespace and interface.
-            None => match (
-                &args.netns,
-                bound_port(&conf, &args.ifname, args.netns.as_deref()),
-            ) {
-                (Some(_), Ok(found)) => found,
-                (None, _) => None,
-                (Some(_), Err(e)) => {
-                    tracing::warn!("DEL: the pod's port is left to the watcher: {}", e.msg);
-                    None
-                }
-            },
+            None => bound_port(&conf, &args.ifname, args.netns.as_deref()).unwrap_or_else(|e| {
+                tracing::warn!("DEL: the pod's port is left to the watcher: {}", e.msg);
+                None
+            }),
         };
         let Some(port_id) = port_id else {
             return Ok(());
@@ -437,13 +434,7 @@ impl Plugin for CorvidK8s {
         // gone are removed and their ports told so.
         let conf = load(args)?;
         let client = conf.client();
-        let (ports, _) = client
-            .list::<Port>(&[
-                ("binding:host_id", &conf.host_id()),
-                ("device_owner", corvid_k8s::ids::POD_OWNER),
-            ])
-            .map_err(|e| controller_error(e, &conf, "listing this host's pod ports"))?;
-        for p in ports {
+        for p in ports_here(&conf)? {
             let Some(ns) = &p.network_ns else { continue };
             if Netns::open(ns).is_ok() {
                 continue;

@@ -23,11 +23,49 @@ pub enum NotActive {
     Api(ApiError),
 }
 
-/// The port and the revision it was read at.
-fn read(client: &Client, id: &str) -> Result<(Port, i64), NotActive> {
-    let (ports, revision) = client.list::<Port>(&[("id", id)]).map_err(NotActive::Api)?;
-    let port = ports.into_iter().next().ok_or(NotActive::Gone)?;
-    Ok((port, revision))
+/// Follows port `id` on the feed (the events of `host_id`, or all), from what a read
+/// finds (none: absent), until `decide` makes something of what it is; `Ok(None)` when
+/// `timeout` passes first.
+fn follow<R>(
+    client: &Client,
+    id: &str,
+    host_id: Option<&str>,
+    timeout: Duration,
+    mut decide: impl FnMut(Option<&Port>) -> Option<R>,
+) -> Result<Option<R>, ApiError> {
+    let deadline = Instant::now() + timeout;
+    let filter = WatchFilter {
+        host_id,
+        resource: Some(Port::PLURAL),
+    };
+    'read: loop {
+        let (ports, mut revision) = client.list::<Port>(&[("id", id)])?;
+        let mut port = ports.into_iter().next();
+        loop {
+            if let Some(r) = decide(port.as_ref()) {
+                return Ok(Some(r));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let wait = Duration::from_secs(left.as_secs().clamp(1, 30));
+            let page = match client.watch(revision, &filter, wait) {
+                Ok(page) => page,
+                // Fell behind the feed: read the port again and watch from there.
+                Err(ApiError::Neutron { status: 410, .. }) => continue 'read,
+                Err(e) => return Err(e),
+            };
+            revision = page.revision;
+            for e in page.events.iter().filter(|e| e.id == id) {
+                if e.kind == EventKind::Delete {
+                    port = None;
+                } else if let Ok(p) = e.decode::<Port>() {
+                    port = Some(p);
+                }
+            }
+        }
+    }
 }
 
 /// Waits up to `timeout` for port `id`, bound to `host_id`, to be ACTIVE.
@@ -37,79 +75,23 @@ pub fn active(
     id: &str,
     timeout: Duration,
 ) -> Result<Port, NotActive> {
-    let deadline = Instant::now() + timeout;
-    let (mut port, mut revision) = read(client, id)?;
-    let filter = WatchFilter {
-        host_id: Some(host_id),
-        resource: Some(Port::PLURAL),
-    };
-    loop {
-        match port.status {
-            Status::Active => return Ok(port),
-            Status::Error => return Err(NotActive::Failed),
-            Status::Down | Status::Build => {}
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(NotActive::Timeout);
-        }
-        let wait = Duration::from_secs(left.as_secs().clamp(1, 30));
-        let page = match client.watch(revision, &filter, wait) {
-            Ok(page) => page,
-            // Fell behind the feed: read the port again and watch from there.
-            Err(ApiError::Neutron { status: 410, .. }) => {
-                (port, revision) = read(client, id)?;
-                continue;
-            }
-            Err(e) => return Err(NotActive::Api(e)),
-        };
-        revision = page.revision;
-        for e in page.events.iter().filter(|e| e.id == id) {
-            if e.kind == EventKind::Delete {
-                return Err(NotActive::Gone);
-            }
-            if let Ok(p) = e.decode::<Port>() {
-                port = p;
-            }
-        }
+    let outcome = follow(client, id, Some(host_id), timeout, |port| match port {
+        None => Some(Err(NotActive::Gone)),
+        Some(p) => match p.status {
+            Status::Active => Some(Ok(p.clone())),
+            Status::Error => Some(Err(NotActive::Failed)),
+            Status::Down | Status::Build => None,
+        },
+    });
+    match outcome {
+        Ok(Some(r)) => r,
+        Ok(None) => Err(NotActive::Timeout),
+        Err(e) => Err(NotActive::Api(e)),
     }
 }
 
-/// Waits up to `timeout` for port `id` to exist (another component makes it), on the
-/// feed; none when the time is up.
+/// Waits up to `timeout` for port `id` to exist (another component makes it); none when
+/// the time is up.
 pub fn exists(client: &Client, id: &str, timeout: Duration) -> Result<Option<Port>, ApiError> {
-    let deadline = Instant::now() + timeout;
-    let filter = WatchFilter {
-        host_id: None,
-        resource: Some(Port::PLURAL),
-    };
-    'read: loop {
-        let (ports, mut revision) = client.list::<Port>(&[("id", id)])?;
-        if let Some(port) = ports.into_iter().next() {
-            return Ok(Some(port));
-        }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let wait = Duration::from_secs(left.as_secs().clamp(1, 30));
-            let page = match client.watch(revision, &filter, wait) {
-                Ok(page) => page,
-                // Fell behind the feed: look again and watch from there.
-                Err(ApiError::Neutron { status: 410, .. }) => continue 'read,
-                Err(e) => return Err(e),
-            };
-            revision = page.revision;
-            let made = page
-                .events
-                .iter()
-                .filter(|e| e.id == id && e.kind != EventKind::Delete)
-                .filter_map(|e| e.decode::<Port>().ok())
-                .next_back();
-            if let Some(port) = made {
-                return Ok(Some(port));
-            }
-        }
-    }
+    follow(client, id, None, timeout, |port| port.cloned())
 }
