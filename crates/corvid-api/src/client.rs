@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::model::{Resource, WatchPage};
+use crate::requests::{CreateBody, HostCreate, PortUpdate, UpdateBody};
 
 /// Header carrying the store revision a list was read at, for resuming the watch feed.
 pub const REVISION_HEADER: &str = "X-Corvid-Revision";
@@ -188,7 +189,7 @@ impl Client {
     }
 
     /// Creates one resource from its attributes (the inner object of `{"port": {...}}`).
-    pub fn create<R: Resource>(&self, attrs: Value) -> Result<R, ApiError> {
+    pub fn create<R: Resource>(&self, attrs: impl CreateBody<R>) -> Result<R, ApiError> {
         let v = self.call(
             "POST",
             &self.collection::<R>(),
@@ -199,7 +200,11 @@ impl Client {
 
     /// Creates the resource with ID `id` (`attrs` must carry it), or shows the one an
     /// earlier attempt made: derived IDs make a retried create idempotent.
-    pub fn create_or_get<R: Resource>(&self, id: &str, attrs: Value) -> Result<R, ApiError> {
+    pub fn create_or_get<R: Resource>(
+        &self,
+        id: &str,
+        attrs: impl CreateBody<R>,
+    ) -> Result<R, ApiError> {
         match self.create(attrs) {
             Err(ApiError::Neutron {
                 status: 409, kind, ..
@@ -218,7 +223,10 @@ impl Client {
     }
 
     /// Creates several resources in one all-or-nothing request.
-    pub fn create_bulk<R: Resource>(&self, attrs: Vec<Value>) -> Result<Vec<R>, ApiError> {
+    pub fn create_bulk<R: Resource>(
+        &self,
+        attrs: Vec<impl CreateBody<R>>,
+    ) -> Result<Vec<R>, ApiError> {
         let v = self.call(
             "POST",
             &self.collection::<R>(),
@@ -251,7 +259,7 @@ impl Client {
     }
 
     /// Updates the given attributes of one resource.
-    pub fn update<R: Resource>(&self, id: &str, attrs: Value) -> Result<R, ApiError> {
+    pub fn update<R: Resource>(&self, id: &str, attrs: impl UpdateBody<R>) -> Result<R, ApiError> {
         let v = self.call(
             "PUT",
             &format!("{}/{id}", self.collection::<R>()),
@@ -283,7 +291,13 @@ impl Client {
         id: &str,
         status: crate::Status,
     ) -> Result<crate::Port, ApiError> {
-        self.update::<crate::Port>(id, json!({ "status": status }))
+        self.update(
+            id,
+            PortUpdate {
+                status: Some(status),
+                ..Default::default()
+            },
+        )
     }
 
     /// Registers (or re-registers) a host and the underlay address its tunnels end at.
@@ -296,7 +310,7 @@ impl Client {
         let v = self.call(
             "PUT",
             &path,
-            Some(&json!({ "host": { "underlay_ip": underlay_ip } })),
+            Some(&json!({ "host": HostCreate { underlay_ip: Some(underlay_ip), ..Default::default() } })),
         )?;
         Self::decode(v["host"].clone())
     }

@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod model;
+pub mod requests;
 pub mod tls;
 
 pub use client::{ApiError, Client, WatchFilter};
@@ -13,5 +14,11 @@ pub use model::{
     AllocationPool, EventKind, FixedIp, FloatingIp, Host, HostRoute, LbProtocol, Listener,
     LoadBalancer, Member, Network, Pool, Port, PortDetails, Resource, SessionPersistence, Status,
     Subnet, SubnetPool, WatchEvent, WatchPage, NODE_PORT_TAG,
+};
+pub use requests::{
+    FixedIpRequest, FloatingIpCreate, FloatingIpUpdate, HostCreate, ListenerCreate, ListenerUpdate,
+    LoadBalancerCreate, LoadBalancerUpdate, MemberCreate, MemberUpdate, NetworkCreate,
+    NetworkUpdate, PoolCreate, PoolUpdate, PortCreate, PortUpdate, SubnetCreate, SubnetPoolCreate,
+    SubnetPoolUpdate, SubnetUpdate,
 };
 pub use tls::{Credentials, Tls};

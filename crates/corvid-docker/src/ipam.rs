@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use corvid_api::{Port, Subnet, SubnetPool};
+use corvid_api::{FixedIpRequest, Port, PortCreate, Subnet, SubnetPool, SubnetPoolCreate};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
@@ -203,14 +203,15 @@ impl Driver {
                 )));
             }
         }
-        let created: SubnetPool = self.client.create(json!({
-            "name": format!("docker-{pool}"),
-            "prefixes": [pool],
-            "default_prefixlen": pool.prefix_len(),
-            "min_prefixlen": pool.prefix_len(),
-            "max_prefixlen": pool.max_prefix_len(),
-            "tags": tags,
-        }))?;
+        let created = self.client.create(SubnetPoolCreate {
+            name: Some(format!("docker-{pool}")),
+            prefixes: vec![pool],
+            default_prefixlen: Some(pool.prefix_len()),
+            min_prefixlen: Some(pool.prefix_len()),
+            max_prefixlen: Some(pool.max_prefix_len()),
+            tags: Some(tags),
+            ..Default::default()
+        })?;
         Ok(json!({"PoolID": created.id, "Pool": pool, "Data": {}}))
     }
 
@@ -268,20 +269,21 @@ impl Driver {
             );
         }
         let subnet = self.pool_subnet_or_remake(&pool)?;
-        let mut fixed = json!({"subnet_id": subnet.id});
-        if let Some(a) = asked {
-            fixed["ip_address"] = json!(a);
-        }
-        let mut attrs = json!({
-            "network_id": subnet.network_id,
-            "fixed_ips": [fixed],
-            "device_owner": "docker",
-            "tags": [ADDRESS_TAG],
-        });
-        if let Some(mac) = options["com.docker.network.endpoint.macaddress"].as_str() {
-            attrs["mac_address"] = json!(decode_mac(mac)?);
-        }
-        let port: Port = self.client.create(attrs)?;
+        let mac = options["com.docker.network.endpoint.macaddress"]
+            .as_str()
+            .map(decode_mac)
+            .transpose()?;
+        let port = self.client.create(PortCreate {
+            network_id: subnet.network_id,
+            fixed_ips: Some(vec![FixedIpRequest {
+                subnet_id: Some(subnet.id),
+                ip_address: asked,
+            }]),
+            device_owner: Some("docker".into()),
+            tags: Some(vec![ADDRESS_TAG.into()]),
+            mac_address: mac,
+            ..Default::default()
+        })?;
         let ip = port
             .fixed_ips
             .first()

@@ -2,7 +2,10 @@
 //! endpoints are ports tagged with the EndpointID, and Join binds the port on this host
 //! with the same corvid-net functions the agent and the bridge plugin use.
 
-use corvid_api::{Network, Port, Status, Subnet};
+use corvid_api::{
+    AllocationPool, FixedIpRequest, Network, NetworkCreate, Port, PortCreate, PortUpdate, Status,
+    Subnet, SubnetCreate,
+};
 use corvid_net::binding::{ensure_bridge, ensure_plugged, BridgeSpec, VethSpec};
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
@@ -120,10 +123,11 @@ impl Driver {
         let fresh = existing.is_none();
         let net: Network = match existing {
             Some(net) => net,
-            None => self.client.create(json!({
-                "name": format!("docker-{}", &id[..12.min(id.len())]),
-                "tags": [id],
-            }))?,
+            None => self.client.create(NetworkCreate {
+                name: Some(format!("docker-{}", &id[..12.min(id.len())])),
+                tags: Some(vec![id.to_string()]),
+                ..Default::default()
+            })?,
         };
         let have = self.client.list::<Subnet>(&[("network_id", &net.id)])?.0;
         wanted.retain(|(cidr, _)| !have.iter().any(|s| s.cidr == *cidr));
@@ -168,22 +172,23 @@ impl Driver {
         gateway: Option<std::net::IpAddr>,
         pool: Option<&corvid_api::SubnetPool>,
     ) -> Result<Subnet> {
-        let mut attrs = json!({
-            "network_id": network_id,
-            "cidr": cidr,
-            "ip_version": if cidr.addr().is_ipv4() { 4 } else { 6 },
-            "gateway_ip": gateway,
-        });
+        let mut attrs = SubnetCreate {
+            network_id: network_id.to_string(),
+            cidr: Some(cidr),
+            ip_version: Some(if cidr.addr().is_ipv4() { 4 } else { 6 }),
+            gateway_ip: Some(gateway),
+            ..Default::default()
+        };
         if let Some(p) = pool {
-            attrs["tags"] = json!([format!("{SUBNET_POOL_TAG}{}", p.id)]);
+            attrs.tags = Some(vec![format!("{SUBNET_POOL_TAG}{}", p.id)]);
             if let Some(sub) = Driver::pool_subpool(p) {
                 let mut hosts = sub.hosts();
                 if let (Some(start), Some(end)) = (hosts.next(), sub.hosts().last()) {
-                    attrs["allocation_pools"] = json!([{"start": start, "end": end}]);
+                    attrs.allocation_pools = Some(vec![AllocationPool { start, end }]);
                 }
             }
         }
-        Ok(self.client.create::<Subnet>(attrs)?)
+        Ok(self.client.create(attrs)?)
     }
 
     fn find_pool(&self, cidr: &IpNet) -> Result<Option<corvid_api::SubnetPool>> {
@@ -258,23 +263,37 @@ impl Driver {
         let port = match existing {
             Some(p) => p,
             None => {
-                let mut attrs = json!({"network_id": net.id, "device_owner": "docker"});
-                if !ip.is_empty() {
-                    attrs["fixed_ips"] = json!([{"ip_address": ip}]);
-                }
-                if !docker_mac.is_empty() {
-                    attrs["mac_address"] = json!(docker_mac);
-                }
-                self.client.create::<Port>(attrs)?
+                let address = match ip {
+                    "" => None,
+                    ip => Some(ip.parse().map_err(|_| {
+                        DriverError::new(format!("Interface.Address {address} is not an address"))
+                    })?),
+                };
+                self.client.create(PortCreate {
+                    network_id: net.id.clone(),
+                    device_owner: Some("docker".into()),
+                    fixed_ips: address.map(|a| {
+                        vec![FixedIpRequest {
+                            subnet_id: None,
+                            ip_address: Some(a),
+                        }]
+                    }),
+                    mac_address: (!docker_mac.is_empty()).then(|| docker_mac.to_string()),
+                    ..Default::default()
+                })?
             }
         };
-        let mut binding = json!({"binding:host_id": self.cfg.host_id, "device_id": endpoint});
-        if !docker_mac.is_empty() && !docker_mac.eq_ignore_ascii_case(&port.mac_address) {
+        let binding = PortUpdate {
+            host_id: Some(self.cfg.host_id.clone()),
+            device_id: Some(endpoint.to_string()),
             // Docker gives the container its own MAC; the port must say the same, or other
             // hosts would forward to a MAC nobody has.
-            binding["mac_address"] = json!(docker_mac);
-        }
-        self.client.update::<Port>(&port.id, binding)?;
+            mac_address: (!docker_mac.is_empty()
+                && !docker_mac.eq_ignore_ascii_case(&port.mac_address))
+            .then(|| docker_mac.to_string()),
+            ..Default::default()
+        };
+        self.client.update(&port.id, binding)?;
         self.client.add_tag::<Port>(&port.id, endpoint)?;
         if docker_mac.is_empty() {
             Ok(json!({"Interface": {"MacAddress": port.mac_address}}))

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use corvid_api::{Client, Network, Subnet};
+use corvid_api::{Client, Network, NetworkCreate, Subnet, SubnetCreate};
 use serde_json::json;
 
 /// Arguments of `corvid up`.
@@ -47,14 +47,23 @@ fn default_network(client: &Client, name: &str, cidr: ipnet::IpNet) -> Result<Su
     let net = match nets.into_iter().next() {
         Some(n) => n,
         None => client
-            .create::<Network>(json!({"name": name, "corvid:masquerade": true}))
+            .create(NetworkCreate {
+                name: Some(name.to_string()),
+                masquerade: Some(true),
+                ..Default::default()
+            })
             .map_err(err)?,
     };
     if let Some(id) = net.subnets.first() {
         return client.get::<Subnet>(id).map_err(err);
     }
     client
-        .create::<Subnet>(json!({"network_id": net.id, "name": name, "cidr": cidr.trunc()}))
+        .create(SubnetCreate {
+            network_id: net.id,
+            name: Some(name.to_string()),
+            cidr: Some(cidr.trunc()),
+            ..Default::default()
+        })
         .map_err(err)
 }
 

@@ -269,6 +269,44 @@ mod tests {
         assert!(THING.objects(&json!({"things": []})).is_err());
     }
 
+    /// The client's request types (corvid-api's `requests`) and this description are
+    /// one: a field the controller would refuse, or an attribute no client can send,
+    /// fails here.
+    #[test]
+    fn each_request_type_of_the_client_carries_exactly_what_its_request_accepts() {
+        use crate::api::{floatingips, hosts, lbaas, networks, ports};
+        use corvid_api::requests::*;
+        use serde_aux::serde_introspection::serde_introspect;
+        fn check<T: serde::de::DeserializeOwned>(a: &Attributes, write: Write) {
+            let mut fields = serde_introspect::<T>().to_vec();
+            fields.sort_unstable();
+            let mut accepted: Vec<&str> = a.accepted(write).map(|a| a.name).collect();
+            accepted.sort_unstable();
+            assert_eq!(fields, accepted, "{} {write:?}", a.singular);
+        }
+        use Write::{Create, Update};
+        check::<NetworkCreate>(&networks::NETWORK, Create);
+        check::<NetworkUpdate>(&networks::NETWORK, Update);
+        check::<SubnetCreate>(&networks::SUBNET, Create);
+        check::<SubnetUpdate>(&networks::SUBNET, Update);
+        check::<SubnetPoolCreate>(&networks::SUBNET_POOL, Create);
+        check::<SubnetPoolUpdate>(&networks::SUBNET_POOL, Update);
+        check::<PortCreate>(&ports::PORT, Create);
+        check::<PortUpdate>(&ports::PORT, Update);
+        check::<FloatingIpCreate>(&floatingips::FLOATING_IP, Create);
+        check::<FloatingIpUpdate>(&floatingips::FLOATING_IP, Update);
+        check::<HostCreate>(&hosts::HOST, Create);
+        check::<HostCreate>(&hosts::HOST, Update);
+        check::<LoadBalancerCreate>(&lbaas::LOADBALANCER.attributes, Create);
+        check::<LoadBalancerUpdate>(&lbaas::LOADBALANCER.attributes, Update);
+        check::<ListenerCreate>(&lbaas::LISTENER.attributes, Create);
+        check::<ListenerUpdate>(&lbaas::LISTENER.attributes, Update);
+        check::<PoolCreate>(&lbaas::POOL.attributes, Create);
+        check::<PoolUpdate>(&lbaas::POOL.attributes, Update);
+        check::<MemberCreate>(&lbaas::MEMBER.attributes, Create);
+        check::<MemberUpdate>(&lbaas::MEMBER.attributes, Update);
+    }
+
     #[test]
     fn the_schema_lists_what_the_request_accepts() {
         let s = THING.schema(Write::Update);

@@ -5,14 +5,13 @@
 use std::hash::Hasher;
 use std::time::Duration;
 
-use corvid_api::{ApiError, Client, Port, Status, Subnet};
+use corvid_api::{ApiError, Client, Port, PortCreate, Status, Subnet};
 use corvid_cni::result::{Dns, Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
 use corvid_net::{Netlink, Netns};
 use ipnet::IpNet;
 use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
 use super::wait::{self, NotActive};
@@ -169,21 +168,26 @@ fn create_port(
     id: &str,
     netns: &str,
 ) -> Result<(), ApiError> {
-    let attrs = json!({
-        "project_id": conf.project,
-        "id": id,
-        "name": format!("k8s_{id}"),
-        "admin_state_up": true,
-        "description": format!("cni {}, ns:{netns}, host:{}", args.container_id, corvid_net::hostname()),
-        "network_id": conf.subnet,
-        "veth_name": args.ifname,
-        "network_ns": netns,
-        "port_security_enabled": false,
-        "binding:host_id": conf.host_id,
-        "binding:vnic_type": "normal",
-        "fast_path": true,
-    });
-    match client.create::<Port>(attrs) {
+    let attrs = PortCreate {
+        project_id: Some(conf.project.clone()),
+        id: Some(id.to_string()),
+        name: Some(format!("k8s_{id}")),
+        admin_state_up: Some(true),
+        description: Some(format!(
+            "cni {}, ns:{netns}, host:{}",
+            args.container_id,
+            corvid_net::hostname()
+        )),
+        network_id: conf.subnet.clone(),
+        veth_name: Some(args.ifname.clone()),
+        network_ns: Some(netns.to_string()),
+        port_security_enabled: Some(false),
+        host_id: Some(conf.host_id.clone()),
+        vnic_type: Some("normal".into()),
+        fast_path: Some(true),
+        ..Default::default()
+    };
+    match client.create(attrs) {
         Err(ApiError::Neutron {
             status: 409, kind, ..
         }) if kind == "PortExists" => Ok(()),

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use corvid_api::{ApiError, Client, Network, Port, Subnet};
+use corvid_api::{ApiError, Client, Network, Port, PortUpdate, Subnet};
 use corvid_cni::result::{Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
@@ -18,7 +18,6 @@ use corvid_k8s::annotation::PortAnnotation;
 use corvid_net::binding::{ensure_bridge, ensure_plugged, BridgeSpec, VethSpec};
 use corvid_net::{names, Netlink, Netns};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::corvid::Code as ControllerCode;
 use super::wait::{self, NotActive};
@@ -234,6 +233,15 @@ fn unplug_pod_side(netns: &std::path::Path, ifname: &str) -> Result<(), Error> {
 }
 
 /// Removes the pod's veth pair (one end takes the other with it).
+/// The change that says a port is plugged nowhere.
+fn unbound() -> PortUpdate {
+    PortUpdate {
+        network_ns: Some(None),
+        veth_name: Some(None),
+        ..Default::default()
+    }
+}
+
 fn unplug(port_id: &str) -> Result<(), Error> {
     let mut host = Netlink::open().map_err(errors::net)?;
     if let Some(l) = host
@@ -312,9 +320,14 @@ impl Plugin for CorvidK8s {
             let host_id = conf.host_id();
             let netns = netns_path.display().to_string();
             client
-                .update::<Port>(
+                .update(
                     &a.port_id,
-                    json!({"binding:host_id": host_id, "network_ns": netns, "veth_name": args.ifname}),
+                    PortUpdate {
+                        host_id: Some(host_id.clone()),
+                        network_ns: Some(Some(netns.clone())),
+                        veth_name: Some(Some(args.ifname.clone())),
+                        ..Default::default()
+                    },
                 )
                 .map_err(|e| controller_error(e, &conf, "binding the port"))?;
             if overlay_here {
@@ -345,9 +358,7 @@ impl Plugin for CorvidK8s {
         if done.is_err() {
             // Nothing half-made stays: the pair goes, and the port forgets the namespace.
             let _ = unplug(&a.port_id);
-            let _ = conf
-                .client()
-                .update::<Port>(&a.port_id, json!({"network_ns": null, "veth_name": null}));
+            let _ = conf.client().update(&a.port_id, unbound());
         }
         done
     }
@@ -374,10 +385,7 @@ impl Plugin for CorvidK8s {
         unplug(&port_id)?;
         // The binding is the controller's side: the watcher deletes the ports of pods
         // that are gone, the next ADD binds anew, and the agent's pass cleans up.
-        match conf
-            .client()
-            .update::<Port>(&port_id, json!({"network_ns": null, "veth_name": null}))
-        {
+        match conf.client().update(&port_id, unbound()) {
             Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}
             Err(e) => {
                 let e = controller_error(e, &conf, "unbinding the port");
@@ -440,7 +448,7 @@ impl Plugin for CorvidK8s {
                 continue;
             }
             unplug(&p.id)?;
-            match client.update::<Port>(&p.id, json!({"network_ns": null, "veth_name": null})) {
+            match client.update(&p.id, unbound()) {
                 Ok(_) | Err(ApiError::Neutron { status: 404, .. }) => {}
                 Err(e) => return Err(controller_error(e, &conf, "unbinding a port")),
             }
