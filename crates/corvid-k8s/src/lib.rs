@@ -7,8 +7,6 @@
 #![deny(missing_docs)]
 
 pub mod annotation;
-#[cfg(feature = "watcher")]
-pub mod endpoints;
 pub mod ids;
 #[cfg(feature = "watcher")]
 pub mod leader;
@@ -16,8 +14,6 @@ pub mod leader;
 pub mod metrics;
 #[cfg(feature = "watcher")]
 pub mod service_cidr;
-#[cfg(feature = "watcher")]
-pub mod services;
 #[cfg(feature = "watcher")]
 pub mod watcher;
 

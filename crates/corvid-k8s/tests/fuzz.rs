@@ -12,8 +12,8 @@
 mod fuzz;
 
 use corvid_k8s::annotation::PortAnnotation;
-use corvid_k8s::endpoints::{of_slice, EndpointGroup};
-use corvid_k8s::services::wanted;
+use corvid_k8s::watcher::endpoints::{of_slice, EndpointGroup};
+use corvid_k8s::watcher::load_balancer::wanted;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::DynamicObject;
 use proptest::prelude::*;

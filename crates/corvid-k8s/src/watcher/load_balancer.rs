@@ -13,12 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use corvid_api::{
-    ApiError, Client, FloatingIp, LbProtocol, Listener, LoadBalancer, Member, Pool, NODE_PORT_TAG,
+    ApiError, Client, FloatingIp, FloatingIpCreate, LbProtocol, Listener, ListenerCreate,
+    ListenerUpdate, LoadBalancer, LoadBalancerCreate, Member, MemberCreate, Pool, PoolCreate,
+    PoolUpdate, SessionPersistence, NODE_PORT_TAG,
 };
 use k8s_openapi::api::core::v1::{Service, ServicePort};
-use serde_json::json;
 
-use crate::endpoints::{protocol_of, EndpointGroup};
+use super::endpoints::{protocol_of, EndpointGroup};
 use crate::ids;
 
 /// One service port as a listener.
@@ -158,26 +159,27 @@ pub struct Networks<'a> {
     pub public: Option<&'a str>,
 }
 
-fn tags(service_uid: &str) -> serde_json::Value {
-    json!([ids::SERVICE_TAG, ids::service_uid_tag(service_uid)])
-}
-
-fn listener_tags(service_uid: &str, l: &WantedListener) -> serde_json::Value {
-    let mut t = vec![
+fn tags(service_uid: &str) -> Option<Vec<String>> {
+    Some(vec![
         ids::SERVICE_TAG.to_string(),
         ids::service_uid_tag(service_uid),
-    ];
+    ])
+}
+
+fn listener_tags(service_uid: &str, l: &WantedListener) -> Option<Vec<String>> {
+    let mut t = tags(service_uid)?;
     if let Some(n) = l.node_port {
         t.push(format!("{NODE_PORT_TAG}{n}"));
     }
-    json!(t)
+    Some(t)
 }
 
-fn persistence(l: &WantedListener) -> serde_json::Value {
-    match l.affinity {
-        Some(t) => json!({"type": "SOURCE_IP", "persistence_timeout": t}),
-        None => serde_json::Value::Null,
-    }
+/// The pool's session persistence, `Some(None)` for none: it is cleared when affinity goes.
+fn persistence(l: &WantedListener) -> Option<Option<SessionPersistence>> {
+    Some(l.affinity.map(|t| SessionPersistence {
+        kind: "SOURCE_IP".into(),
+        persistence_timeout: Some(t),
+    }))
 }
 
 fn gone_ok(r: Result<bool, ApiError>) -> Result<(), ApiError> {
@@ -257,10 +259,16 @@ pub fn apply(
         return Ok(None);
     };
     if !made.load_balancer {
-        let made_lb = ctl.create_or_get::<LoadBalancer>(
+        let made_lb = ctl.create_or_get(
             &lb_id,
-            json!({"id": lb_id, "name": name, "vip_subnet_id": nets.service_subnet,
-                "vip_address": want.vip.to_string(), "tags": tags(service_uid)}),
+            LoadBalancerCreate {
+                id: Some(lb_id.clone()),
+                name: Some(name.to_string()),
+                vip_subnet_id: Some(nets.service_subnet.to_string()),
+                vip_address: Some(want.vip),
+                tags: tags(service_uid),
+                ..Default::default()
+            },
         );
         match made_lb {
             Ok(_) => made.load_balancer = true,
@@ -299,28 +307,43 @@ pub fn apply(
         let had = made.listeners.get(key).cloned();
         match &had {
             None => {
-                ctl.create_or_get::<Listener>(
+                ctl.create_or_get(
                     &listener_id,
-                    json!({"id": listener_id, "loadbalancer_id": lb_id,
-                        "protocol": protocol_name(l.protocol), "protocol_port": l.port,
-                        "default_pool_id": null, "tags": listener_tags(service_uid, l)}),
+                    ListenerCreate {
+                        id: Some(listener_id.clone()),
+                        tags: listener_tags(service_uid, l),
+                        ..ListenerCreate::new(&lb_id, l.protocol, l.port)
+                    },
                 )?;
-                ctl.create_or_get::<Pool>(
+                ctl.create_or_get(
                     &pool_id,
-                    json!({"id": pool_id, "listener_id": listener_id, "loadbalancer_id": lb_id,
-                        "protocol": protocol_name(l.protocol), "lb_algorithm": "ROUND_ROBIN",
-                        "session_persistence": persistence(l)}),
+                    PoolCreate {
+                        id: Some(pool_id.clone()),
+                        listener_id: Some(listener_id.clone()),
+                        loadbalancer_id: Some(lb_id.clone()),
+                        session_persistence: persistence(l),
+                        ..PoolCreate::new(l.protocol, "ROUND_ROBIN")
+                    },
                 )?;
             }
             Some(h) => {
                 if h.node_port != l.node_port {
-                    ctl.update::<Listener>(
+                    ctl.update(
                         &listener_id,
-                        json!({"tags": listener_tags(service_uid, l)}),
+                        ListenerUpdate {
+                            tags: listener_tags(service_uid, l),
+                            ..Default::default()
+                        },
                     )?;
                 }
                 if h.affinity != l.affinity {
-                    ctl.update::<Pool>(&pool_id, json!({"session_persistence": persistence(l)}))?;
+                    ctl.update(
+                        &pool_id,
+                        PoolUpdate {
+                            session_persistence: persistence(l),
+                            ..Default::default()
+                        },
+                    )?;
                 }
             }
         }
@@ -337,10 +360,14 @@ pub fn apply(
         }
         for (ip, port) in l.members.difference(&before) {
             let id = ids::member(&pool_id, &format!("{ip}:{port}"));
-            ctl.create_or_get::<Member>(
+            ctl.create_or_get(
                 &id,
-                json!({"id": id, "pool_id": pool_id, "address": ip.to_string(),
-                    "protocol_port": port, "tags": tags(service_uid)}),
+                MemberCreate {
+                    id: Some(id.clone()),
+                    pool_id: Some(pool_id.clone()),
+                    tags: tags(service_uid),
+                    ..MemberCreate::new(*ip, *port)
+                },
             )?;
             now.members.insert((*ip, *port));
             made.listeners.insert(key.clone(), now.clone());
@@ -383,12 +410,15 @@ fn floating(
         }));
     };
     let lb: LoadBalancer = ctl.get(&ids::load_balancer(service_uid))?;
-    let mut attrs = json!({"id": fip_id, "floating_network_id": public,
-        "port_id": lb.vip_port_id, "tags": tags(service_uid)});
-    if let Some(ip) = asked {
-        attrs["floating_ip_address"] = json!(ip.to_string());
-    }
-    match ctl.create_or_get::<FloatingIp>(&fip_id, attrs) {
+    let attrs = FloatingIpCreate {
+        id: Some(fip_id.clone()),
+        floating_network_id: public.to_string(),
+        port_id: lb.vip_port_id,
+        floating_ip_address: asked,
+        tags: tags(service_uid),
+        ..Default::default()
+    };
+    match ctl.create_or_get(&fip_id, attrs) {
         Ok(f) => {
             made.floating = Some(f.floating_ip_address);
             Ok(None)
@@ -420,6 +450,7 @@ fn floating(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn svc(spec: serde_json::Value) -> Service {
         serde_json::from_value(json!({

@@ -1,0 +1,456 @@
+//! `corvid kube-watch`: namespaces to networks, pods to ports, each pod's port written
+//! back onto it as the `corvid.io/port` annotation, and services to load balancers.
+//!
+//! One reconciler per kind (`namespaces`, `pods`, `services`), each a pure function of
+//! what an object should have, tested without a cluster, and the calls that make the
+//! controller hold it (idempotent: IDs derive from UIDs, a create that finds its object
+//! done shows it). One loop takes the watch streams in turn and hands each event to its
+//! reconciler; failed work comes back through `retry`'s queue with a backoff per object.
+//! No finalizers: they would block every pod deletion while the watcher is down. Instead,
+//! once a full list has arrived and every `resync` after, ports whose pod is gone,
+//! networks whose namespace is gone and load balancers whose service is gone are swept.
+
+pub mod endpoints;
+pub mod load_balancer;
+mod namespaces;
+mod pods;
+mod retry;
+mod services;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corvid_api::{ApiError, Client, Network, NetworkCreate, SubnetCreate, SubnetPoolCreate};
+use futures::{Stream, StreamExt};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Event as K8sEvent, Namespace, Pod, Service};
+use kube::api::Api;
+use kube::runtime::reflector;
+use kube::runtime::watcher::{self, Event};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::ids;
+use crate::leader::{Candidate, Election};
+use crate::metrics::{self, Kind, Phase};
+use namespaces::Namespaces;
+use pods::Pods;
+use retry::{Queue, Retry};
+use services::Services;
+
+/// What `corvid kube-watch` is told.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Kubeconfig path; `$KUBECONFIG`, then the in-cluster account, when none.
+    pub kubeconfig: Option<PathBuf>,
+    /// The controller's URL.
+    pub controller: String,
+    /// The token and TLS side the controller is reached with.
+    pub credentials: corvid_api::Credentials,
+    /// The API server's `--service-cluster-ip-range`; found from the API server when
+    /// not given.
+    pub service_cidr: Option<IpNet>,
+    /// The network floating IPs come from; must exist when named.
+    pub public_network: Option<String>,
+    /// Where the namespaces' subnets are carved from.
+    pub pod_pool: IpNet,
+    /// The prefix length of each namespace's subnet.
+    pub namespace_prefix: u8,
+    /// How often ports and networks left by missed deletions are swept.
+    pub resync: Duration,
+    /// The lease that elects the one acting watcher.
+    pub election: Election,
+}
+
+/// A failure that ends the watcher, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server could not be used.
+    #[error("API server: {0}")]
+    Kube(String),
+    /// The controller refused or could not be reached.
+    #[error("controller: {0}")]
+    Controller(#[from] ApiError),
+    /// Start-up found something the operator must fix.
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        Error::Kube(e.to_string())
+    }
+}
+
+/// Runs the watcher: waits for the lease, sets up, reconciles until the lease is lost or
+/// a watch ends for good.
+pub async fn run(cfg: Config) -> Result<(), Error> {
+    let kube = crate::connect(cfg.kubeconfig.as_deref())
+        .await
+        .map_err(Error::Kube)?;
+    let ctl = cfg
+        .credentials
+        .client(&cfg.controller)
+        .map_err(Error::Setup)?;
+    let mut candidate = Candidate::new(kube.clone(), cfg.election.clone());
+    metrics::phase(Phase::Standby);
+    candidate.acquire().await;
+    metrics::phase(Phase::SettingUp);
+    let mut watcher = Watcher::new(kube, ctl, cfg);
+    tokio::select! {
+        r = watcher.run() => r,
+        lost = candidate.hold() => {
+            Err(Error::Kube(format!("leadership lost ({lost}): stopping so that only one watcher acts")))
+        }
+    }
+}
+
+/// What every reconciler reaches the API server and the controller through.
+#[derive(Clone)]
+struct Ctx {
+    kube: kube::Client,
+    ctl: Arc<Client>,
+    queue: Queue,
+    /// The controller's cluster ID, which annotations carry to the plugin.
+    cluster: Arc<str>,
+}
+
+impl Ctx {
+    /// Runs a blocking controller call off the async workers.
+    async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Client) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let ctl = self.ctl.clone();
+        tokio::task::spawn_blocking(move || f(&ctl))
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Transport(e.to_string())))
+    }
+}
+
+/// One event from a watch, a retry or a timer.
+enum Input {
+    Namespace(Box<Event<Namespace>>),
+    Pod(Box<Event<Pod>>),
+    Service(Box<Event<Service>>),
+    Endpoints(Box<Event<endpoints::Change>>),
+    WatchFailed(&'static str, String),
+    Retry(Retry),
+    Resync,
+}
+
+struct Watcher {
+    ctx: Ctx,
+    cfg: Config,
+    retries: Option<tokio::sync::mpsc::UnboundedReceiver<Retry>>,
+    namespaces: Namespaces,
+    pods: Pods,
+    services: Services,
+}
+
+impl Watcher {
+    fn new(kube: kube::Client, ctl: Client, cfg: Config) -> Self {
+        let (queue, retries) = Queue::new();
+        Watcher {
+            ctx: Ctx {
+                kube,
+                ctl: Arc::new(ctl),
+                queue,
+                cluster: Arc::from(""),
+            },
+            namespaces: Namespaces::new(cfg.namespace_prefix),
+            pods: Pods::new(),
+            services: Services::new(None),
+            retries: Some(retries),
+            cfg,
+        }
+    }
+
+    async fn run(&mut self) -> Result<(), Error> {
+        self.setup().await?;
+        metrics::phase(Phase::Watching);
+        let kube = self.ctx.kube.clone();
+        // The namespaces' reflector keeps the store network_of and the sweep read.
+        let writer = self.namespaces.writer().expect("run is called once");
+        let namespaces = reflector::reflector(
+            writer,
+            watcher::watcher(Api::<Namespace>::all(kube.clone()), Default::default()),
+        )
+        .map(|e| {
+            e.map_or_else(
+                |e| Input::WatchFailed("namespaces", e.to_string()),
+                |e| Input::Namespace(Box::new(e)),
+            )
+        });
+        let pods = watcher::watcher(Api::<Pod>::all(kube.clone()), Default::default()).map(|e| {
+            e.map_or_else(
+                |e| Input::WatchFailed("pods", e.to_string()),
+                |e| Input::Pod(Box::new(e)),
+            )
+        });
+        let services =
+            watcher::watcher(Api::<Service>::all(kube.clone()), Default::default()).map(|e| {
+                e.map_or_else(
+                    |e| Input::WatchFailed("services", e.to_string()),
+                    |e| Input::Service(Box::new(e)),
+                )
+            });
+        let source = endpoints::Source::discover(&kube).await;
+        tracing::info!("services' members from {}", source.name());
+        let endpoints = source.watch(kube).map(|e| {
+            e.map_or_else(
+                |e| Input::WatchFailed("endpoints", e.to_string()),
+                |e| Input::Endpoints(Box::new(e)),
+            )
+        });
+        let retries = self
+            .retries
+            .take()
+            .map(tokio_stream_of)
+            .expect("run is called once");
+        let resync = interval_stream(self.cfg.resync).map(|_| Input::Resync);
+        let mut inputs = futures::stream::select_all([
+            namespaces.boxed(),
+            pods.boxed(),
+            services.boxed(),
+            endpoints.boxed(),
+            retries.map(Input::Retry).boxed(),
+            resync.boxed(),
+        ]);
+        while let Some(input) = inputs.next().await {
+            let ctx = &self.ctx;
+            match input {
+                Input::Namespace(e) => self.namespace_event(*e).await,
+                Input::Pod(e) => self.pod_event(*e).await,
+                Input::Service(e) => self.services.event(ctx, *e).await,
+                Input::Endpoints(e) => self.services.endpoints_event(ctx, *e).await,
+                Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
+                Input::Retry(Retry::Namespace(n)) => self.namespaces.reconcile(ctx, &n).await,
+                Input::Retry(Retry::Service(uid)) => self.services.reconcile(ctx, &uid).await,
+                Input::Retry(Retry::PortDelete(uid)) => {
+                    // Gone for good unless the pod came back meanwhile.
+                    if !self.pods.known().contains(&uid) {
+                        self.remove_port(&uid).await;
+                    }
+                }
+                Input::Retry(Retry::NetworkDelete(uid)) => {
+                    self.namespaces.remove(ctx, &uid, self.pods.known()).await
+                }
+                Input::Resync => {
+                    self.sweep().await;
+                    self.services.sweep(&self.ctx).await;
+                }
+                // The watcher retries by itself (with backoff); say so once per failure.
+                Input::WatchFailed(what, e) => tracing::warn!("watching {what}: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Start-up as the flat-mode design lists it: the pod pool, the default namespace's
+    /// network, the service network, and the public network checked.
+    async fn setup(&mut self) -> Result<(), Error> {
+        self.ctx.cluster = Arc::from(self.ctx.call(|c| c.cluster_id()).await?);
+        if let Some(public) = self.cfg.public_network.clone() {
+            let name = public.clone();
+            let by_name = self
+                .ctx
+                .call(move |c| c.list::<Network>(&[("name", &name)]).map(|l| l.0))
+                .await?;
+            let id = public.clone();
+            let by_id = self
+                .ctx
+                .call(move |c| match c.get::<Network>(&id) {
+                    Ok(n) => Ok(Some(n)),
+                    Err(ApiError::Neutron { status: 404, .. }) => Ok(None),
+                    Err(e) => Err(e),
+                })
+                .await?;
+            let found = by_id
+                .map(|n| n.id)
+                .or_else(|| by_name.first().map(|n| n.id.clone()));
+            if found.is_none() {
+                return Err(Error::Setup(format!(
+                    "the public network {public:?} does not exist: create it first, e.g. \
+                     POST /v2.0/networks {{\"network\": {{\"name\": \"{public}\", \"router:external\": true}}}} \
+                     and a subnet for its floating IPs, or name another with --public-network"
+                )));
+            }
+            self.services = Services::new(found);
+        }
+        let pool = SubnetPoolCreate {
+            id: Some(ids::pod_pool()),
+            name: Some("k8s-pods".into()),
+            prefixes: vec![self.cfg.pod_pool],
+            default_prefixlen: Some(self.cfg.namespace_prefix),
+            ..Default::default()
+        };
+        self.ctx
+            .call(move |c| c.create_or_get(&ids::pod_pool(), pool))
+            .await?;
+        let (net_id, subnet_id) = ids::service_network();
+        let cidr = match self.cfg.service_cidr {
+            Some(cidr) => cidr,
+            None => {
+                let found = crate::service_cidr::discover(&self.ctx.kube)
+                    .await
+                    .map_err(Error::Setup)?;
+                tracing::info!(service_cidr = %found, "the API server's service range");
+                self.cfg.service_cidr = Some(found);
+                found
+            }
+        };
+        let net = NetworkCreate {
+            id: Some(net_id.clone()),
+            name: Some("k8s-services".into()),
+            tags: Some(vec![ids::NETWORK_TAG.into()]),
+            ..Default::default()
+        };
+        let subnet = SubnetCreate {
+            id: Some(subnet_id.clone()),
+            network_id: net_id.clone(),
+            name: Some("k8s-services".into()),
+            cidr: Some(cidr),
+            ip_version: Some(if cidr.addr().is_ipv4() { 4 } else { 6 }),
+            // The API server gives the range's first address to the `kubernetes`
+            // service: no gateway takes it.
+            gateway_ip: Some(None),
+            ..Default::default()
+        };
+        self.ctx
+            .call(move |c| {
+                c.create_or_get(&net_id, net)?;
+                c.create_or_get(&subnet_id, subnet)
+            })
+            .await?;
+        // The API server makes `default` shortly after it starts: the namespace watch
+        // brings it if it is not there yet.
+        if let Some(default) = Api::<Namespace>::all(self.ctx.kube.clone())
+            .get_opt("default")
+            .await?
+        {
+            self.namespaces.reconcile(&self.ctx, &default).await;
+        }
+        tracing::info!(
+            pod_pool = %self.cfg.pod_pool, service_cidr = %cidr,
+            "set up: the pod pool, the service network and the default namespace's network"
+        );
+        Ok(())
+    }
+
+    async fn namespace_event(&mut self, e: Event<Namespace>) {
+        metrics::event(Kind::Namespace);
+        match e {
+            Event::Init => {}
+            Event::InitApply(n) | Event::Apply(n) => self.namespaces.reconcile(&self.ctx, &n).await,
+            Event::InitDone => {
+                self.namespaces.listed = true;
+                self.sweep().await;
+            }
+            Event::Delete(n) => {
+                if let Some(uid) = n.uid() {
+                    self.namespaces
+                        .remove(&self.ctx, &uid, self.pods.known())
+                        .await;
+                }
+            }
+        }
+    }
+
+    async fn pod_event(&mut self, e: Event<Pod>) {
+        metrics::event(Kind::Pod);
+        match e {
+            Event::Init => self.pods.listing(),
+            Event::InitApply(p) | Event::Apply(p) => {
+                self.pods.seen(&p);
+                self.pod(&p).await;
+            }
+            Event::InitDone => {
+                self.pods.listed();
+                self.sweep().await;
+            }
+            Event::Delete(p) => {
+                if let Some(uid) = p.uid() {
+                    self.pods.forget(&uid);
+                    self.remove_port(&uid).await;
+                }
+            }
+        }
+    }
+
+    /// Gives a pod what `pods::wanted` says it should have.
+    async fn pod(&mut self, p: &Pod) {
+        match pods::wanted(p) {
+            pods::Wanted::Nothing | pods::Wanted::Done => {}
+            pods::Wanted::NoPort(uid) => self.remove_port(&uid).await,
+            pods::Wanted::Port(want) => {
+                let Some(net) = self.namespaces.network_of(&self.ctx, &want.namespace).await else {
+                    tracing::warn!(namespace = %want.namespace, pod = %want.name, "no network for the namespace yet");
+                    self.ctx.queue.retry(Retry::Pod(Box::new(p.clone())));
+                    return;
+                };
+                self.pods.reconcile(&self.ctx, p, want, net).await;
+            }
+        }
+    }
+
+    /// Deletes a gone or finished pod's port; it may have been the last keeping a gone
+    /// namespace's network.
+    async fn remove_port(&mut self, pod_uid: &str) {
+        if self.pods.remove_port(&self.ctx, pod_uid).await {
+            self.namespaces
+                .remove_pending(&self.ctx, self.pods.known())
+                .await;
+        }
+    }
+
+    /// Deletes what deletions the watcher missed left behind: ports whose pod is gone,
+    /// networks whose namespace is gone. Only once both lists have arrived.
+    async fn sweep(&mut self) {
+        if !(self.namespaces.listed && self.pods.listed) {
+            metrics::sweep(Kind::Namespace);
+            return;
+        }
+        self.pods.sweep(&self.ctx).await;
+        self.namespaces.sweep(&self.ctx, self.pods.known()).await;
+    }
+}
+
+/// Records a warning event on `object` (a pod, a service), as `kubectl describe` shows.
+async fn warning_event<K>(kube: &kube::Client, object: &K, reason: &str, message: &str)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let ns = object.namespace().unwrap_or_default();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let built = serde_json::from_value::<K8sEvent>(json!({
+        "metadata": {"generateName": format!("{}.", object.name_any())},
+        "involvedObject": {"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+            "name": object.name_any(), "namespace": ns, "uid": object.uid()},
+        "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "source": {"component": "corvid-kube-watch"},
+    }));
+    let Ok(mut event) = built else { return };
+    event.first_timestamp = Some(now.clone());
+    event.last_timestamp = Some(now);
+    if let Err(e) = Api::<K8sEvent>::namespaced(kube.clone(), &ns)
+        .create(&Default::default(), &event)
+        .await
+    {
+        tracing::warn!("recording an event: {e}");
+    }
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn interval_stream(every: Duration) -> impl Stream<Item = ()> + Send {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    futures::stream::poll_fn(move |cx| tick.poll_tick(cx).map(|_| Some(())))
+}
