@@ -139,7 +139,7 @@ impl Datapath {
 
     /// Keeps corvid's bridges allowed through iptables' FORWARD while any is on this
     /// host.
-    pub fn sync_forwarding(&mut self) -> std::result::Result<corvid_net::iptables::Change, String> {
+    pub fn sync_forwarding(&mut self) -> Result<corvid_net::iptables::Change> {
         corvid_net::iptables::sync_bridges_allowance(&mut self.nl)
     }
 

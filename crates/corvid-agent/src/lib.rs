@@ -53,6 +53,9 @@ pub enum AgentError {
     /// The host's datapath could not be opened.
     #[error("datapath: {0}")]
     Net(#[from] corvid_net::Error),
+    /// The controller's TLS side or token could not be set up.
+    #[error("reaching the controller: {0}")]
+    Credentials(#[from] corvid_api::TlsError),
 }
 
 /// How long one watch request waits for changes.
@@ -122,10 +125,7 @@ impl Agent {
                 ))
             })?,
         };
-        let client = cfg
-            .credentials
-            .client(&cfg.controller)
-            .map_err(AgentError::Config)?;
+        let client = cfg.credentials.client(&cfg.controller)?;
         Ok(Agent {
             dp: Datapath::open(underlay, cfg.public_interface.clone())?,
             client,

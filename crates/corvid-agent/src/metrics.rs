@@ -177,20 +177,17 @@ impl Health {
     }
 
     /// Ready, or why not.
-    pub fn ready(&self) -> Result<(), String> {
+    pub fn ready(&self) -> Result<(), corvid_metrics::NotReady> {
         if !self.synced.load(Ordering::Relaxed) {
             return Err("not yet registered with the controller and synced".into());
         }
         if let Some(why) = &*self.stalled.lock().unwrap_or_else(|p| p.into_inner()) {
-            return Err(why.clone());
+            return Err(why.as_str().into());
         }
         let last = Duration::from_millis(self.contact.load(Ordering::Relaxed));
         let silent = self.start().elapsed().saturating_sub(last);
         if silent > SILENCE {
-            return Err(format!(
-                "no answer from the controller for {} s",
-                silent.as_secs()
-            ));
+            return Err(format!("no answer from the controller for {} s", silent.as_secs()).into());
         }
         Ok(())
     }

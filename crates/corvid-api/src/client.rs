@@ -84,7 +84,7 @@ impl Client {
     }
 
     /// Checks the controller's certificate against `tls.ca` and presents `tls.cert`.
-    pub fn with_tls(mut self, tls: &crate::Tls) -> Result<Client, String> {
+    pub fn with_tls(mut self, tls: &crate::Tls) -> Result<Client, crate::tls::TlsError> {
         if tls.is_set() {
             let config = tls.client_config()?;
             self.agent = agent(ureq::AgentBuilder::new().tls_config(std::sync::Arc::new(config)));

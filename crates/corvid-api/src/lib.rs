@@ -21,4 +21,4 @@ pub use requests::{
     NetworkUpdate, PoolCreate, PoolUpdate, PortCreate, PortUpdate, SubnetCreate, SubnetPoolCreate,
     SubnetPoolUpdate, SubnetUpdate,
 };
-pub use tls::{Credentials, Tls};
+pub use tls::{Credentials, Tls, TlsError};

@@ -93,3 +93,28 @@ impl IntoResponse for NeutronError {
         (self.status, Json(body)).into_response()
     }
 }
+
+/// Why the controller could not start, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The async runtime could not be started.
+    #[error("starting the runtime: {0}")]
+    Runtime(std::io::Error),
+    /// The TLS files could not be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] corvid_api::TlsError),
+    /// The store could not be opened or read.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The address could not be listened on.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Serving stopped with an error.
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+}

@@ -16,6 +16,8 @@ mod util;
 pub mod view;
 
 use std::future::Future;
+
+pub use error::ServeError;
 use std::net::SocketAddr;
 
 pub use controller::Controller;
@@ -41,11 +43,11 @@ pub struct Config {
 pub fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("starting the runtime: {e}"))?;
+        .map_err(ServeError::Runtime)?;
     let tls = match &config.tls {
         Some(files) => Some(files.server_config()?),
         None => None,
@@ -54,11 +56,8 @@ pub fn run(
         let spec = config.store.clone();
         let store = tokio::task::spawn_blocking(move || store::open(&spec))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        let ctl = Controller::start(store, config.token)
-            .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ServeError::Runtime(e.into()))??;
+        let ctl = Controller::start(store, config.token).await?;
         let cluster_id = ctl.cluster_id.clone();
         let stopping = ctl.clone();
         let shutdown = async move {
@@ -67,7 +66,10 @@ pub fn run(
         };
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .map_err(|e| format!("listening on {}: {e}", config.listen))?;
+            .map_err(|source| ServeError::Listen {
+                addr: config.listen,
+                source,
+            })?;
         let ops = corvid_metrics::router(std::sync::Arc::new(metrics_endpoints(&ctl)))
             .route(
                 "/version",
@@ -80,7 +82,7 @@ pub fn run(
         tracing::info!(listen = %config.listen, store = %config.store, scheme, "controller listening");
         match tls {
             Some(tls) => {
-                let listener = tls::TlsListener::new(listener, tls).map_err(|e| e.to_string())?;
+                let listener = tls::TlsListener::new(listener, tls).map_err(ServeError::Serve)?;
                 axum::serve(listener, app)
                     .with_graceful_shutdown(shutdown)
                     .await
@@ -91,7 +93,7 @@ pub fn run(
                     .await
             }
         }
-        .map_err(|e| e.to_string())
+        .map_err(ServeError::Serve)
     })
 }
 
@@ -112,7 +114,8 @@ fn metrics_endpoints(ctl: &std::sync::Arc<controller::Controller>) -> corvid_met
             Some(c) if c.may_be_stale() => Err(format!(
                 "the view has not been confirmed current with the store for {:.1} s",
                 c.unconfirmed().as_secs_f64()
-            )),
+            )
+            .into()),
             Some(_) => Ok(()),
             None => Err("the controller is stopping".into()),
         }),

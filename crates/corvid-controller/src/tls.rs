@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corvid_api::tls::{provider, read_certs, read_key, read_roots};
+use corvid_api::tls::{provider, read_certs, read_key, read_roots, TlsError};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
@@ -31,10 +31,10 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 
 impl TlsFiles {
     /// The rustls configuration these files describe.
-    pub fn server_config(&self) -> Result<rustls::ServerConfig, String> {
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
         let builder = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?;
+            .map_err(TlsError::config("TLS versions"))?;
         let builder = match &self.client_ca {
             Some(ca) => {
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
@@ -42,14 +42,22 @@ impl TlsFiles {
                     provider(),
                 )
                 .build()
-                .map_err(|e| format!("{}: {e}", ca.display()))?;
+                .map_err(|e| TlsError::File {
+                    what: "",
+                    path: ca.clone(),
+                    reason: e.to_string(),
+                })?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
         };
         let mut config = builder
             .with_single_cert(read_certs(&self.cert)?, read_key(&self.key)?)
-            .map_err(|e| format!("{} and {}: {e}", self.cert.display(), self.key.display()))?;
+            .map_err(TlsError::config(format!(
+                "{} and {}",
+                self.cert.display(),
+                self.key.display()
+            )))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }

@@ -51,6 +51,12 @@ impl From<corvid_api::ApiError> for DriverError {
     }
 }
 
+impl From<corvid_api::TlsError> for DriverError {
+    fn from(e: corvid_api::TlsError) -> Self {
+        DriverError(format!("corvid controller: {e}"))
+    }
+}
+
 impl From<corvid_net::Error> for DriverError {
     fn from(e: corvid_net::Error) -> Self {
         DriverError(format!("datapath: {e}"))
@@ -81,10 +87,7 @@ impl Driver {
 
     /// A driver for `cfg`; fails only on unreadable TLS files.
     pub fn new(cfg: Config) -> Result<Driver> {
-        let client = cfg
-            .credentials
-            .client(&cfg.controller)
-            .map_err(DriverError::new)?;
+        let client = cfg.credentials.client(&cfg.controller)?;
         Ok(Driver {
             client,
             cfg,

@@ -113,7 +113,7 @@ pub fn endpoints(controller: corvid_api::Client) -> Endpoints {
             controller
                 .version()
                 .map(|_| ())
-                .map_err(|e| format!("the controller does not answer: {e}"))
+                .map_err(|e| format!("the controller does not answer: {e}").into())
         }),
     )
 }

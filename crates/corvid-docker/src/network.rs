@@ -371,7 +371,7 @@ impl Driver {
             // A new bridge: whatever filters forwarding must let it through (checked per
             // bridge, not per Join: an agent beside may have removed the allowance with
             // the last bridge it saw).
-            corvid_net::iptables::allow_bridges().map_err(DriverError::new)?;
+            corvid_net::iptables::allow_bridges()?;
         }
         let bridge = ensure_bridge(
             &mut nl,

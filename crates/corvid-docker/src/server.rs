@@ -86,11 +86,11 @@ pub fn serve(
     driver: Driver,
     listen: &Listen,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("starting the runtime: {e}"))?;
+        .map_err(io("starting the runtime"))?;
     let app = router(Arc::new(driver));
     rt.block_on(async {
         let (announced, served) = match listen {
@@ -116,11 +116,13 @@ pub fn serve(
             Listen::Tcp { addr, spec } => {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
-                    .map_err(|e| format!("listen on {addr}: {e}"))?;
-                let bound = listener.local_addr().map_err(|e| e.to_string())?;
+                    .map_err(io(format!("listen on {addr}")))?;
+                let bound = listener
+                    .local_addr()
+                    .map_err(io(format!("listen on {addr}")))?;
                 make_parent(spec)?;
                 std::fs::write(spec, format!("tcp://{bound}\n"))
-                    .map_err(|e| format!("write {}: {e}", spec.display()))?;
+                    .map_err(io(format!("write {}", spec.display())))?;
                 tracing::info!(listen = %bound, spec = %spec.display(), "docker plugin listening");
                 let served = axum::serve(listener, app)
                     .with_graceful_shutdown(shutdown)
@@ -131,44 +133,69 @@ pub fn serve(
         if let Some(file) = announced {
             let _ = std::fs::remove_file(file);
         }
-        served.map_err(|e| e.to_string())
+        served.map_err(io("serving"))
     })
 }
 
 /// Binds `path` with no access for others at any moment: the socket is made under a
 /// umask of 0177 (so 0600), then given to `group` and opened to it (0660).
-fn bind_private(path: &Path, group: Option<u32>) -> Result<tokio::net::UnixListener, String> {
+fn bind_private(path: &Path, group: Option<u32>) -> Result<tokio::net::UnixListener, ServeError> {
     use rustix::fs::{Mode, RawMode};
     let old = rustix::process::umask(Mode::from_raw_mode(0o177 as RawMode));
     let bound = tokio::net::UnixListener::bind(path);
     rustix::process::umask(old);
-    let listener = bound.map_err(|e| format!("listen on {}: {e}", path.display()))?;
+    let listener = bound.map_err(io(format!("listen on {}", path.display())))?;
     if let Some(gid) = group {
         let gid = rustix::fs::Gid::from_raw(gid);
         rustix::fs::chown(path, None, Some(gid))
             .and_then(|_| rustix::fs::chmod(path, Mode::from_raw_mode(0o660 as RawMode)))
-            .map_err(|e| format!("give {} to group {}: {e}", path.display(), gid.as_raw()))?;
+            .map_err(|e| {
+                io(format!("give {} to group {}", path.display(), gid.as_raw()))(e.into())
+            })?;
     }
     Ok(listener)
 }
 
 /// The unix socket systemd passed as the first of `LISTEN_FDS`.
-fn activated() -> Result<tokio::net::UnixListener, String> {
+fn activated() -> Result<tokio::net::UnixListener, ServeError> {
     let mut fds = listenfd::ListenFd::from_env();
     let std = fds
         .take_unix_listener(0)
-        .map_err(|e| format!("the socket systemd passed: {e}"))?
-        .ok_or("no socket was passed (LISTEN_FDS is not set for this process): start the driver through its .socket unit, or give --socket")?;
+        .map_err(io("the socket systemd passed"))?
+        .ok_or(ServeError::NotActivated)?;
     std.set_nonblocking(true)
         .and_then(|_| tokio::net::UnixListener::from_std(std))
-        .map_err(|e| format!("the socket systemd passed: {e}"))
+        .map_err(io("the socket systemd passed"))
 }
 
-fn make_parent(path: &Path) -> Result<(), String> {
+fn make_parent(path: &Path) -> Result<(), ServeError> {
     match path.parent() {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))
-        }
+        Some(dir) => std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display()))),
         None => Ok(()),
     }
+}
+
+/// Why the driver could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A step of setting up or serving the socket failed.
+    #[error("{step}: {source}")]
+    Io {
+        /// The step, naming its file or address.
+        step: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Started for socket activation, but given no socket.
+    #[error(
+        "no socket was passed (LISTEN_FDS is not set for this process): start the driver \
+         through its .socket unit, or give --socket"
+    )]
+    NotActivated,
+}
+
+/// The failure of `step`.
+fn io(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
+    let step = step.into();
+    move |source| ServeError::Io { step, source }
 }

@@ -14,6 +14,20 @@ pub const KEY: &str = "corvid.io/port";
 /// The key of the annotation that says why a pod has no port yet.
 pub const ERROR_KEY: &str = "corvid.io/port-error";
 
+/// Why an annotation's text is not a port's annotation.
+#[derive(Debug, thiserror::Error)]
+pub enum AnnotationError {
+    /// Not the annotation's JSON.
+    #[error("{KEY} is malformed: {0}")]
+    Malformed(#[from] serde_json::Error),
+    /// A port, network or pod left empty.
+    #[error("{KEY} names no port, network or pod")]
+    Unnamed,
+    /// No address for the pod.
+    #[error("{KEY} of port {0} has no address")]
+    NoAddress(String),
+}
+
 /// Why the watcher could not make a pod's port; it keeps trying, and removes this once the
 /// port is made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,14 +140,13 @@ impl PortAnnotation {
     }
 
     /// Reads an annotation's text; the error says what is wrong with it.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let a: PortAnnotation =
-            serde_json::from_str(text).map_err(|e| format!("{KEY} is malformed: {e}"))?;
+    pub fn parse(text: &str) -> Result<Self, AnnotationError> {
+        let a: PortAnnotation = serde_json::from_str(text)?;
         if a.port_id.is_empty() || a.pod_uid.is_empty() || a.network_id.is_empty() {
-            return Err(format!("{KEY} names no port, network or pod"));
+            return Err(AnnotationError::Unnamed);
         }
         if a.addresses.is_empty() {
-            return Err(format!("{KEY} of port {} has no address", a.port_id));
+            return Err(AnnotationError::NoAddress(a.port_id));
         }
         Ok(a)
     }
@@ -178,11 +191,13 @@ mod tests {
     fn a_malformed_annotation_is_refused_with_the_reason() {
         assert!(PortAnnotation::parse("{")
             .unwrap_err()
+            .to_string()
             .contains("malformed"));
         let mut a = sample();
         a.addresses.clear();
         assert!(PortAnnotation::parse(&a.to_text())
             .unwrap_err()
+            .to_string()
             .contains("no address"));
         let newer = sample().to_text().replace('{', "{\"fromANewerWatcher\":1,");
         assert_eq!(PortAnnotation::parse(&newer).unwrap(), sample());

@@ -7,6 +7,8 @@
 #![deny(missing_docs)]
 
 pub mod annotation;
+#[cfg(feature = "watcher")]
+pub mod error;
 pub mod ids;
 #[cfg(feature = "watcher")]
 pub mod leader;
@@ -18,25 +20,29 @@ pub mod service_cidr;
 pub mod watcher;
 
 #[cfg(feature = "watcher")]
+pub use error::Error;
+#[cfg(feature = "watcher")]
 use std::path::Path;
 
 #[cfg(feature = "watcher")]
 /// A client of the API server: `kubeconfig` when given, else `$KUBECONFIG` (or
 /// `~/.kube/config`), else the in-cluster service account.
-pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(Error::connect(format!(
+                "reading kubeconfig {}",
+                path.display()
+            )))?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default())
                 .await
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+                .map_err(Error::connect(format!("kubeconfig {}", path.display())))?
         }
-        None => kube::Config::infer().await.map_err(|e| {
-            format!("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a cluster: {e}")
-        })?,
+        None => kube::Config::infer().await.map_err(Error::connect(
+            "no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a cluster",
+        ))?,
     };
-    client(config).map_err(|e| format!("API server client: {e}"))
+    client(config).map_err(Error::connect("API server client"))
 }
 
 #[cfg(feature = "watcher")]

@@ -87,7 +87,7 @@ pub fn phase(phase: Phase) {
 
 /// Ready while watching or standing by, which is what a Deployment of several watchers
 /// needs to roll: a standby can take over.
-fn ready() -> Result<(), String> {
+fn ready() -> Result<(), corvid_metrics::NotReady> {
     match PHASE.load(Ordering::Relaxed) {
         0 => Err("connecting to the API server".into()),
         2 => Err("setting up the pod network".into()),

@@ -14,16 +14,11 @@ const OUTSIDE: &str = "203.0.113.254";
 const RANGE_IS: &str = "The range of valid IPs is ";
 
 /// The IPv4 service range, from kubeadm's configuration or the API server's refusal.
-pub async fn discover(kube: &kube::Client) -> Result<IpNet, String> {
+pub async fn discover(kube: &kube::Client) -> Result<IpNet, crate::Error> {
     if let Some(cidr) = from_kubeadm(kube).await {
         return Ok(cidr);
     }
-    from_refusal(kube).await.ok_or_else(|| {
-        "cannot find the cluster's service range (no kubeadm-config in kube-system, and the \
-         API server did not name it): pass --service-cidr, the API server's \
-         --service-cluster-ip-range"
-            .to_string()
-    })
+    from_refusal(kube).await.ok_or(crate::Error::NoServiceRange)
 }
 
 /// `networking.serviceSubnet` of kubeadm's ClusterConfiguration (its IPv4 range, for a

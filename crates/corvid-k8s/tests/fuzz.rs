@@ -157,7 +157,7 @@ proptest! {
                     prop_assert!(!a.port_id.is_empty() && !a.addresses.is_empty());
                     prop_assert_eq!(PortAnnotation::parse(&a.to_text()).unwrap(), a);
                 }
-                Err(e) => prop_assert!(e.contains("corvid.io/port"), "{}", e),
+                Err(e) => prop_assert!(e.to_string().contains("corvid.io/port"), "{}", e),
             }
         }
     }

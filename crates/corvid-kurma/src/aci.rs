@@ -22,6 +22,24 @@ pub enum AciError {
     /// The manifest is missing, not JSON, or says nothing to run.
     #[error("the image's manifest: {0}")]
     Manifest(String),
+    /// The manifest's `app.isolators` is not a list.
+    #[error("the image's manifest: {name}: app.isolators is a list, not {found}")]
+    Isolators {
+        /// The image's name.
+        name: String,
+        /// What the manifest holds there.
+        found: Value,
+    },
+    /// The [`PRIVILEGED`] isolator's value is not a boolean, which Kurma refused.
+    #[error(
+        "the image's manifest: {name}: the {PRIVILEGED} isolator is true or false, not {found}"
+    )]
+    Privileged {
+        /// The image's name.
+        name: String,
+        /// The isolator's value.
+        found: Value,
+    },
 }
 
 /// How an archive is compressed, from its first bytes.
@@ -254,8 +272,7 @@ pub(crate) fn image(manifest: Value, id: String, rootfs: PathBuf) -> Result<Aci,
             "{name} says nothing to run (app.exec)"
         )));
     }
-    let privileged = privileged(&manifest["app"]["isolators"])
-        .map_err(|e| AciError::Manifest(format!("{name}: {e}")))?;
+    let privileged = privileged(&name, &manifest["app"]["isolators"])?;
     Ok(Aci {
         id,
         manifest,
@@ -268,20 +285,27 @@ pub(crate) fn image(manifest: Value, id: String, rootfs: PathBuf) -> Result<Aci,
 
 /// Whether `isolators` (the app's list) sets [`PRIVILEGED`] true. Kurma read its value
 /// as a JSON boolean and refused the manifest otherwise; other isolators it ignored.
-fn privileged(isolators: &Value) -> Result<bool, String> {
+/// `name` is the image's, for the error.
+fn privileged(name: &str, isolators: &Value) -> Result<bool, AciError> {
     let list = match isolators {
         Value::Null => return Ok(false),
         Value::Array(list) => list,
-        other => return Err(format!("app.isolators is a list, not {other}")),
+        other => {
+            return Err(AciError::Isolators {
+                name: name.to_string(),
+                found: other.clone(),
+            })
+        }
     };
     let mut privileged = false;
     for isolator in list.iter().filter(|i| i["name"] == PRIVILEGED) {
         match &isolator["value"] {
             Value::Bool(b) => privileged = *b,
             other => {
-                return Err(format!(
-                    "the {PRIVILEGED} isolator is true or false, not {other}"
-                ))
+                return Err(AciError::Privileged {
+                    name: name.to_string(),
+                    found: other.clone(),
+                })
             }
         }
     }

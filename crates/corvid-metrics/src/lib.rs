@@ -20,8 +20,41 @@ pub use prometheus_client;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// Why a daemon cannot do its work now, as `/readyz` says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotReady(pub String);
+
+impl From<&str> for NotReady {
+    fn from(why: &str) -> Self {
+        NotReady(why.to_string())
+    }
+}
+
+impl From<String> for NotReady {
+    fn from(why: String) -> Self {
+        NotReady(why)
+    }
+}
+
 /// Whether a daemon can do its work now; the error says why not.
-pub type Readiness = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+pub type Readiness = Box<dyn Fn() -> Result<(), NotReady> + Send + Sync>;
+
+/// Why the endpoints could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address is taken, or not this host's.
+    #[error("metrics: listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No thread could be started for them.
+    #[error("metrics: starting a thread: {0}")]
+    Thread(std::io::Error),
+}
 
 /// What the endpoints read: the registry, what readiness means, and what to refresh
 /// before a scrape (gauges read from state, such as objects by kind).
@@ -59,7 +92,7 @@ impl Endpoints {
     }
 
     /// Whether the daemon is ready, as `/readyz` answers it.
-    pub fn ready(&self) -> Result<(), String> {
+    pub fn ready(&self) -> Result<(), NotReady> {
         (self.ready)()
     }
 }
@@ -134,10 +167,13 @@ fn readyz(endpoints: &Endpoints) -> Response {
 /// Serves the endpoints on `listen` from a thread of their own, so a daemon that is not
 /// async (the agent) needs no runtime. The address is bound before this returns: a port
 /// in use is the caller's error, not a log line.
-pub fn serve(listen: SocketAddr, endpoints: Endpoints) -> Result<(), String> {
+pub fn serve(listen: SocketAddr, endpoints: Endpoints) -> Result<(), ServeError> {
     let listener = std::net::TcpListener::bind(listen)
         .and_then(|l| l.set_nonblocking(true).map(|_| l))
-        .map_err(|e| format!("metrics: listening on {listen}: {e}"))?;
+        .map_err(|source| ServeError::Listen {
+            addr: listen,
+            source,
+        })?;
     let app = router(Arc::new(endpoints));
     std::thread::Builder::new()
         .name("corvid-metrics".into())
@@ -160,7 +196,7 @@ pub fn serve(listen: SocketAddr, endpoints: Endpoints) -> Result<(), String> {
                 }
             })
         })
-        .map_err(|e| format!("metrics: starting a thread: {e}"))?;
+        .map_err(ServeError::Thread)?;
     tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     Ok(())
 }
@@ -204,6 +240,6 @@ mod tests {
             Endpoints::new(Registry::default(), Box::new(|| Ok(()))),
         )
         .unwrap_err();
-        assert!(e.contains(&addr.to_string()), "{e}");
+        assert!(e.to_string().contains(&addr.to_string()), "{e}");
     }
 }

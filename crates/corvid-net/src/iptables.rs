@@ -13,6 +13,7 @@
 use std::process::{Command, Output};
 
 use crate::names::BRIDGE_PREFIX;
+use crate::{io_err, Error, Result};
 
 /// corvid's chain in the `filter` table of iptables and ip6tables.
 pub const CHAIN: &str = "CORVID-BRIDGES";
@@ -40,38 +41,36 @@ struct Tool(&'static str);
 
 impl Tool {
     /// Runs the tool; `None` when it is not installed (then nothing filters with it).
-    fn run(&self, args: &[&str]) -> Result<Option<Output>, String> {
+    fn run(&self, args: &[&str]) -> Result<Option<Output>> {
         match Command::new(self.0).arg("-w").args(args).output() {
             Ok(o) => Ok(Some(o)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("{}: {e}", self.0)),
+            Err(e) => Err(io_err(self.0)(e)),
         }
     }
 
     /// Runs the tool; it must succeed.
-    fn must(&self, args: &[&str]) -> Result<(), String> {
+    fn must(&self, args: &[&str]) -> Result<()> {
         match self.run(args)? {
-            Some(o) if !o.status.success() => Err(format!(
-                "{} {}: {}",
-                self.0,
-                args.join(" "),
-                String::from_utf8_lossy(&o.stderr).trim()
-            )),
+            Some(o) if !o.status.success() => Err(Error::Command {
+                command: format!("{} {}", self.0, args.join(" ")),
+                message: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            }),
             _ => Ok(()),
         }
     }
 
     /// True when the command ran and succeeded (a `-C` that found its rule).
-    fn holds(&self, args: &[&str]) -> Result<bool, String> {
+    fn holds(&self, args: &[&str]) -> Result<bool> {
         Ok(self.run(args)?.is_some_and(|o| o.status.success()))
     }
 
-    fn has_chain(&self, chain: &str) -> Result<bool, String> {
+    fn has_chain(&self, chain: &str) -> Result<bool> {
         self.holds(&["-n", "-L", chain])
     }
 
     /// FORWARD's policy drops (dockerd's, ufw's).
-    fn forward_drops(&self) -> Result<bool, String> {
+    fn forward_drops(&self) -> Result<bool> {
         let Some(o) = self.run(&["-S", "FORWARD"])? else {
             return Ok(false);
         };
@@ -81,7 +80,7 @@ impl Tool {
     }
 
     /// Where corvid's chain is jumped from: DOCKER-USER where dockerd runs, else FORWARD.
-    fn parent(&self) -> Result<&'static str, String> {
+    fn parent(&self) -> Result<&'static str> {
         Ok(if self.has_chain(DOCKER_USER)? {
             DOCKER_USER
         } else {
@@ -90,7 +89,7 @@ impl Tool {
     }
 
     /// FORWARD drops (its policy, or dockerd's chains) and corvid's accepts are missing.
-    fn blocks(&self) -> Result<bool, String> {
+    fn blocks(&self) -> Result<bool> {
         if !self.has_chain(DOCKER_USER)? && !self.forward_drops()? {
             return Ok(false);
         }
@@ -100,7 +99,7 @@ impl Tool {
 
     /// Adds what is missing of corvid's chain, its accepts and its jump; true when
     /// something was added.
-    fn allow(&self) -> Result<bool, String> {
+    fn allow(&self) -> Result<bool> {
         let ours = self.has_chain(CHAIN)?;
         if !ours && !self.has_chain(DOCKER_USER)? && !self.forward_drops()? {
             return Ok(false);
@@ -115,7 +114,7 @@ impl Tool {
 
     /// Makes `chain` (unless it `exists`), jumped to from the top of `parent`, where
     /// either is missing; true when something was added.
-    fn ensure_chain(&self, chain: &str, exists: bool, parent: &str) -> Result<bool, String> {
+    fn ensure_chain(&self, chain: &str, exists: bool, parent: &str) -> Result<bool> {
         let mut added = false;
         if !exists {
             self.must(&["-N", chain])?;
@@ -129,7 +128,7 @@ impl Tool {
     }
 
     /// Appends `rule` to `chain` unless it is there; true when it was added.
-    fn ensure_rule(&self, chain: &str, rule: &[&str]) -> Result<bool, String> {
+    fn ensure_rule(&self, chain: &str, rule: &[&str]) -> Result<bool> {
         if self.holds(&[&["-C", chain][..], rule].concat())? {
             return Ok(false);
         }
@@ -138,7 +137,7 @@ impl Tool {
     }
 
     /// Removes every jump from `parents` to `chain`, then the chain and what it holds.
-    fn drop_chain(&self, chain: &str, parents: &[&str]) -> Result<(), String> {
+    fn drop_chain(&self, chain: &str, parents: &[&str]) -> Result<()> {
         for parent in parents {
             while self.holds(&["-C", parent, "-j", chain])? {
                 self.must(&["-D", parent, "-j", chain])?;
@@ -149,7 +148,7 @@ impl Tool {
     }
 
     /// Removes every jump to corvid's chain, then the chain; true when it was there.
-    fn remove(&self) -> Result<bool, String> {
+    fn remove(&self) -> Result<bool> {
         if !self.has_chain(CHAIN)? {
             return Ok(false);
         }
@@ -163,15 +162,15 @@ const TOOLS: [Tool; 2] = [Tool("iptables"), Tool("ip6tables")];
 /// Held while the chain is looked at and changed: `iptables -w` serializes single
 /// commands, not the look-then-change of two processes (two Docker DeleteNetwork calls
 /// at once both saw the chain, and the second's flush failed).
-fn serialized() -> Result<std::fs::File, String> {
-    crate::nftables::lock().map_err(|e| e.to_string())
+fn serialized() -> Result<std::fs::File> {
+    crate::nftables::lock()
 }
 
 /// Lets corvid's bridges through wherever iptables filters forwarding (FORWARD's policy
 /// drops, or dockerd's `DOCKER-USER` is there), adding only what is missing, so it can
 /// run on every pass: a dockerd or firewall restart that removed a rule gets it back.
 /// True when something was added. Nothing is done where nothing filters.
-pub fn allow_bridges() -> Result<bool, String> {
+pub fn allow_bridges() -> Result<bool> {
     let _lock = serialized()?;
     let mut added = false;
     for tool in &TOOLS {
@@ -182,7 +181,7 @@ pub fn allow_bridges() -> Result<bool, String> {
 
 /// Removes corvid's chain and its jumps (the last corvid bridge is gone); true when
 /// there was something to remove. Every tool is tried; the first failure is returned.
-pub fn remove_bridges_allowance() -> Result<bool, String> {
+pub fn remove_bridges_allowance() -> Result<bool> {
     let _lock = serialized()?;
     let mut removed = false;
     let mut first_error = None;
@@ -198,7 +197,7 @@ pub fn remove_bridges_allowance() -> Result<bool, String> {
 }
 
 /// The tools (`iptables`, `ip6tables`) whose FORWARD drops without corvid's accepts.
-pub fn blocked() -> Result<Vec<&'static str>, String> {
+pub fn blocked() -> Result<Vec<&'static str>> {
     let mut out = Vec::new();
     for tool in &TOOLS {
         if tool.blocks()? {
@@ -221,10 +220,9 @@ pub enum Change {
 
 /// Keeps the allowance while any corvid bridge is on this host (another stack's
 /// included) and removes it with the last one.
-pub fn sync_bridges_allowance(nl: &mut crate::Netlink) -> Result<Change, String> {
+pub fn sync_bridges_allowance(nl: &mut crate::Netlink) -> Result<Change> {
     let bridges = nl
-        .links()
-        .map_err(|e| e.to_string())?
+        .links()?
         .iter()
         .any(|l| l.name.starts_with(BRIDGE_PREFIX) && l.kind == crate::link::LinkKind::Bridge);
     Ok(match bridges {
@@ -255,7 +253,7 @@ fn legacy_filters() -> Vec<(Tool, bool)> {
 
 impl Tool {
     /// The comments of the rules of `chain`, in order (empty for a rule without one).
-    fn comments(&self, chain: &str) -> Result<Vec<String>, String> {
+    fn comments(&self, chain: &str) -> Result<Vec<String>> {
         let Some(o) = self.run(&["-S", chain])? else {
             return Ok(Vec::new());
         };
@@ -274,7 +272,7 @@ impl Tool {
 
     /// Removes the rules `stale` picks from the firewall chain, and the chain and its
     /// jump once it is empty.
-    fn remove_tagged(&self, stale: &dyn Fn(&str) -> bool) -> Result<(), String> {
+    fn remove_tagged(&self, stale: &dyn Fn(&str) -> bool) -> Result<()> {
         if !self.has_chain(FIREWALL_CHAIN)? {
             return Ok(());
         }
@@ -293,7 +291,7 @@ impl Tool {
 /// Lets a container's addresses through legacy iptables' FORWARD where its filter table
 /// is loaded, as the reference's `CNI-FORWARD` does: out from them, and replies back to
 /// them, in corvid's chain jumped to from the top of FORWARD; each rule carries `tag`.
-pub fn allow_addresses_legacy(tag: &str, addrs: &[std::net::IpAddr]) -> Result<(), String> {
+pub fn allow_addresses_legacy(tag: &str, addrs: &[std::net::IpAddr]) -> Result<()> {
     let filters = legacy_filters();
     if filters.is_empty() {
         return Ok(());
@@ -326,7 +324,7 @@ pub fn allow_addresses_legacy(tag: &str, addrs: &[std::net::IpAddr]) -> Result<(
 /// Removes the legacy iptables rules whose tag `stale` picks (a DEL's, a GC's), and the
 /// chain and its jump with the last rule. Every family is tried; the first failure is
 /// returned.
-pub fn remove_addresses_legacy(stale: &dyn Fn(&str) -> bool) -> Result<(), String> {
+pub fn remove_addresses_legacy(stale: &dyn Fn(&str) -> bool) -> Result<()> {
     let filters = legacy_filters();
     if filters.is_empty() {
         return Ok(());

@@ -71,6 +71,14 @@ pub enum Error {
         /// Why.
         source: io::Error,
     },
+    /// A command corvid drives (`iptables`) refused.
+    #[error("{command}: {message}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// What it said on stderr.
+        message: String,
+    },
 }
 
 impl Error {
@@ -81,6 +89,7 @@ impl Error {
             | Error::Netns { source, .. }
             | Error::Nftables { source, .. }
             | Error::Io { source, .. } => source.raw_os_error(),
+            Error::Command { .. } => None,
         }
     }
 }

@@ -3,13 +3,30 @@
 //! other from CNI_PATH), and `/opt/network/netplugin`, the container's main process.
 
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use corvid_kurma::invoke::{self, Action, Call};
+use corvid_kurma::invoke::{self, Action, Call, InvokeError};
 
 /// Where the image keeps the CNI plugins.
 pub const CNI_PATH: &str = "/opt/cni/bin";
+
+/// Why `add` or `del` failed; the runtime reports what it prints.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    /// The arguments, the network's `type`, or the plugin's result.
+    #[error(transparent)]
+    Invoke(#[from] InvokeError),
+    /// A plugin from CNI_PATH could not be run.
+    #[error("running {}: {source}", program.display())]
+    Run {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    /// The plugin failed; what it printed (its CNI error) says why.
+    #[error("{plugin}: {output}")]
+    Plugin { plugin: String, output: String },
+}
 
 /// The program names of the image, and what each does.
 pub fn action_for(name: &str) -> Option<Option<Action>> {
@@ -43,8 +60,8 @@ pub fn main(action: Option<Action>, args: &[String]) -> i32 {
             let _ = std::io::stdout().write_all(&out);
             0
         }
-        Err(message) => {
-            eprintln!("{message}");
+        Err(e) => {
+            eprintln!("{e}");
             1
         }
     }
@@ -63,9 +80,9 @@ fn call(
     args: &[String],
     entry: &serde_json::Value,
     stdin: &[u8],
-) -> Result<Vec<u8>, String> {
-    let call = Call::parse(action, args).map_err(|e| e.to_string())?;
-    let plugin = invoke::plugin_type(entry).map_err(|e| e.to_string())?;
+) -> Result<Vec<u8>, CallError> {
+    let call = Call::parse(action, args)?;
+    let plugin = invoke::plugin_type(entry)?;
     let env = call.environment(Path::new(CNI_PATH));
     let mut out = Vec::new();
     let code = match crate::plugin_for(&plugin) {
@@ -80,32 +97,32 @@ fn call(
         }
         None => {
             let program = Path::new(CNI_PATH).join(&plugin);
+            let running = |source| CallError::Run {
+                program: program.clone(),
+                source,
+            };
             let mut child = Command::new(&program)
                 .envs(env.iter().map(|(k, v)| (*k, v)))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
-                .map_err(|e| format!("running {}: {e}", program.display()))?;
+                .map_err(running)?;
             if let Some(mut input) = child.stdin.take() {
                 let _ = input.write_all(stdin);
             }
-            let output = child
-                .wait_with_output()
-                .map_err(|e| format!("running {}: {e}", program.display()))?;
+            let output = child.wait_with_output().map_err(running)?;
             out = output.stdout;
             output.status.code().unwrap_or(1)
         }
     };
     if code != 0 {
-        return Err(format!(
-            "{plugin}: {}",
-            String::from_utf8_lossy(&out).trim()
-        ));
+        return Err(CallError::Plugin {
+            plugin,
+            output: String::from_utf8_lossy(&out).trim().to_string(),
+        });
     }
     match action {
-        Action::Add => invoke::kurma_result(&out, entry)
-            .map(|r| r.to_string().into_bytes())
-            .map_err(|e| e.to_string()),
+        Action::Add => Ok(invoke::kurma_result(&out, entry)?.to_string().into_bytes()),
         Action::Del => Ok(Vec::new()),
     }
 }

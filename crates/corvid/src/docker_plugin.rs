@@ -1,6 +1,8 @@
 //! `corvid docker-plugin`: the Docker network and IPAM driver, on a unix socket (or one
 //! systemd passes) or on TCP with a spec file.
 
+use anyhow::Context;
+
 use crate::{signal, HostArgs, MetricsArgs};
 
 /// Arguments of `corvid docker-plugin`.
@@ -42,7 +44,7 @@ pub struct DockerPluginArgs {
 }
 
 /// Runs the driver until a stop signal.
-pub fn run(a: DockerPluginArgs) -> Result<(), String> {
+pub fn run(a: DockerPluginArgs) -> anyhow::Result<()> {
     let driver = corvid_docker::Driver::new(corvid_docker::Config {
         controller: a.host.client.url(),
         credentials: a.host.client.credentials()?,
@@ -51,8 +53,7 @@ pub fn run(a: DockerPluginArgs) -> Result<(), String> {
         default_range: a.default_range,
         default_prefix: a.default_prefix,
         dst_prefix: "eth".into(),
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     a.metrics
         .serve(|| corvid_docker::metrics::endpoints(driver.client().clone()))?;
     let listen = match (a.listen, a.socket_activated) {
@@ -63,17 +64,20 @@ pub fn run(a: DockerPluginArgs) -> Result<(), String> {
             group: a.socket_group.as_deref().map(group_id).transpose()?,
         },
     };
-    corvid_docker::server::serve(driver, &listen, signal::stop_requested())
+    Ok(corvid_docker::server::serve(
+        driver,
+        &listen,
+        signal::stop_requested(),
+    )?)
 }
 
 /// The ID of group `name` (a name from the group database, or a number).
-fn group_id(name: &str) -> Result<u32, String> {
+fn group_id(name: &str) -> anyhow::Result<u32> {
     if let Ok(gid) = name.parse() {
         return Ok(gid);
     }
-    match nix::unistd::Group::from_name(name) {
-        Ok(Some(g)) => Ok(g.gid.as_raw()),
-        Ok(None) => Err(format!("--socket-group: no group named {name}")),
-        Err(e) => Err(format!("--socket-group {name}: {e}")),
+    match nix::unistd::Group::from_name(name).with_context(|| format!("--socket-group {name}"))? {
+        Some(g) => Ok(g.gid.as_raw()),
+        None => anyhow::bail!("--socket-group: no group named {name}"),
     }
 }

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::CommandFactory;
 
 /// Arguments of `corvid generate-docs`.
@@ -15,13 +16,13 @@ pub struct DocsArgs {
 
 /// Writes a man page per command (`corvid.1`, `corvid-controller.1`, `corvid-cni-add.1`
 /// ...) and the completions of bash, zsh and fish.
-pub fn run(a: DocsArgs) -> Result<(), String> {
+pub fn run(a: DocsArgs) -> anyhow::Result<()> {
     let mut cli = crate::Cli::command();
     cli.build();
     let man = a.out.join("man");
     let completions = a.out.join("completions");
     for dir in [&man, &completions] {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     }
     write_pages(&cli, &man, "corvid")?;
     for (shell, file) in [
@@ -32,20 +33,20 @@ pub fn run(a: DocsArgs) -> Result<(), String> {
         let mut text = Vec::new();
         clap_complete::generate(shell, &mut cli.clone(), "corvid", &mut text);
         let path = completions.join(file);
-        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(&path, text).with_context(|| path.display().to_string())?;
     }
     Ok(())
 }
 
 /// The page of `cmd` as `name.1`, then those of its subcommands.
-fn write_pages(cmd: &clap::Command, dir: &Path, name: &str) -> Result<(), String> {
+fn write_pages(cmd: &clap::Command, dir: &Path, name: &str) -> anyhow::Result<()> {
     let cmd = cmd.clone().name(name.to_string());
     let mut page = Vec::new();
     clap_mangen::Man::new(cmd.clone())
         .render(&mut page)
-        .map_err(|e| e.to_string())?;
+        .with_context(|| format!("rendering {name}.1"))?;
     let path = dir.join(format!("{name}.1"));
-    std::fs::write(&path, page).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(&path, page).with_context(|| path.display().to_string())?;
     // clap's generated `help` subcommands get no page of their own.
     let pages = cmd
         .get_subcommands()

@@ -255,7 +255,7 @@ fn controller(args: &crate::ControllerClientArgs, r: &mut Report) -> Option<Clie
     let client = match args.credentials().and_then(|c| c.client(url)) {
         Ok(c) => c,
         Err(e) => {
-            r.add("controller", Status::Fail, e);
+            r.add("controller", Status::Fail, e.to_string());
             return None;
         }
     };

@@ -12,6 +12,7 @@ mod kurma;
 mod signal;
 mod up;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -49,16 +50,14 @@ enum LogFormat {
 const QUIET_CLIENT: &str = "ureq::unit=info";
 
 /// Sends log events to stderr, filtered by RUST_LOG or else by `level`.
-fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
+fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = match std::env::var("RUST_LOG") {
-        Ok(env) if !env.is_empty() => {
-            EnvFilter::try_new(&env).map_err(|e| format!("RUST_LOG: {e}"))?
-        }
-        _ => EnvFilter::try_new(level).map_err(|e| format!("--log-level {level}: {e}"))?,
+        Ok(env) if !env.is_empty() => EnvFilter::try_new(&env).context("RUST_LOG")?,
+        _ => EnvFilter::try_new(level).with_context(|| format!("--log-level {level}"))?,
     }
-    .add_directive(QUIET_CLIENT.parse().map_err(|e| format!("{e}"))?);
+    .add_directive(QUIET_CLIENT.parse()?);
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
@@ -130,7 +129,7 @@ impl ControllerClientArgs {
     }
 
     /// The token (from the file when one is named) and the TLS side.
-    fn credentials(&self) -> Result<corvid_api::Credentials, String> {
+    fn credentials(&self) -> Result<corvid_api::Credentials, corvid_api::TlsError> {
         Ok(corvid_api::Credentials {
             token: token(&self.token, &self.token_file)?,
             tls: corvid_api::Tls {
@@ -146,7 +145,7 @@ impl ControllerClientArgs {
 fn token(
     given: &Option<String>,
     file: &Option<std::path::PathBuf>,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, corvid_api::TlsError> {
     match file {
         Some(f) => corvid_api::tls::read_token(f).map(Some),
         None => Ok(given.clone()),
@@ -163,7 +162,10 @@ struct MetricsArgs {
 
 impl MetricsArgs {
     /// Serves `endpoints` when an address was given.
-    fn serve(&self, endpoints: impl FnOnce() -> corvid_metrics::Endpoints) -> Result<(), String> {
+    fn serve(
+        &self,
+        endpoints: impl FnOnce() -> corvid_metrics::Endpoints,
+    ) -> Result<(), corvid_metrics::ServeError> {
         match self.metrics_listen {
             Some(addr) => corvid_metrics::serve(addr, endpoints()),
             None => Ok(()),
@@ -288,17 +290,17 @@ fn main() -> ExitCode {
 }
 
 /// Logs a daemon's failure as the last thing it says.
-fn exit(daemon: &str, outcome: Result<(), String>) -> ExitCode {
+fn exit(daemon: &str, outcome: anyhow::Result<()>) -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{daemon}: {e}");
+            tracing::error!("{daemon}: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn agent(a: AgentArgs) -> Result<(), String> {
+fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let config = corvid_agent::Config {
         host_id: a.host.host_id,
         controller: a.host.client.url(),
@@ -307,7 +309,7 @@ fn agent(a: AgentArgs) -> Result<(), String> {
         resync: std::time::Duration::from_secs(a.resync.max(1)),
         public_interface: a.public_interface,
     };
-    let mut agent = corvid_agent::Agent::new(config).map_err(|e| e.to_string())?;
+    let mut agent = corvid_agent::Agent::new(config)?;
     let health = agent.health();
     a.metrics
         .serve(|| corvid_agent::metrics::endpoints(health))?;

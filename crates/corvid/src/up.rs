@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use corvid_api::{Client, Network, NetworkCreate, Subnet, SubnetCreate};
 use serde_json::json;
@@ -41,30 +42,29 @@ pub struct UpArgs {
 }
 
 /// The default network and its subnet, created on the first run and found afterwards.
-fn default_network(client: &Client, name: &str, cidr: ipnet::IpNet) -> Result<Subnet, String> {
-    let err = |e: corvid_api::ApiError| e.to_string();
-    let (nets, _) = client.list::<Network>(&[("name", name)]).map_err(err)?;
+fn default_network(
+    client: &Client,
+    name: &str,
+    cidr: ipnet::IpNet,
+) -> Result<Subnet, corvid_api::ApiError> {
+    let (nets, _) = client.list::<Network>(&[("name", name)])?;
     let net = match nets.into_iter().next() {
         Some(n) => n,
-        None => client
-            .create(NetworkCreate {
-                name: Some(name.to_string()),
-                masquerade: Some(true),
-                ..Default::default()
-            })
-            .map_err(err)?,
+        None => client.create(NetworkCreate {
+            name: Some(name.to_string()),
+            masquerade: Some(true),
+            ..Default::default()
+        })?,
     };
     if let Some(id) = net.subnets.first() {
-        return client.get::<Subnet>(id).map_err(err);
+        return client.get::<Subnet>(id);
     }
-    client
-        .create(SubnetCreate {
-            network_id: net.id,
-            name: Some(name.to_string()),
-            cidr: Some(cidr.trunc()),
-            ..Default::default()
-        })
-        .map_err(err)
+    client.create(SubnetCreate {
+        network_id: net.id,
+        name: Some(name.to_string()),
+        cidr: Some(cidr.trunc()),
+        ..Default::default()
+    })
 }
 
 /// Runs the stack until SIGINT or SIGTERM.
@@ -72,15 +72,15 @@ pub fn run(a: UpArgs) -> ExitCode {
     match up(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("up: {e}");
+            tracing::error!("up: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn up(a: UpArgs) -> Result<(), String> {
+fn up(a: UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.state_dir)
-        .map_err(|e| format!("create {}: {e}", a.state_dir.display()))?;
+        .with_context(|| format!("create {}", a.state_dir.display()))?;
     let config = corvid_controller::Config {
         listen: a.listen,
         store: format!("redb:{}", a.state_dir.join("state.redb").display()),
@@ -96,16 +96,16 @@ fn up(a: UpArgs) -> Result<(), String> {
     while client.request("GET", "/", None).is_err() {
         if controller.is_finished() {
             return match controller.join() {
-                Ok(Err(e)) => Err(format!("the controller stopped: {e}")),
-                _ => Err("the controller stopped".into()),
+                Ok(Err(e)) => Err(e).context("the controller stopped"),
+                _ => Err(anyhow!("the controller stopped")),
             };
         }
         if start.elapsed() > Duration::from_secs(30) {
-            return Err(format!("the controller did not answer on {url}"));
+            bail!("the controller did not answer on {url}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let subnet = default_network(&client, &a.network, a.subnet)?;
+    let subnet = default_network(&client, &a.network, a.subnet).context("the default network")?;
     let host_id = a.host_id.unwrap_or_else(corvid_net::hostname);
     let mut agent = corvid_agent::Agent::new(corvid_agent::Config {
         host_id: host_id.clone(),
@@ -115,7 +115,7 @@ fn up(a: UpArgs) -> Result<(), String> {
         resync: Duration::from_secs(a.resync.max(1)),
         public_interface: None,
     })
-    .map_err(|e| format!("agent: {e}"))?;
+    .context("agent")?;
     corvid_metrics::serve(
         a.metrics_listen,
         corvid_agent::metrics::endpoints(agent.health()),
@@ -141,7 +141,7 @@ fn up(a: UpArgs) -> Result<(), String> {
                 serde_json::to_string_pretty(&conflist).unwrap_or_default() + "\n",
             )
         })
-        .map_err(|e| format!("write {}: {e}", path.display()))?;
+        .with_context(|| format!("write {}", path.display()))?;
     println!(
         "corvid is up: controller {url}, agent for host {host_id}, network {} ({}).\n\
          CNI configuration written to {}.\n\n\
@@ -156,7 +156,7 @@ fn up(a: UpArgs) -> Result<(), String> {
         net = a.network,
     );
     match controller.join() {
-        Ok(r) => r,
-        Err(_) => Err("the controller thread panicked".into()),
+        Ok(r) => Ok(r?),
+        Err(_) => bail!("the controller thread panicked"),
     }
 }

@@ -277,7 +277,7 @@ fn check_addressing(
             "Gateway IP {g} is not in subnet {cidr}"
         )));
     }
-    pools::check_pools(cidr, pools).map_err(NeutronError::bad_request)?;
+    pools::check_pools(cidr, pools)?;
     if let Some(g) = gateway_ip.filter(|g| pools::in_pools(pools, *g)) {
         return Err(NeutronError::conflict(
             "GatewayConflictWithAllocationPools",

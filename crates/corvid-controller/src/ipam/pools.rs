@@ -4,6 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use corvid_api::AllocationPool;
+
+use crate::error::NeutronError;
 use ipnet::IpNet;
 
 use crate::util::random_below;
@@ -68,20 +70,22 @@ pub fn in_pools(pools: &[AllocationPool], ip: IpAddr) -> bool {
 }
 
 /// Checks that pools lie inside `cidr`, are ordered start <= end, and do not overlap.
-pub fn check_pools(cidr: &IpNet, pools: &[AllocationPool]) -> Result<(), String> {
+pub fn check_pools(cidr: &IpNet, pools: &[AllocationPool]) -> Result<(), NeutronError> {
     let mut spans: Vec<(u128, u128)> = Vec::new();
     for p in pools {
         if !cidr.contains(&p.start) || !cidr.contains(&p.end) || to_int(p.start) > to_int(p.end) {
-            return Err(format!(
+            return Err(NeutronError::bad_request(format!(
                 "The allocation pool {}-{} spans beyond the subnet cidr {cidr}",
                 p.start, p.end
-            ));
+            )));
         }
         spans.push((to_int(p.start), to_int(p.end)));
     }
     spans.sort();
     if spans.windows(2).any(|w| w[1].0 <= w[0].1) {
-        return Err("Found overlapping allocation pools".into());
+        return Err(NeutronError::bad_request(
+            "Found overlapping allocation pools",
+        ));
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ pub struct InProcess {
     /// Its base URL.
     pub url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+    thread: Option<std::thread::JoinHandle<Result<(), corvid_controller::ServeError>>>,
     _dir: tempfile::TempDir,
 }
 

@@ -34,6 +34,7 @@ use serde_json::json;
 use crate::ids;
 use crate::leader::{Candidate, Election};
 use crate::metrics::{self, Kind, Phase};
+pub use crate::Error;
 use namespaces::Namespaces;
 use pods::Pods;
 use retry::{Queue, Retry};
@@ -63,36 +64,11 @@ pub struct Config {
     pub election: Election,
 }
 
-/// A failure that ends the watcher, with what to do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API server could not be used.
-    #[error("API server: {0}")]
-    Kube(String),
-    /// The controller refused or could not be reached.
-    #[error("controller: {0}")]
-    Controller(#[from] ApiError),
-    /// Start-up found something the operator must fix.
-    #[error("{0}")]
-    Setup(String),
-}
-
-impl From<kube::Error> for Error {
-    fn from(e: kube::Error) -> Self {
-        Error::Kube(e.to_string())
-    }
-}
-
 /// Runs the watcher: waits for the lease, sets up, reconciles until the lease is lost or
 /// a watch ends for good.
 pub async fn run(cfg: Config) -> Result<(), Error> {
-    let kube = crate::connect(cfg.kubeconfig.as_deref())
-        .await
-        .map_err(Error::Kube)?;
-    let ctl = cfg
-        .credentials
-        .client(&cfg.controller)
-        .map_err(Error::Setup)?;
+    let kube = crate::connect(cfg.kubeconfig.as_deref()).await?;
+    let ctl = cfg.credentials.client(&cfg.controller)?;
     let mut candidate = Candidate::new(kube.clone(), cfg.election.clone());
     metrics::phase(Phase::Standby);
     candidate.acquire().await;
@@ -101,7 +77,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     tokio::select! {
         r = watcher.run() => r,
         lost = candidate.hold() => {
-            Err(Error::Kube(format!("leadership lost ({lost}): stopping so that only one watcher acts")))
+            Err(Error::LeadershipLost(lost))
         }
     }
 }
@@ -271,11 +247,7 @@ impl Watcher {
                 .map(|n| n.id)
                 .or_else(|| by_name.first().map(|n| n.id.clone()));
             if found.is_none() {
-                return Err(Error::Setup(format!(
-                    "the public network {public:?} does not exist: create it first, e.g. \
-                     POST /v2.0/networks {{\"network\": {{\"name\": \"{public}\", \"router:external\": true}}}} \
-                     and a subnet for its floating IPs, or name another with --public-network"
-                )));
+                return Err(Error::NoPublicNetwork(public));
             }
             self.services = Services::new(found);
         }
@@ -293,9 +265,7 @@ impl Watcher {
         let cidr = match self.cfg.service_cidr {
             Some(cidr) => cidr,
             None => {
-                let found = crate::service_cidr::discover(&self.ctx.kube)
-                    .await
-                    .map_err(Error::Setup)?;
+                let found = crate::service_cidr::discover(&self.ctx.kube).await?;
                 tracing::info!(service_cidr = %found, "the API server's service range");
                 self.cfg.service_cidr = Some(found);
                 found

@@ -79,9 +79,32 @@ pub struct ContainerError {
     pub source: std::io::Error,
 }
 
-fn step(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ContainerError {
+/// Names the step a failure (an I/O error, or an errno of a system call) happened in.
+pub(crate) fn step<E: Into<std::io::Error>>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> ContainerError {
     let step = what.into();
-    move |source| ContainerError { step, source }
+    move |source| ContainerError {
+        step,
+        source: source.into(),
+    }
+}
+
+/// Why overlayfs cannot give a container its root here; the root is then a copy.
+#[derive(Debug, thiserror::Error)]
+enum OverlayError {
+    /// A layer's path would be split apart in the mount options.
+    #[error("{} holds a ',', ':' or '\\', which overlay's options cannot carry", .0.display())]
+    Unwritable(PathBuf),
+    /// The options hold a NUL byte.
+    #[error(transparent)]
+    Nul(#[from] std::ffi::NulError),
+    /// A step of the trial mount.
+    #[error(transparent)]
+    Trial(#[from] ContainerError),
+    /// The trial's thread panicked.
+    #[error("the overlay trial panicked")]
+    Panicked,
 }
 
 /// The directories every container gets.
@@ -109,57 +132,57 @@ fn mount_points(spec: &Spec) -> Vec<PathBuf> {
 }
 
 /// The overlay's mount options, when its paths can be written in them.
-fn overlay_options(lower: &Path, dir: &Path) -> Result<CString, String> {
+fn overlay_options(lower: &Path, dir: &Path) -> Result<CString, OverlayError> {
     let (upper, work) = (dir.join("upper"), dir.join("work"));
     let paths = [lower, &upper, &work];
     if let Some(p) = paths
         .iter()
         .find(|p| p.as_os_str().as_bytes().iter().any(|b| b",:\\".contains(b)))
     {
-        return Err(format!(
-            "{} holds a ',', ':' or '\\', which overlay's options cannot carry",
-            p.display()
-        ));
+        return Err(OverlayError::Unwritable(p.to_path_buf()));
     }
-    CString::new(format!(
+    Ok(CString::new(format!(
         "lowerdir={},upperdir={},workdir={}",
         lower.display(),
         upper.display(),
         work.display()
-    ))
-    .map_err(|e| e.to_string())
+    ))?)
 }
 
 /// Mounts the overlay at `root` in a mount namespace of a thread of its own, which the
 /// host's never sees, and makes the mount points in it (they land in the upper layer, so
 /// the container's own mount of the same layers has them). An error means overlayfs
 /// cannot be used here; the mount points are then not made.
-fn try_overlay(options: &CStr, root: &Path, points: &[PathBuf]) -> Result<(), String> {
+fn try_overlay(options: &CStr, root: &Path, points: &[PathBuf]) -> Result<(), OverlayError> {
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: only this thread's mount namespace (and the filesystem attributes
             // it implies) is unshared; the thread ends here and shares no descriptors or
             // memory differently after it.
             unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }
-                .map_err(|e| format!("a mount namespace to try overlayfs in: {e}"))?;
+                .map_err(step("a mount namespace to try overlayfs in"))?;
             rustix::mount::mount_change(
                 c"/",
                 MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
             )
-            .map_err(|e| format!("making the trial's mounts private: {e}"))?;
+            .map_err(step("making the trial's mounts private"))?;
             rustix::mount::mount(c"overlay", root, c"overlay", MountFlags::empty(), options)
-                .map_err(|e| format!("mount -t overlay -o {}: {e}", options.to_string_lossy()))?;
+                .map_err(step(format!(
+                    "mount -t overlay -o {}",
+                    options.to_string_lossy()
+                )))?;
             let made = points
                 .iter()
                 .try_for_each(|p| std::fs::create_dir_all(root.join(p)));
             // Unmounted now, not with the namespace: the container's own mount of the
             // same upper directory must not find it in use.
             let unmounted = rustix::mount::unmount(root, UnmountFlags::empty());
-            made.map_err(|e| format!("mount points in the overlay: {e}"))?;
-            unmounted.map_err(|e| format!("unmounting the trial overlay: {e}"))
+            made.map_err(step("mount points in the overlay"))?;
+            unmounted.map_err(step("unmounting the trial overlay"))?;
+            Ok(())
         })
         .join()
-        .unwrap_or_else(|_| Err("the overlay trial panicked".into()))
+        .unwrap_or(Err(OverlayError::Panicked))
     })
 }
 
@@ -230,7 +253,7 @@ pub fn prepare(spec: &Spec) -> Result<Root, ContainerError> {
         .and_then(|options| try_overlay(&options, &root, &points))
     {
         Ok(()) => return Ok(Root::Overlay),
-        Err(why) => why,
+        Err(why) => why.to_string(),
     };
     for sub in ["upper", "work"] {
         remove(&dir.join(sub)).map_err(step(format!("removing {}", dir.join(sub).display())))?;

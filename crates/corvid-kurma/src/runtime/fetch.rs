@@ -3,7 +3,7 @@
 //! a detached signature checked against a keyring when one is configured.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pgp::composed::{Deserializable, DetachedSignature, SignedPublicKey};
@@ -17,6 +17,76 @@ use crate::source::Source;
 const OS: &str = "linux";
 /// See [`OS`].
 const ARCH: &str = "amd64";
+
+/// Why a GET gave no image, page or signature.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    /// The request failed.
+    #[error("GET {url}: {source}")]
+    Request {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: ureq::Error,
+    },
+    /// The answer was not a 200.
+    #[error("GET {url}: {status} (only 200 counts)")]
+    Status {
+        /// The URL.
+        url: String,
+        /// The status answered.
+        status: ureq::http::StatusCode,
+    },
+    /// The body could not be read.
+    #[error("GET {url}: {source}")]
+    Body {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Why an image's detached signature could not be had or does not verify.
+#[derive(Debug, thiserror::Error)]
+pub enum SignatureError {
+    /// The signature file next to the image could not be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The signature file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The signature could not be downloaded.
+    #[error(transparent)]
+    Get(#[from] GetError),
+    /// The signature is no armored OpenPGP signature.
+    #[error("not an armored OpenPGP signature: {0}")]
+    NotArmored(#[source] pgp::errors::Error),
+    /// The keyring could not be read.
+    #[error("the keyring {}: {source}", path.display())]
+    Keyring {
+        /// The keyring file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The keyring holds no armored OpenPGP keys.
+    #[error("the keyring {}: {source}", path.display())]
+    KeyringKeys {
+        /// The keyring file.
+        path: PathBuf,
+        /// Why.
+        source: pgp::errors::Error,
+    },
+    /// The keyring holds no public key at all.
+    #[error("the keyring {} holds no public key", .0.display())]
+    NoKey(PathBuf),
+    /// No key of the keyring made the signature.
+    #[error("no key of the keyring made it (a bad or foreign signature)")]
+    Unverified,
+}
 
 /// Fetches images into a store as the settings say.
 pub struct Fetcher<'a> {
@@ -42,18 +112,32 @@ fn agent() -> ureq::Agent {
 }
 
 /// GETs `url`; only a 200 counts.
-fn get(agent: &ureq::Agent, url: &str) -> Result<ureq::http::Response<ureq::Body>, String> {
-    let response = agent
-        .get(url)
-        .call()
-        .map_err(|e| format!("GET {url}: {e}"))?;
+fn get(agent: &ureq::Agent, url: &str) -> Result<ureq::http::Response<ureq::Body>, GetError> {
+    let response = agent.get(url).call().map_err(|source| GetError::Request {
+        url: url.to_string(),
+        source,
+    })?;
     if response.status() != 200 {
-        return Err(format!(
-            "GET {url}: {} (only 200 counts)",
-            response.status()
-        ));
+        return Err(GetError::Status {
+            url: url.to_string(),
+            status: response.status(),
+        });
     }
     Ok(response)
+}
+
+/// Reads the whole body of `response` to `url`.
+fn body(mut response: ureq::http::Response<ureq::Body>, url: &str) -> Result<Vec<u8>, GetError> {
+    let mut bytes = Vec::new();
+    response
+        .body_mut()
+        .as_reader()
+        .read_to_end(&mut bytes)
+        .map_err(|source| GetError::Body {
+            url: url.to_string(),
+            source,
+        })?;
+    Ok(bytes)
 }
 
 impl Fetcher<'_> {
@@ -72,7 +156,10 @@ impl Fetcher<'_> {
                     .and_then(|mut f| f.read_to_end(&mut archive))
                     .map_err(|e| fail(format!("{}: {e}", path.display())))?;
                 self.check_signature(aci, &archive, || {
-                    std::fs::read(&signature).map_err(|e| format!("{}: {e}", signature.display()))
+                    std::fs::read(&signature).map_err(|source| SignatureError::Read {
+                        path: signature.clone(),
+                        source,
+                    })
                 })?;
                 self.store.add(aci, archive.as_slice())
             }
@@ -102,24 +189,16 @@ impl Fetcher<'_> {
     }
 
     fn http(&self, aci: &str, url: &str) -> Result<Aci, StoreError> {
-        let fail = failed(aci);
         let agent = agent();
-        let mut archive = Vec::new();
-        get(&agent, url)
-            .map_err(&fail)?
-            .body_mut()
-            .as_reader()
-            .read_to_end(&mut archive)
-            .map_err(|e| fail(format!("GET {url}: {e}")))?;
+        let archive = get(&agent, url)
+            .and_then(|response| body(response, url))
+            .map_err(|source| StoreError::Get {
+                aci: aci.to_string(),
+                source,
+            })?;
         self.check_signature(aci, &archive, || {
             let signature = format!("{url}.asc");
-            let mut bytes = Vec::new();
-            get(&agent, &signature)?
-                .body_mut()
-                .as_reader()
-                .read_to_end(&mut bytes)
-                .map_err(|e| format!("GET {signature}: {e}"))?;
-            Ok(bytes)
+            Ok(body(get(&agent, &signature)?, &signature)?)
         })?;
         self.store.add(aci, archive.as_slice())
     }
@@ -143,7 +222,13 @@ impl Fetcher<'_> {
                 let page = response
                     .body_mut()
                     .read_to_string()
-                    .map_err(|e| fail(format!("GET {url}: {e}")))?;
+                    .map_err(|e| StoreError::Get {
+                        aci: aci.to_string(),
+                        source: GetError::Body {
+                            url: url.clone(),
+                            source: e.into_io(),
+                        },
+                    })?;
                 if let Some(found) = discovered(&page, name, version) {
                     return Ok(found);
                 }
@@ -165,33 +250,38 @@ impl Fetcher<'_> {
         &self,
         aci: &str,
         archive: &[u8],
-        signature: impl FnOnce() -> Result<Vec<u8>, String>,
+        signature: impl FnOnce() -> Result<Vec<u8>, SignatureError>,
     ) -> Result<(), StoreError> {
         let Some(keyring) = &self.settings.keyring else {
             return Ok(());
         };
-        let fail = failed(aci);
-        let bytes = signature().map_err(|e| fail(format!("its signature: {e}")))?;
-        verify(keyring, archive, &bytes).map_err(|e| fail(format!("its signature: {e}")))
+        signature()
+            .and_then(|bytes| verify(keyring, archive, &bytes))
+            .map_err(|source| StoreError::Signature {
+                aci: aci.to_string(),
+                source: Box::new(source),
+            })
     }
 }
 
 /// Whether `signature` (armored) over `data` was made by a key of the armored `keyring`.
-fn verify(keyring: &Path, data: &[u8], signature: &[u8]) -> Result<(), String> {
-    let ring =
-        std::fs::read(keyring).map_err(|e| format!("the keyring {}: {e}", keyring.display()))?;
-    let (signature, _) = DetachedSignature::from_armor_single(signature)
-        .map_err(|e| format!("not an armored OpenPGP signature: {e}"))?;
+fn verify(keyring: &Path, data: &[u8], signature: &[u8]) -> Result<(), SignatureError> {
+    let ring = std::fs::read(keyring).map_err(|source| SignatureError::Keyring {
+        path: keyring.to_path_buf(),
+        source,
+    })?;
+    let (signature, _) =
+        DetachedSignature::from_armor_single(signature).map_err(SignatureError::NotArmored)?;
     let keys = SignedPublicKey::from_armor_many(ring.as_slice())
-        .map_err(|e| format!("the keyring {}: {e}", keyring.display()))?
+        .map_err(|source| SignatureError::KeyringKeys {
+            path: keyring.to_path_buf(),
+            source,
+        })?
         .0
         .filter_map(Result::ok)
         .collect::<Vec<_>>();
     if keys.is_empty() {
-        return Err(format!(
-            "the keyring {} holds no public key",
-            keyring.display()
-        ));
+        return Err(SignatureError::NoKey(keyring.to_path_buf()));
     }
     let good = keys.iter().any(|key| {
         signature.verify(key, data).is_ok()
@@ -200,8 +290,7 @@ fn verify(keyring: &Path, data: &[u8], signature: &[u8]) -> Result<(), String> {
                 .iter()
                 .any(|sub| signature.verify(&sub.key, data).is_ok())
     });
-    good.then_some(())
-        .ok_or_else(|| "no key of the keyring made it (a bad or foreign signature)".into())
+    good.then_some(()).ok_or(SignatureError::Unverified)
 }
 
 /// The first `ac-discovery` template of `page` whose prefix covers `name`, rendered.

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use crate::aci::Aci;
 use crate::config::{Config, ConfigError, PodNetwork};
 use crate::runtime::caps;
-use crate::runtime::container::{self, Root, Spec, Volume, NETNS_IN_CONTAINER, STATE_IN_CONTAINER};
+use crate::runtime::container::{
+    self, ContainerError, Root, Spec, Volume, NETNS_IN_CONTAINER, STATE_IN_CONTAINER,
+};
 use crate::runtime::fetch::Fetcher;
 use crate::runtime::metrics;
 use crate::runtime::store::Store;
@@ -102,16 +104,16 @@ impl Running {
         };
         self.started_at = Instant::now();
         self.restart_at = None;
-        let started = (|| -> Result<(Child, Root), String> {
-            std::fs::create_dir_all(layout.volume(name))
-                .map_err(|e| format!("making {}: {e}", layout.volume(name).display()))?;
+        let started = (|| -> Result<(Child, Root), ContainerError> {
+            let volume = layout.volume(name);
+            std::fs::create_dir_all(&volume)
+                .map_err(container::step(format!("making {}", volume.display())))?;
             let logs = layout.dir.join("logs");
             std::fs::create_dir_all(&logs)
-                .map_err(|e| format!("making {}: {e}", logs.display()))?;
-            let root = container::prepare(&spec).map_err(|e| e.to_string())?;
+                .map_err(container::step(format!("making {}", logs.display())))?;
+            let root = container::prepare(&spec)?;
             note(name, &spec, image, &root);
-            let child =
-                container::start(&spec, &root, &self.network.text).map_err(|e| e.to_string())?;
+            let child = container::start(&spec, &root, &self.network.text)?;
             Ok((child, root))
         })();
         match started {

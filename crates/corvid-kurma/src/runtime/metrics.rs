@@ -68,7 +68,7 @@ pub fn restarted(network: &str) {
     METRICS.restarts.get_or_create(&labels(network)).inc();
 }
 
-fn ready() -> Result<(), String> {
+fn ready() -> Result<(), corvid_metrics::NotReady> {
     let state = STATE.lock().unwrap_or_else(|p| p.into_inner());
     if state.is_empty() {
         return Err("no plugin started yet".into());
@@ -81,7 +81,7 @@ fn ready() -> Result<(), String> {
     if down.is_empty() {
         Ok(())
     } else {
-        Err(down.join("; "))
+        Err(down.join("; ").into())
     }
 }
 

@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::{self, Config, FailurePolicy, PodNetwork};
-use crate::invoke::{self, Action};
+use crate::invoke::{self, Action, InvokeError};
 use crate::runtime::container::NETNS_IN_CONTAINER;
-use crate::runtime::enter;
+use crate::runtime::enter::{self, CallError};
 use crate::runtime::{start_time, write_json, HostState, Layout, Plugin, PluginStatus};
 
 /// Why a pod's networks could not be set up or listed.
@@ -49,6 +49,33 @@ pub enum PodError {
         /// What failed.
         message: String,
     },
+}
+
+/// Why one network's add or del did not go through; the pod's record keeps it as text.
+#[derive(Debug, thiserror::Error)]
+enum NetworkError {
+    /// The host runs no container for the network.
+    #[error("the host runs no plugin for {0}")]
+    NoPlugin(String),
+    /// The container's main process is gone (its PID may be another's now).
+    #[error("{network}'s plugin container (pid {pid}) is no longer running")]
+    Gone { network: String, pid: u32 },
+    /// The container could not start, or it stopped.
+    #[error("{network}'s plugin failed: {reason}")]
+    PluginFailed { network: String, reason: String },
+    /// The call in the container.
+    #[error(transparent)]
+    Call(CallError),
+    /// The call failed in a container the host warned about: most likely why (EPERM on
+    /// setns, say), so it comes with every failure of such a plugin.
+    #[error("{source} ({warning})")]
+    Warned { source: CallError, warning: String },
+    /// The thread that made the call panicked.
+    #[error("the call panicked")]
+    Panicked,
+    /// What add answered is no result.
+    #[error(transparent)]
+    Result(InvokeError),
 }
 
 /// How one of a pod's networks ended up.
@@ -116,20 +143,24 @@ fn host(layout: &Layout) -> Result<(HostState, Config), PodError> {
 }
 
 /// The running plugin container of `network`: its main PID and the plugin as published.
-fn plugin<'a>(state: &'a HostState, network: &str) -> Result<(u32, &'a Plugin), String> {
+fn plugin<'a>(state: &'a HostState, network: &str) -> Result<(u32, &'a Plugin), NetworkError> {
     let plugin = state
         .plugins
         .iter()
         .find(|p| p.network == network)
-        .ok_or_else(|| format!("the host runs no plugin for {network}"))?;
+        .ok_or_else(|| NetworkError::NoPlugin(network.to_string()))?;
     match &plugin.status {
         PluginStatus::Running { pid, started } if start_time(*pid) == Some(*started) => {
             Ok((*pid, plugin))
         }
-        PluginStatus::Running { pid, .. } => Err(format!(
-            "{network}'s plugin container (pid {pid}) is no longer running"
-        )),
-        PluginStatus::Failed { reason } => Err(format!("{network}'s plugin failed: {reason}")),
+        PluginStatus::Running { pid, .. } => Err(NetworkError::Gone {
+            network: network.to_string(),
+            pid: *pid,
+        }),
+        PluginStatus::Failed { reason } => Err(NetworkError::PluginFailed {
+            network: network.to_string(),
+            reason: reason.clone(),
+        }),
     }
 }
 
@@ -152,7 +183,7 @@ fn call_all(
     uuid: &str,
     action: Action,
     attachments: &[(&PodNetwork, Option<String>)],
-) -> Vec<Result<Vec<u8>, String>> {
+) -> Vec<Result<Vec<u8>, NetworkError>> {
     std::thread::scope(|s| {
         let calls: Vec<_> = attachments
             .iter()
@@ -167,18 +198,19 @@ fn call_all(
                         &network.text,
                         config.settings.timeout,
                     )
-                    .map_err(|e| match &plugin.warning {
-                        // Most likely why it failed (EPERM on setns, say), so it comes
-                        // with every failure of such a plugin.
-                        Some(warning) => format!("{e} ({warning})"),
-                        None => e.to_string(),
+                    .map_err(|source| match &plugin.warning {
+                        Some(warning) => NetworkError::Warned {
+                            source,
+                            warning: warning.clone(),
+                        },
+                        None => NetworkError::Call(source),
                     })
                 })
             })
             .collect();
         calls
             .into_iter()
-            .map(|c| c.join().unwrap_or_else(|_| Err("the call panicked".into())))
+            .map(|c| c.join().unwrap_or(Err(NetworkError::Panicked)))
             .collect()
     })
 }
@@ -234,7 +266,7 @@ pub fn add(layout: &Layout, uuid: &str, named: &[String]) -> Result<PodRecord, P
     {
         attachment.outcome = match result.and_then(|out| {
             invoke::kurma_result(&out, &Value::Object(network.entry.clone()))
-                .map_err(|e| e.to_string())
+                .map_err(NetworkError::Result)
         }) {
             Ok(result) => {
                 tracing::info!(pod = uuid, network = %network.name, "network added");
@@ -243,7 +275,9 @@ pub fn add(layout: &Layout, uuid: &str, named: &[String]) -> Result<PodRecord, P
             Err(error) => {
                 tracing::warn!(pod = uuid, network = %network.name, %error, "network add failed");
                 failures.push(format!("{}: {error}", network.name));
-                Outcome::Failed { error }
+                Outcome::Failed {
+                    error: error.to_string(),
+                }
             }
         };
     }

@@ -4,6 +4,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::aci::{self, Aci, AciError};
+use crate::runtime::fetch::{GetError, SignatureError};
 use crate::source::SourceError;
 
 /// Why an image could not be had.
@@ -19,6 +20,24 @@ pub enum StoreError {
         aci: String,
         /// What failed.
         message: String,
+    },
+    /// Downloading the image (or finding it by discovery) failed.
+    #[error("{aci}: {source}")]
+    Get {
+        /// The `aci` field.
+        aci: String,
+        /// Why.
+        source: GetError,
+    },
+    /// A keyring is configured and the image's signature could not be had or does not
+    /// verify.
+    #[error("{aci}: its signature: {source}")]
+    Signature {
+        /// The `aci` field.
+        aci: String,
+        /// Why (boxed: OpenPGP's errors are large, and every `Result` of the store
+        /// would carry their size).
+        source: Box<SignatureError>,
     },
     /// The image itself was refused.
     #[error("{aci}: {source}")]

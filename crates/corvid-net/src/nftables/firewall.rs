@@ -196,7 +196,7 @@ pub fn add_firewall(
         nft.commit(batch)?;
     }
     // After the lock is let go: the legacy commands take it themselves.
-    crate::iptables::allow_addresses_legacy(tag.as_str(), addrs).map_err(legacy_error)
+    crate::iptables::allow_addresses_legacy(tag.as_str(), addrs)
 }
 
 /// The container's addresses the firewall does not let through (for CHECK).
@@ -224,14 +224,7 @@ pub fn delete_firewall(
 ) -> Result<()> {
     release_addresses(nft, ADDRS, tag, addrs)?;
     remove_iptables_rules(nft, |c| c == tag.as_str())?;
-    crate::iptables::remove_addresses_legacy(&|c| c == tag.as_str()).map_err(legacy_error)
-}
-
-fn legacy_error(e: String) -> crate::Error {
-    crate::Error::Io {
-        what: "legacy iptables".into(),
-        source: std::io::Error::other(e),
-    }
+    crate::iptables::remove_addresses_legacy(&|c| c == tag.as_str())
 }
 
 /// iptables' filter tables that filter forwarding here, with their family.
@@ -287,7 +280,7 @@ pub fn gc_firewall(nft: &mut Nftables, network: &str, keep: &[AttachmentTag]) ->
     let prefix = network_prefix(network);
     let stale = |c: &str| c.starts_with(&prefix) && !keep.iter().any(|k| k.as_str() == c);
     remove_iptables_rules(nft, stale)?;
-    crate::iptables::remove_addresses_legacy(&stale).map_err(legacy_error)
+    crate::iptables::remove_addresses_legacy(&stale)
 }
 
 /// The tags of every address let through (for tests and diagnostics).

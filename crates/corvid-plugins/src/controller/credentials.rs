@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use corvid_api::{Client, Credentials, Tls};
+use corvid_api::{Client, Credentials, Tls, TlsError};
 use corvid_cni::{Error, ErrorCode};
 use serde::Deserialize;
 
@@ -32,11 +32,12 @@ pub struct ControllerAccess {
 impl ControllerAccess {
     /// A client of the controller at `url`; unreadable files are a configuration error.
     pub fn client(&self, url: &str) -> Result<Client, Error> {
-        let invalid = |e: String| Error::new(ErrorCode::InvalidNetworkConfig, e);
+        let invalid = |e: TlsError| Error::new(ErrorCode::InvalidNetworkConfig, e.to_string());
         let token = match (&self.token, &self.token_file) {
             (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "give \"token\" or \"tokenFile\", not both".to_string(),
+                return Err(Error::new(
+                    ErrorCode::InvalidNetworkConfig,
+                    "give \"token\" or \"tokenFile\", not both",
                 ))
             }
             (_, Some(f)) => Some(corvid_api::tls::read_token(f).map_err(invalid)?),

@@ -26,12 +26,72 @@ struct Flags {
     timing: Timing,
 }
 
-fn duration(flag: &str, v: &str) -> Result<Duration, String> {
-    humantime::parse_duration(v).map_err(|e| format!("-{flag} {v:?}: {e}"))
+/// Why the daemon's flags were refused; the messages are Go's flag package's.
+#[derive(Debug, thiserror::Error)]
+enum FlagError {
+    /// An argument that is no flag.
+    #[error("unexpected argument {0:?}")]
+    Unexpected(String),
+    /// A flag given last, without its value.
+    #[error("flag needs an argument: -{0}")]
+    NoValue(String),
+    /// A flag the daemon does not have.
+    #[error("flag provided but not defined: -{0}")]
+    Unknown(String),
+    /// A duration flag's value is no duration.
+    #[error("-{flag} {value:?}: {source}")]
+    Duration {
+        flag: String,
+        value: String,
+        source: humantime::DurationError,
+    },
+    /// The pid file must not depend on the daemon's working directory.
+    #[error("Error writing pidfile {}: path not absolute", .0.display())]
+    RelativePidfile(PathBuf),
+}
+
+/// Why the daemon has no socket to serve on.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    /// The socket systemd passed could not be taken.
+    #[error("LISTEN_FDS=1: {0}")]
+    Activation(#[source] std::io::Error),
+    /// systemd said it passed a socket, and passed something else.
+    #[error("LISTEN_FDS=1 but no socket found")]
+    NotASocket,
+    /// More than the one socket the daemon serves on.
+    #[error("Too many ({0}) FDs passed through socket activation")]
+    TooMany(usize),
+    /// The socket's directory could not be made.
+    #[error("making the socket's directory {}: {source}", dir.display())]
+    Directory {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// The socket could not be bound.
+    #[error("Error getting listener: {}: {source}", path.display())]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The socket could not be kept to its owner, root, alone.
+    #[error("restricting {} to its owner (0600): {source}", path.display())]
+    Permissions {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn duration(flag: &str, v: &str) -> Result<Duration, FlagError> {
+    humantime::parse_duration(v).map_err(|source| FlagError::Duration {
+        flag: flag.to_string(),
+        value: v.to_string(),
+        source,
+    })
 }
 
 /// Reads Go-style flags: `-name value`, `--name value`, `-name=value`.
-fn parse(args: &[String]) -> Result<Flags, String> {
+fn parse(args: &[String]) -> Result<Flags, FlagError> {
     let mut f = Flags {
         socket: PathBuf::from(DEFAULT_SOCKET),
         pidfile: None,
@@ -47,7 +107,7 @@ fn parse(args: &[String]) -> Result<Flags, String> {
     while let Some(arg) = it.next() {
         let name = arg.trim_start_matches('-');
         if name.len() == arg.len() {
-            return Err(format!("unexpected argument {arg:?}"));
+            return Err(FlagError::Unexpected(arg.clone()));
         }
         let (name, inline) = match name.split_once('=') {
             Some((n, v)) => (n, Some(v.to_string())),
@@ -62,7 +122,7 @@ fn parse(args: &[String]) -> Result<Flags, String> {
             None => it
                 .next()
                 .cloned()
-                .ok_or_else(|| format!("flag needs an argument: -{name}"))?,
+                .ok_or_else(|| FlagError::NoValue(name.to_string()))?,
         };
         match name {
             "socketpath" if !value.is_empty() => f.socket = PathBuf::from(value),
@@ -73,15 +133,12 @@ fn parse(args: &[String]) -> Result<Flags, String> {
             "timeout" => f.timing.reply = duration(name, &value)?,
             "resendmax" => f.timing.resend_max = duration(name, &value)?,
             "resendtimeout" => f.timing.give_up = duration(name, &value)?,
-            _ => return Err(format!("flag provided but not defined: -{name}")),
+            _ => return Err(FlagError::Unknown(name.to_string())),
         }
     }
     if let Some(p) = &f.pidfile {
         if !p.is_absolute() {
-            return Err(format!(
-                "Error writing pidfile {}: path not absolute",
-                p.display()
-            ));
+            return Err(FlagError::RelativePidfile(p.clone()));
         }
     }
     Ok(f)
@@ -375,10 +432,10 @@ impl Daemon {
                 held.lease = Some(l);
                 Ok(r)
             }
-            Err(msg) => {
+            Err(e) => {
                 drop(held);
                 self.leases.release(id);
-                Err(Error::new(ErrorCode::Internal, msg))
+                Err(Error::new(ErrorCode::Internal, e.to_string()))
             }
         }
     }
@@ -403,22 +460,18 @@ impl Daemon {
 
 /// The socket systemd passes, or a new one at `path` (its directory made 0700); true
 /// when the daemon made it, and so removes it when it stops.
-fn listener(path: &Path) -> Result<(UnixListener, bool), String> {
+fn listener(path: &Path) -> Result<(UnixListener, bool), ListenError> {
     let mut fds = listenfd::ListenFd::from_env();
     match fds.len() {
         0 => {}
         1 => {
             return fds
                 .take_unix_listener(0)
-                .map_err(|e| format!("LISTEN_FDS=1: {e}"))?
+                .map_err(ListenError::Activation)?
                 .map(|l| (l, false))
-                .ok_or_else(|| "LISTEN_FDS=1 but no socket found".to_string())
+                .ok_or(ListenError::NotASocket)
         }
-        n => {
-            return Err(format!(
-                "Too many ({n}) FDs passed through socket activation"
-            ))
-        }
+        n => return Err(ListenError::TooMany(n)),
     }
     if let Some(dir) = path.parent() {
         use std::os::unix::fs::DirBuilderExt;
@@ -426,18 +479,27 @@ fn listener(path: &Path) -> Result<(UnixListener, bool), String> {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+            .map_err(|source| ListenError::Directory {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
     }
     // A socket left by a daemon that died: nobody answers on it.
     if UnixStream::connect(path).is_err() {
         let _ = std::fs::remove_file(path);
     }
-    let l = UnixListener::bind(path)
-        .map_err(|e| format!("Error getting listener: {}: {e}", path.display()))?;
+    let l = UnixListener::bind(path).map_err(|source| ListenError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })?;
     // Only root's plugins may ask for leases in other namespaces.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        ListenError::Permissions {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
     Ok((l, true))
 }
 

@@ -11,6 +11,7 @@ use dhcproto::v4::{
 };
 use ipnet::{IpNet, Ipv4Net};
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -307,6 +308,23 @@ impl Client {
     }
 }
 
+/// Why no lease was acquired.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LeaseError {
+    /// The container's namespace or interface.
+    #[error(transparent)]
+    Net(#[from] corvid_net::Error),
+    /// The interface is not in the namespace.
+    #[error("error looking up {ifname:?}: no such interface in {}", netns.display())]
+    NoInterface { ifname: String, netns: PathBuf },
+    /// The exchange with the DHCP server, for the client named.
+    #[error("{client_id}: {source}")]
+    Exchange {
+        client_id: String,
+        source: std::io::Error,
+    },
+}
+
 /// What the daemon keeps of a lease: the latest ACK and the thread that keeps it.
 pub(crate) struct Lease {
     bound: Arc<Mutex<Bound>>,
@@ -317,24 +335,21 @@ pub(crate) struct Lease {
 impl Lease {
     /// Acquires a lease for `ifname` in `netns` and starts the thread that keeps it.
     pub(crate) fn acquire(
-        netns: &std::path::Path,
+        netns: &Path,
         ifname: &str,
         asking: Asking,
         timing: Timing,
-    ) -> Result<Lease, String> {
-        let ns = Netns::open(netns).map_err(|e| e.to_string())?;
-        let mut nl = Netlink::open_in(&ns).map_err(|e| e.to_string())?;
+    ) -> Result<Lease, LeaseError> {
+        let ns = Netns::open(netns)?;
+        let mut nl = Netlink::open_in(&ns)?;
         let link = nl
-            .link_by_name(ifname)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| {
-                format!(
-                    "error looking up {ifname:?}: no such interface in {}",
-                    netns.display()
-                )
+            .link_by_name(ifname)?
+            .ok_or_else(|| LeaseError::NoInterface {
+                ifname: ifname.to_string(),
+                netns: netns.to_path_buf(),
             })?;
         if !link.up {
-            nl.set_up(&link).map_err(|e| e.to_string())?;
+            nl.set_up(&link)?;
         }
         let client = Client {
             ns,
@@ -342,9 +357,10 @@ impl Lease {
             asking,
             timing,
         };
-        let bound = client
-            .acquire()
-            .map_err(|e| format!("{}: {e}", client.asking.client_id))?;
+        let bound = client.acquire().map_err(|source| LeaseError::Exchange {
+            client_id: client.asking.client_id.clone(),
+            source,
+        })?;
         tracing::info!(
             "{}: lease of {} acquired from {}, for {}",
             client.asking.client_id,
