@@ -12,11 +12,12 @@
 # the binary links glibc statically instead, and a line on stderr says so.
 #
 # By default with the `image` profile (unoptimized, quick to build: what the tests use);
-# `--release` for the package, a production image or the benchmarks.
+# `--release` for the package, a production image or the benchmarks: the `plugins` profile,
+# release optimized for size (see Cargo.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=image
-[ "${1:-}" = --release ] && profile=release
+[ "${1:-}" = --release ] && profile=plugins
 target=x86_64-unknown-linux-musl
 if ! command -v musl-gcc >/dev/null \
     || ! { rustup target list --installed 2>/dev/null | grep -qx "$target" \
