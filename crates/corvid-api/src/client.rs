@@ -300,6 +300,40 @@ impl Client {
         )
     }
 
+    /// Adds an interface to `router`: a subnet (the router takes its gateway address) or
+    /// a port.
+    pub fn add_router_interface(
+        &self,
+        router: &str,
+        which: &crate::RouterInterface,
+    ) -> Result<crate::RouterInterfaceInfo, ApiError> {
+        self.router_interface(router, "add_router_interface", which)
+    }
+
+    /// Removes the interface of `router` on a subnet, or the interface port named.
+    pub fn remove_router_interface(
+        &self,
+        router: &str,
+        which: &crate::RouterInterface,
+    ) -> Result<crate::RouterInterfaceInfo, ApiError> {
+        self.router_interface(router, "remove_router_interface", which)
+    }
+
+    fn router_interface(
+        &self,
+        router: &str,
+        action: &str,
+        which: &crate::RouterInterface,
+    ) -> Result<crate::RouterInterfaceInfo, ApiError> {
+        let path = format!(
+            "{}/{}/{action}",
+            self.collection::<crate::Router>(),
+            percent_encode(router)
+        );
+        let body = serde_json::to_value(which).map_err(|e| ApiError::Decode(e.to_string()))?;
+        Self::decode(self.call("PUT", &path, Some(&body))?)
+    }
+
     /// Registers (or re-registers) a host and the underlay address its tunnels end at.
     pub fn register_host(
         &self,

@@ -11,14 +11,15 @@ pub mod tls;
 
 pub use client::{ApiError, Client, WatchFilter};
 pub use model::{
-    AllocationPool, EventKind, FixedIp, FloatingIp, Host, HostRoute, LbProtocol, Listener,
-    LoadBalancer, Member, Network, Pool, Port, PortDetails, Resource, SessionPersistence, Status,
-    Subnet, SubnetPool, WatchEvent, WatchPage, NODE_PORT_TAG,
+    AllocationPool, EventKind, ExternalGatewayInfo, FixedIp, FloatingIp, Host, HostRoute,
+    LbProtocol, Listener, LoadBalancer, Member, Network, Pool, Port, PortDetails, Resource, Router,
+    RouterInterfaceInfo, SessionPersistence, Status, Subnet, SubnetPool, WatchEvent, WatchPage,
+    NODE_PORT_TAG, ROUTER_GATEWAY, ROUTER_INTERFACE,
 };
 pub use requests::{
-    FixedIpRequest, FloatingIpCreate, FloatingIpUpdate, HostCreate, ListenerCreate, ListenerUpdate,
-    LoadBalancerCreate, LoadBalancerUpdate, MemberCreate, MemberUpdate, NetworkCreate,
-    NetworkUpdate, PoolCreate, PoolUpdate, PortCreate, PortUpdate, SubnetCreate, SubnetPoolCreate,
-    SubnetPoolUpdate, SubnetUpdate,
+    FixedIpRequest, FloatingIpCreate, FloatingIpUpdate, GatewayRequest, HostCreate, ListenerCreate,
+    ListenerUpdate, LoadBalancerCreate, LoadBalancerUpdate, MemberCreate, MemberUpdate,
+    NetworkCreate, NetworkUpdate, PoolCreate, PoolUpdate, PortCreate, PortUpdate, RouterCreate,
+    RouterInterface, RouterUpdate, SubnetCreate, SubnetPoolCreate, SubnetPoolUpdate, SubnetUpdate,
 };
 pub use tls::{Credentials, Tls, TlsError};

@@ -364,7 +364,7 @@ pub struct FloatingIp {
     pub floating_ip_address: IpAddr,
     /// The external network it is allocated on.
     pub floating_network_id: String,
-    /// Kept for Neutron clients; corvid has no routers.
+    /// The router it is reached through, once associated.
     pub router_id: Option<String>,
     /// The port it maps to, if associated.
     pub port_id: Option<String>,
@@ -392,6 +392,83 @@ impl Resource for FloatingIp {
     fn id(&self) -> &str {
         &self.id
     }
+}
+
+/// The `device_owner` of the port a router has on each subnet it routes, holding the
+/// subnet's gateway address.
+pub const ROUTER_INTERFACE: &str = "network:router_interface";
+/// The `device_owner` of a router's port on its external network.
+pub const ROUTER_GATEWAY: &str = "network:router_gateway";
+
+/// Where a router leaves for the outside: a port on an external network.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExternalGatewayInfo {
+    /// The external network (`router:external`).
+    pub network_id: String,
+    /// Traffic leaving through it takes the gateway's address.
+    #[serde(default = "yes")]
+    pub enable_snat: bool,
+    /// The gateway port's addresses.
+    #[serde(default)]
+    pub external_fixed_ips: Vec<FixedIp>,
+}
+
+/// A router between subnets, routed on every host that has a port on one of them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Router {
+    /// UUID.
+    pub id: String,
+    /// Free-form name.
+    pub name: String,
+    /// Owning project (older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// Administrative state.
+    pub admin_state_up: bool,
+    /// Always ACTIVE: the hosts route, there is no router to provision.
+    pub status: Status,
+    /// Its way out, if it has one.
+    pub external_gateway_info: Option<ExternalGatewayInfo>,
+    /// Extra routes: a destination and a next hop on one of its subnets.
+    pub routes: Vec<HostRoute>,
+    /// Free-form description.
+    pub description: String,
+    /// Always true: every host routes (Neutron's DVR).
+    pub distributed: bool,
+    /// Always false: there is no router host to fail over.
+    pub ha: bool,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change, an interface added or removed included.
+    pub revision_number: u64,
+}
+
+impl Resource for Router {
+    const SINGULAR: &'static str = "router";
+    const PLURAL: &'static str = "routers";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// What `add_router_interface` and `remove_router_interface` answer: the interface port.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RouterInterfaceInfo {
+    /// The router.
+    pub id: String,
+    /// The interface's port.
+    pub port_id: String,
+    /// The port's network.
+    pub network_id: String,
+    /// The port's first subnet.
+    pub subnet_id: Option<String>,
+    /// Every subnet the port has an address on.
+    pub subnet_ids: Vec<String>,
 }
 
 /// A host running an agent: where its overlay tunnels end.

@@ -14,7 +14,7 @@ use serde_with::skip_serializing_none;
 
 use crate::model::{
     AllocationPool, FloatingIp, Host, HostRoute, LbProtocol, Listener, LoadBalancer, Member,
-    Network, Pool, Port, Resource, SessionPersistence, Status, Subnet, SubnetPool,
+    Network, Pool, Port, Resource, Router, SessionPersistence, Status, Subnet, SubnetPool,
 };
 
 /// A body that creates one `R`.
@@ -39,6 +39,7 @@ bodies! {
     PortCreate, PortUpdate => Port;
     FloatingIpCreate, FloatingIpUpdate => FloatingIp;
     HostCreate, HostCreate => Host;
+    RouterCreate, RouterUpdate => Router;
     LoadBalancerCreate, LoadBalancerUpdate => LoadBalancer;
     ListenerCreate, ListenerUpdate => Listener;
     PoolCreate, PoolUpdate => Pool;
@@ -421,6 +422,66 @@ pub struct FloatingIpUpdate {
     pub fixed_ip_address: Option<Option<IpAddr>>,
     /// Free-form description.
     pub description: Option<String>,
+}
+
+neutron_create! {
+    /// A router to create.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    pub struct RouterCreate {
+        /// Its UUID; the controller picks one when absent.
+        pub id: Option<String>,
+        /// Free-form name.
+        pub name: Option<String>,
+        /// Free-form description.
+        pub description: Option<String>,
+        /// Administrative state (default up).
+        pub admin_state_up: Option<bool>,
+        /// Its way out.
+        pub external_gateway_info: Option<GatewayRequest>,
+    }
+}
+
+/// A change to a router.
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterUpdate {
+    /// Free-form name.
+    pub name: Option<String>,
+    /// Free-form description.
+    pub description: Option<String>,
+    /// Administrative state.
+    pub admin_state_up: Option<bool>,
+    /// Its way out; `Some(None)` removes it.
+    #[serde(default, with = "::serde_with::rust::double_option")]
+    pub external_gateway_info: Option<Option<GatewayRequest>>,
+    /// Extra routes, all of them (an empty list removes every one).
+    pub routes: Option<Vec<HostRoute>>,
+}
+
+/// A router's gateway as asked for: an external network, and optionally its addresses.
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayRequest {
+    /// The external network.
+    pub network_id: String,
+    /// Whether what leaves takes the gateway's address (default true).
+    pub enable_snat: Option<bool>,
+    /// The gateway port's addresses; one from the network when absent.
+    pub external_fixed_ips: Option<Vec<FixedIpRequest>>,
+}
+
+/// The body of `add_router_interface` and `remove_router_interface`: a subnet (the router
+/// takes its gateway address) or a port.
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterInterface {
+    /// The subnet.
+    pub subnet_id: Option<String>,
+    /// The port.
+    pub port_id: Option<String>,
 }
 
 /// A host as its agent registers it (a PUT that creates or replaces).

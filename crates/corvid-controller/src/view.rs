@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use corvid_api::{EventKind, FloatingIp, Host, Network, Port, Subnet, SubnetPool};
+use corvid_api::{EventKind, FloatingIp, Host, Network, Port, Router, Subnet, SubnetPool};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -176,6 +176,8 @@ pub struct View {
     pub ports: Table<Port>,
     /// Floating IPs.
     pub floatingips: Table<FloatingIp>,
+    /// Routers.
+    pub routers: Table<Router>,
     /// Hosts with an agent.
     pub hosts: Table<Host>,
     /// Octavia objects by collection.
@@ -225,6 +227,7 @@ impl View {
             ("subnetpools", self.subnetpools.len()),
             ("ports", self.ports.len()),
             ("floatingips", self.floatingips.len()),
+            ("routers", self.routers.len()),
             ("hosts", self.hosts.len()),
         ];
         counts.extend(self.lbaas.iter().map(|(kind, t)| (*kind, t.len())));
@@ -325,6 +328,7 @@ impl View {
             "subnets" => plain!(self.subnets),
             "subnetpools" => plain!(self.subnetpools),
             "floatingips" => plain!(self.floatingips),
+            "routers" => plain!(self.routers),
             "hosts" => plain!(self.hosts),
             "ports" => {
                 let mut hosts = Vec::new();

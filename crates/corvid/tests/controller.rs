@@ -458,8 +458,14 @@ fn resource_lifecycle_filters_tags_and_errors() {
             (s, ext["extension"]["alias"].as_str()),
             (200, Some("subnet_allocation"))
         );
-        let (s, _, _) = c.request("GET", "/v2.0/extensions/router", None).unwrap();
-        assert_eq!(s, 404, "no routers here, so no router extension");
+        let (s, ext, _) = c.request("GET", "/v2.0/extensions/router", None).unwrap();
+        assert_eq!(
+            (s, ext["extension"]["alias"].as_str()),
+            (200, Some("router")),
+            "routers are served, so the router extension is listed"
+        );
+        let (s, _, _) = c.request("GET", "/v2.0/extensions/qos", None).unwrap();
+        assert_eq!(s, 404, "an extension not served is not listed");
         // python-neutronclient puts `.json` after every path, as Neutron allows.
         let (s, ext, _) = c
             .request("GET", "/v2.0/extensions/subnet_allocation.json", None)

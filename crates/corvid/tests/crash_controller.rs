@@ -4,7 +4,9 @@
 //! either happened whole or not at all, no two ports share an address or a MAC, the
 //! store reserves exactly the MACs and addresses of its ports (read from its keys, which
 //! is what a restarted controller recovers from), and at the end the subnet's free
-//! addresses are exactly those no port holds.
+//! addresses are exactly those no port holds. And the same kills while clients add and
+//! remove a router's interfaces: a subnet is on the router whole (its gateway address on
+//! one interface port) or not at all.
 
 #[path = "support/controller.rs"]
 mod support;
@@ -13,7 +15,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use corvid_api::{ApiError, Client, Network, Port, Subnet};
+use corvid_api::{
+    ApiError, Client, Network, NetworkCreate, Port, Router, RouterCreate, RouterInterface, Subnet,
+    SubnetCreate, ROUTER_INTERFACE,
+};
 use serde_json::json;
 use support::{redb_store, ControllerProcess, Etcd, Stored};
 
@@ -207,6 +212,29 @@ fn reconcile(
     settled
 }
 
+/// Kills the controller 20 to 320 ms into the clients' work (as `rng` picks), waits for
+/// the clients to see it gone, and checks what the crash left in the store, which is what
+/// the next controller recovers from: a reservation without its port would refuse that
+/// MAC or address for good.
+fn kill_at_random(
+    ctl: &mut ControllerProcess,
+    rng: &mut u64,
+    clients: Vec<std::thread::JoinHandle<()>>,
+    store: &str,
+    when: &str,
+) {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    std::thread::sleep(Duration::from_millis(20 + *rng % 300));
+    ctl.kill9();
+    for t in clients {
+        t.join().expect("a client failed");
+    }
+    let mismatches = Stored::read(store).mismatches();
+    assert!(mismatches.is_empty(), "{when}: {mismatches:#?}");
+}
+
 fn crash_matrix(store: &str, label: &str, seed: u64) {
     let mut ctl = ControllerProcess::start(store, None);
     let c = ctl.client();
@@ -231,20 +259,12 @@ fn crash_matrix(store: &str, label: &str, seed: u64) {
                 std::thread::spawn(move || run_client(c, net, i, l, r))
             })
             .collect();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        std::thread::sleep(Duration::from_millis(20 + rng % 300));
-        ctl.kill9();
-        for t in clients {
-            t.join().expect("a client failed");
-        }
-        // What the crash left is what the next controller recovers from: a reservation
-        // without its port would refuse that MAC or address for good.
-        let mismatches = Stored::read(store).mismatches();
-        assert!(
-            mismatches.is_empty(),
-            "{label} round {round}: {mismatches:#?}"
+        kill_at_random(
+            &mut ctl,
+            &mut rng,
+            clients,
+            store,
+            &format!("{label} round {round}"),
         );
         let restarted = Instant::now();
         ctl.restart();
@@ -297,4 +317,161 @@ fn a_controller_on_redb_killed_under_sixteen_clients_keeps_exactly_what_it_ackno
 fn a_controller_on_etcd_killed_under_sixteen_clients_keeps_exactly_what_it_acknowledged() {
     let etcd = Etcd::start();
     crash_matrix(&format!("etcd:{}", etcd.url), "etcd", 0x2545_f491_4f6c_dd1d);
+}
+
+/// One subnet a client puts on the router and takes off again, as far as it knows.
+#[derive(Default)]
+struct Interface {
+    /// On the router, as last acknowledged.
+    attached: bool,
+    /// Asked for and not answered when the controller died: on (true) or off.
+    in_flight: Option<bool>,
+}
+
+/// Toggles `subnet` on `router` until the controller stops answering.
+fn toggle_interface(c: Client, router: String, subnet: String, state: Arc<Mutex<Interface>>) {
+    let which = RouterInterface {
+        subnet_id: Some(subnet),
+        port_id: None,
+    };
+    loop {
+        let on = !state.lock().unwrap().attached;
+        state.lock().unwrap().in_flight = Some(on);
+        let r = if on {
+            c.add_router_interface(&router, &which).map(drop)
+        } else {
+            c.remove_router_interface(&router, &which).map(drop)
+        };
+        match r {
+            Ok(()) => {
+                let mut s = state.lock().unwrap();
+                s.attached = on;
+                s.in_flight = None;
+            }
+            Err(ApiError::Transport(_)) => return,
+            Err(e) => panic!("{} {which:?}: {e}", if on { "add" } else { "remove" }),
+        }
+    }
+}
+
+/// The router's interfaces after a restart: one port per subnet on it, holding the
+/// subnet's gateway; each client's acknowledged state kept; what was in flight settled.
+fn reconcile_interfaces(
+    c: &Client,
+    router: &str,
+    subnets: &[Subnet],
+    states: &[Arc<Mutex<Interface>>],
+    round: usize,
+) -> u32 {
+    let (ports, _) = c.list::<Port>(&[("device_id", router)]).unwrap();
+    let mut settled = 0;
+    for (s, state) in subnets.iter().zip(states) {
+        let on: Vec<&Port> = ports
+            .iter()
+            .filter(|p| p.fixed_ips.iter().any(|f| f.subnet_id == s.id))
+            .collect();
+        assert!(
+            on.len() <= 1,
+            "round {round}: subnet {} has {} interfaces",
+            s.id,
+            on.len()
+        );
+        for p in &on {
+            assert_eq!(p.device_owner, ROUTER_INTERFACE, "round {round}");
+            assert_eq!(
+                Some(p.fixed_ips[0].ip_address),
+                s.gateway_ip,
+                "round {round}: an interface without the subnet's gateway"
+            );
+        }
+        let mut st = state.lock().unwrap();
+        let attached = !on.is_empty();
+        match st.in_flight.take() {
+            Some(_) => settled += 1,
+            None => assert_eq!(
+                attached, st.attached,
+                "round {round}: subnet {}'s acknowledged state is lost",
+                s.id
+            ),
+        }
+        st.attached = attached;
+    }
+    settled
+}
+
+fn router_crash(store: &str, label: &str, seed: u64) {
+    const SUBNETS: u8 = 8;
+    const ROUNDS: usize = 12;
+    let mut ctl = ControllerProcess::start(store, None);
+    let c = ctl.client();
+    let router: Router = c
+        .create(RouterCreate {
+            name: Some("crash".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let subnets: Vec<Subnet> = (0..SUBNETS)
+        .map(|i| {
+            let net: Network = c
+                .create(NetworkCreate {
+                    name: Some(format!("routed-{i}")),
+                    ..Default::default()
+                })
+                .unwrap();
+            c.create(SubnetCreate {
+                network_id: net.id,
+                cidr: Some(format!("10.45.{i}.0/24").parse().unwrap()),
+                ..Default::default()
+            })
+            .unwrap()
+        })
+        .collect();
+    let states: Vec<Arc<Mutex<Interface>>> = subnets.iter().map(|_| Arc::default()).collect();
+    let mut rng = seed | 1;
+    let mut settled = 0;
+    for round in 0..ROUNDS {
+        let c = ctl.client();
+        let clients: Vec<_> = subnets
+            .iter()
+            .zip(&states)
+            .map(|(s, st)| {
+                let (c, r, s, st) = (c.clone(), router.id.clone(), s.id.clone(), st.clone());
+                std::thread::spawn(move || toggle_interface(c, r, s, st))
+            })
+            .collect();
+        kill_at_random(
+            &mut ctl,
+            &mut rng,
+            clients,
+            store,
+            &format!("{label} round {round}"),
+        );
+        ctl.restart();
+        settled += reconcile_interfaces(&ctl.client(), &router.id, &subnets, &states, round);
+    }
+    // Whatever the kills left, the router can be emptied and deleted, leaving no port.
+    let c = ctl.client();
+    for (s, st) in subnets.iter().zip(&states) {
+        if st.lock().unwrap().attached {
+            let which = RouterInterface {
+                subnet_id: Some(s.id.clone()),
+                port_id: None,
+            };
+            c.remove_router_interface(&router.id, &which).unwrap();
+        }
+    }
+    c.delete::<Router>(&router.id).unwrap();
+    let (left, _) = c.list::<Port>(&[]).unwrap();
+    assert!(left.is_empty(), "{label}: ports left: {left:?}");
+    println!(
+        "{label}: {ROUNDS} kills under {SUBNETS} interface clients, {settled} in flight, all whole"
+    );
+}
+
+#[test]
+fn a_controller_killed_while_router_interfaces_come_and_go_leaves_none_half_made() {
+    let (_dir, store) = redb_store();
+    router_crash(&store, "redb", 0x51_7cc1_b727_220a);
+    let etcd = Etcd::start();
+    router_crash(&format!("etcd:{}", etcd.url), "etcd", 0x94d0_49bb_1331_11eb);
 }

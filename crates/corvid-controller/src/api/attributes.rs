@@ -274,7 +274,7 @@ mod tests {
     /// fails here.
     #[test]
     fn each_request_type_of_the_client_carries_exactly_what_its_request_accepts() {
-        use crate::api::{floatingips, hosts, lbaas, networks, ports};
+        use crate::api::{floatingips, hosts, lbaas, networks, ports, routers};
         use corvid_api::requests::*;
         use serde_aux::serde_introspection::serde_introspect;
         fn check<T: serde::de::DeserializeOwned>(a: &Attributes, write: Write) {
@@ -295,6 +295,8 @@ mod tests {
         check::<PortUpdate>(&ports::PORT, Update);
         check::<FloatingIpCreate>(&floatingips::FLOATING_IP, Create);
         check::<FloatingIpUpdate>(&floatingips::FLOATING_IP, Update);
+        check::<RouterCreate>(&routers::ROUTER, Create);
+        check::<RouterUpdate>(&routers::ROUTER, Update);
         check::<HostCreate>(&hosts::HOST, Create);
         check::<HostCreate>(&hosts::HOST, Update);
         check::<LoadBalancerCreate>(&lbaas::LOADBALANCER.attributes, Create);

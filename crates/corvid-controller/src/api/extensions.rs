@@ -41,6 +41,31 @@ const EXTENSIONS: &[(&str, &str, &str)] = &[
         "Expose mapping of virtual networks to physical networks",
     ),
     (
+        "router",
+        "Neutron L3 Router",
+        "Router abstraction for basic L3 forwarding between L2 Neutron networks and access to external networks via a NAT gateway.",
+    ),
+    (
+        "extraroute",
+        "Neutron Extra Route",
+        "Extra routes configuration for L3 router",
+    ),
+    (
+        "extraroute-atomic",
+        "Atomically add/remove extra routes",
+        "Edit extra routes of a router on server side by atomically adding/removing extra routes",
+    ),
+    (
+        "ext-gw-mode",
+        "Neutron L3 Configurable external gateway mode",
+        "Extension of the router abstraction for specifying whether SNAT should occur on the external gateway",
+    ),
+    (
+        "dvr",
+        "Distributed Virtual Router",
+        "Enables configuration of Distributed Virtual Routers.",
+    ),
+    (
         "external-net",
         "Neutron external network",
         "Adds external network attribute to network resource.",

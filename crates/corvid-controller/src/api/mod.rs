@@ -9,6 +9,7 @@ mod lbaas;
 mod networks;
 mod openapi;
 mod ports;
+mod routers;
 mod watch;
 
 use std::sync::Arc;
@@ -74,6 +75,7 @@ kind!(SubnetPool, "SubnetPool", subnetpools);
 kind!(Port, "Port", ports);
 kind!(FloatingIp, "FloatingIP", floatingips);
 kind!(Host, "Host", hosts);
+kind!(corvid_api::Router, "Router", routers);
 
 /// The API's router over one controller.
 pub fn router(ctl: Arc<Controller>) -> Router {
@@ -89,6 +91,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .merge(networks::routes())
         .merge(ports::routes())
         .merge(floatingips::routes())
+        .merge(routers::routes())
         .merge(hosts::routes())
         .merge(lbaas::routes())
         .merge(tag_routes::<Network>())
@@ -96,6 +99,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .merge(tag_routes::<SubnetPool>())
         .merge(tag_routes::<Port>())
         .merge(tag_routes::<FloatingIp>())
+        .merge(tag_routes::<corvid_api::Router>())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     let api = api
@@ -264,7 +268,14 @@ async fn versions(headers: HeaderMap) -> Json<Value> {
 /// `GET /v2.0/`: Neutron's list of collections.
 async fn resources(headers: HeaderMap) -> Json<Value> {
     let base = base_url(&headers);
-    let collections = ["networks", "subnets", "subnetpools", "ports", "floatingips"];
+    let collections = [
+        "networks",
+        "subnets",
+        "subnetpools",
+        "ports",
+        "floatingips",
+        "routers",
+    ];
     Json(json!({"resources": collections.iter().map(|c| json!({
         "name": c.trim_end_matches('s'), "collection": c,
         "links": [{"rel": "self", "href": format!("{base}/v2.0/{c}")}],

@@ -4,15 +4,16 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 
 use super::attributes::{Attributes, Type, Write};
-use super::{floatingips, lbaas, networks, ports};
+use super::{floatingips, lbaas, networks, ports, routers};
 
 /// Collections with the standard list/create/show/update/delete operations.
-const COLLECTIONS: [(&str, &Attributes); 9] = [
+const COLLECTIONS: [(&str, &Attributes); 10] = [
     ("/v2.0/networks", &networks::NETWORK),
     ("/v2.0/subnets", &networks::SUBNET),
     ("/v2.0/subnetpools", &networks::SUBNET_POOL),
     ("/v2.0/ports", &ports::PORT),
     ("/v2.0/floatingips", &floatingips::FLOATING_IP),
+    ("/v2.0/routers", &routers::ROUTER),
     ("/v2/lbaas/loadbalancers", &lbaas::LOADBALANCER.attributes),
     ("/v2/lbaas/listeners", &lbaas::LISTENER.attributes),
     ("/v2/lbaas/pools", &lbaas::POOL.attributes),

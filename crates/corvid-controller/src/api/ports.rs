@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use corvid_api::{FixedIp, Network, Port, Status, Subnet};
+use corvid_api::{FixedIp, Network, Port, Status, Subnet, ROUTER_GATEWAY, ROUTER_INTERFACE};
 use serde_json::{json, Map, Value};
 
 use super::attributes::{
@@ -406,6 +406,14 @@ pub(super) fn port_removal(e: &Entry<Port>) -> Txn {
 pub async fn delete_port(c: &Controller, id: &str) -> Result<(), NeutronError> {
     c.transact_named(|v| {
         let e = lookup::<Port>(v, id)?;
+        // A router's port goes with its interface or gateway, which the router changes.
+        let owner = &e.obj.device_owner;
+        if owner == ROUTER_INTERFACE || owner == ROUTER_GATEWAY {
+            return Err(NeutronError::conflict(
+                "L3PortInUse",
+                format!("Port {id} cannot be deleted directly via the port API: has device owner {owner}."),
+            ));
+        }
         let mut txn = port_removal(&e);
         for fip in v
             .floatingips

@@ -57,6 +57,77 @@ try:
 except nexc.NetworkInUseClient:
     pass
 
+
+
+def refused(call, error, words):
+    """`call` must fail with `error`, its message saying `words`."""
+    try:
+        call()
+    except error as e:
+        assert words in str(e), (words, str(e))
+        return
+    raise AssertionError("accepted, expected %s (%s)" % (error.__name__, words))
+
+
+# Routers: a gateway on an external network, an interface on a subnet, extra routes.
+assert "router" in {e["alias"] for e in nc.list_extensions()["extensions"]}
+public = nc.create_network({"network": {"name": "public", "router:external": True}})["network"]
+nc.create_subnet({"subnet": {"network_id": public["id"], "cidr": "203.0.113.0/24",
+                             "ip_version": 4}})
+router = nc.create_router({"router": {"name": "r1"}})["router"]
+assert (router["status"], router["external_gateway_info"]) == ("ACTIVE", None), router
+nc.add_gateway_router(router["id"], {"network_id": public["id"]})
+gw = nc.show_router(router["id"])["router"]["external_gateway_info"]
+assert gw["network_id"] == public["id"] and gw["enable_snat"], gw
+assert gw["external_fixed_ips"][0]["ip_address"].startswith("203.0.113."), gw
+refused(lambda: nc.add_gateway_router(router["id"], {"network_id": net["id"]}),
+        nexc.BadRequest, "is not an external network")
+
+iface = nc.add_interface_router(router["id"], {"subnet_id": sub["id"]})
+assert (iface["subnet_id"], iface["id"]) == (sub["id"], router["id"]), iface
+held = nc.show_port(iface["port_id"])["port"]
+assert held["device_owner"] == "network:router_interface", held
+assert held["fixed_ips"][0]["ip_address"] == sub["gateway_ip"], held
+refused(lambda: nc.add_interface_router(router["id"], {"subnet_id": sub["id"]}),
+        nexc.BadRequest, "Router already has a port on subnet %s" % sub["id"])
+other = nc.create_network({"network": {"name": "nc-other"}})["network"]
+inside = nc.create_subnet({"subnet": {"network_id": other["id"], "cidr": "10.60.0.128/25",
+                                      "ip_version": 4}})["subnet"]
+refused(lambda: nc.add_interface_router(router["id"], {"subnet_id": inside["id"]}),
+        nexc.BadRequest, "overlaps with cidr 10.60.0.0/24")
+bare = nc.create_subnet({"subnet": {"network_id": other["id"], "cidr": "10.62.0.0/24",
+                                    "ip_version": 4, "gateway_ip": None}})["subnet"]
+refused(lambda: nc.add_interface_router(router["id"], {"subnet_id": bare["id"]}),
+        nexc.BadRequest, "must have a gateway IP")
+
+route = {"destination": "192.0.2.0/24", "nexthop": "10.60.0.50"}
+nc.update_router(router["id"], {"router": {"routes": [route]}})
+assert nc.show_router(router["id"])["router"]["routes"] == [route]
+refused(lambda: nc.update_router(router["id"], {"router": {"routes": [
+    {"destination": "192.0.2.0/24", "nexthop": "10.99.0.1"}]}}),
+    nexc.BadRequest, "the nexthop is not connected with router")
+refused(lambda: nc.remove_interface_router(router["id"], {"subnet_id": sub["id"]}),
+        nexc.Conflict, "required by one or more routes")
+refused(lambda: nc.delete_router(router["id"]), nexc.Conflict, "still has ports")
+refused(lambda: nc.delete_port(iface["port_id"]), nexc.Conflict,
+        "cannot be deleted directly via the port API")
+nc.remove_extra_routes_from_router(router["id"], {"router": {"routes": [route]}})
+assert nc.show_router(router["id"])["router"]["routes"] == []
+nc.remove_interface_router(router["id"], {"subnet_id": sub["id"]})
+refused(lambda: nc.remove_interface_router(router["id"], {"subnet_id": sub["id"]}),
+        nexc.NotFound, "has no interface on subnet")
+nc.remove_gateway_router(router["id"])
+assert nc.show_router(router["id"])["router"]["external_gateway_info"] is None
+nc.delete_router(router["id"])
+assert nc.list_routers()["routers"] == []
+assert [p for p in nc.list_ports()["ports"] if p["device_owner"].startswith("network:")] == []
+for s in (inside, bare):
+    nc.delete_subnet(s["id"])
+nc.delete_network(other["id"])
+for s in nc.list_subnets(network_id=public["id"])["subnets"]:
+    nc.delete_subnet(s["id"])
+nc.delete_network(public["id"])
+
 for p in nc.list_ports(network_id=net["id"])["ports"]:
     nc.delete_port(p["id"])
 nc.delete_subnet(sub["id"])

@@ -42,6 +42,25 @@ conn.load_balancer.delete_listener(listener)
 conn.load_balancer.delete_load_balancer(lb)
 assert list(conn.load_balancer.load_balancers()) == []
 
+public = conn.network.create_network(name="public", is_router_external=True)
+conn.network.create_subnet(network_id=public.id, cidr="198.51.100.0/24", ip_version=4)
+router = conn.network.create_router(name="r1", external_gateway_info={"network_id": public.id})
+assert router.external_gateway_info["network_id"] == public.id, router
+conn.network.add_interface_to_router(router, subnet_id=sub.id)
+owners = {p.device_owner for p in conn.network.ports(device_id=router.id)}
+assert owners == {"network:router_interface", "network:router_gateway"}, owners
+route = {"destination": "192.0.2.0/24", "nexthop": "10.61.0.9"}
+conn.network.add_extra_routes_to_router(router, body={"router": {"routes": [route]}})
+assert conn.network.get_router(router.id).routes == [route]
+conn.network.update_router(router, routes=[])
+conn.network.remove_interface_from_router(router, subnet_id=sub.id)
+conn.network.update_router(router, external_gateway_info={})
+conn.network.delete_router(router)
+assert list(conn.network.routers()) == []
+for s in conn.network.subnets(network_id=public.id):
+    conn.network.delete_subnet(s)
+conn.network.delete_network(public)
+
 conn.network.delete_port(port)
 conn.network.delete_subnet(sub)
 conn.network.delete_network(net)
