@@ -103,6 +103,43 @@ pub async fn document() -> Json<Value> {
             "delete": op("Forget a host".into(), "204", None),
         }),
     );
+    let interface = json!({"type": "object", "additionalProperties": false, "minProperties": 1,
+        "maxProperties": 1, "properties": {"subnet_id": {"type": "string"}, "port_id": {"type": "string"}}});
+    for (action, summary) in [
+        (
+            "add_router_interface",
+            "Give the router a subnet (its gateway address) or a port",
+        ),
+        (
+            "remove_router_interface",
+            "Take a subnet or a port off the router",
+        ),
+    ] {
+        paths.insert(
+            format!("/v2.0/routers/{{id}}/{action}"),
+            json!({"parameters": [id_param("id")],
+                "put": op(summary.into(), "200", Some(interface.clone()))}),
+        );
+    }
+    let routes = json!({"type": "object", "required": ["router"], "properties": {"router": {
+        "type": "object", "required": ["routes"],
+        "properties": {"routes": Type::Pairs("destination", "nexthop").schema()}}}});
+    for (action, summary) in [
+        (
+            "add_extraroutes",
+            "Add extra routes to the router's (extraroute-atomic)",
+        ),
+        (
+            "remove_extraroutes",
+            "Remove extra routes from the router's (extraroute-atomic)",
+        ),
+    ] {
+        paths.insert(
+            format!("/v2.0/routers/{{id}}/{action}"),
+            json!({"parameters": [id_param("id")],
+                "put": op(summary.into(), "200", Some(routes.clone()))}),
+        );
+    }
     paths.insert(
         "/v2.0/extensions".into(),
         json!({"get": op("List the Neutron API extensions served".into(), "200", None)}),
