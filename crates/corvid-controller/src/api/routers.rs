@@ -27,7 +27,7 @@ use super::attributes::{
 use super::ports::{draft_port, port_removal};
 use super::{
     answer, answer_as, attr, body, if_match, list_route, lookup, project_of, show_route, to_stored,
-    Ctl,
+    update_with, Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -270,43 +270,6 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
     Ok(answer_as(StatusCode::CREATED, "router", &router))
 }
 
-/// Reads, changes and writes back one router with what `change` adds to the
-/// transaction, retried on races; the router's revision is bumped.
-async fn change_router<T>(
-    c: &Controller,
-    id: &str,
-    expected: Option<u64>,
-    mut change: impl FnMut(&View, &mut Pending, &mut Router, &mut Txn) -> Result<T, NeutronError>,
-) -> Result<(Router, T), NeutronError> {
-    let (out, _pending) = c
-        .transact_named(|v| {
-            let mut pending = c.pending();
-            let e = lookup::<Router>(v, id)?;
-            let mut router = (*e.obj).clone();
-            if let Some(want) = expected.filter(|w| *w != router.revision_number) {
-                return Err(NeutronError::new(
-                    StatusCode::PRECONDITION_FAILED,
-                    "RevisionNumberConstraintFailed",
-                    format!(
-                        "Constrained to {want}, but current revision is {}",
-                        router.revision_number
-                    ),
-                ));
-            }
-            let mut txn = Txn::default();
-            let t = change(v, &mut pending, &mut router, &mut txn)?;
-            router.revision_number += 1;
-            router.updated_at = now();
-            let key = keys::resource("routers", id);
-            txn.compares
-                .push(Compare::ModRevision(key.clone(), e.mod_revision));
-            txn.ops.push(Op::Put(key, to_stored(&router)));
-            Ok((txn, ((router, t), pending)))
-        })
-        .await?;
-    Ok(out)
-}
-
 async fn update(
     State(c): Ctl,
     Path(id): Path<String>,
@@ -319,7 +282,7 @@ async fn update(
     let (name, description): (Option<String>, Option<String>) =
         (attr(&attrs, "name")?, attr(&attrs, "description")?);
     let admin: Option<bool> = attr(&attrs, "admin_state_up")?;
-    let (router, ()) = change_router(&c, &id, if_match(&headers), |v, pending, r, txn| {
+    let router = update_with::<Router>(&c, &id, if_match(&headers), |v, r, txn| {
         if let Some(n) = &name {
             r.name = n.clone();
         }
@@ -334,7 +297,7 @@ async fn update(
             r.routes = routes.clone();
         }
         if let Some(want) = &gateway {
-            set_gateway(v, pending, r, want.as_ref(), txn)?;
+            set_gateway(v, &mut c.pending(), r, want.as_ref(), txn)?;
         }
         Ok(())
     })
@@ -416,7 +379,7 @@ async fn extra_routes(
             NeutronError::invalid_input(format!("Invalid input for routes. Reason: {e}."))
         })?
         .ok_or_else(|| bad("Resource body required: expected {\"router\": {\"routes\": [...]}}"))?;
-    let (router, ()) = change_router(c, id, None, |v, _, r, _| {
+    let router = update_with::<Router>(c, id, None, |v, r, _| {
         let mut routes = r.routes.clone();
         if add {
             routes.extend(given.iter().filter(|g| !r.routes.contains(g)).cloned());
@@ -486,7 +449,8 @@ fn overlap(a: &IpNet, b: &IpNet) -> bool {
 
 async fn add_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Response, NeutronError> {
     let which = interface_of(b)?;
-    let (router, port) = change_router(c, id, None, |v, pending, r, txn| {
+    let mut added = None;
+    let router = update_with::<Router>(c, id, None, |v, r, txn| {
         let port = match &which {
             Which::Subnet(sid) => {
                 let s = lookup::<Subnet>(v, sid)?.obj;
@@ -503,7 +467,7 @@ async fn add_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Response, 
                 obj.insert("device_owner".into(), json!(ROUTER_INTERFACE));
                 obj.insert("device_id".into(), json!(r.id));
                 obj.insert("project_id".into(), json!(r.project_id));
-                let draft = draft_port(v, pending, &obj, &HeaderMap::new())?;
+                let draft = draft_port(v, &mut c.pending(), &obj, &HeaderMap::new())?;
                 txn.compares.extend(draft.txn.compares);
                 txn.ops.extend(draft.txn.ops);
                 draft.port
@@ -537,15 +501,18 @@ async fn add_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Response, 
                 port
             }
         };
-        Ok(port)
+        added = Some(port);
+        Ok(())
     })
     .await?;
+    let port = added.expect("a committed change drafted its port");
     Ok(answer(StatusCode::OK, interface_info(&router, &port)))
 }
 
 async fn remove_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Response, NeutronError> {
     let which = interface_of(b)?;
-    let (router, port) = change_router(c, id, None, |v, _, r, txn| {
+    let mut removed = None;
+    let router = update_with::<Router>(c, id, None, |v, r, txn| {
         let ports = interfaces(v, &r.id);
         let found = match &which {
             Which::Port(pid) => ports.iter().find(|p| p.obj.id == *pid).ok_or_else(|| {
@@ -586,8 +553,10 @@ async fn remove_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Respons
         let removal = port_removal(found);
         txn.compares.extend(removal.compares);
         txn.ops.extend(removal.ops);
-        Ok((*found.obj).clone())
+        removed = Some((*found.obj).clone());
+        Ok(())
     })
     .await?;
+    let port = removed.expect("a committed change found its port");
     Ok(answer(StatusCode::OK, interface_info(&router, &port)))
 }

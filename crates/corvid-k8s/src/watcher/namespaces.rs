@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, store::Writer, ObjectRef};
 use kube::ResourceExt;
 
-use super::retry::Retry;
+use super::retry::{namespace_key, Retry};
 use super::Ctx;
 use crate::ids;
 use crate::metrics::{self, Kind};
@@ -125,16 +125,17 @@ impl Namespaces {
 
     /// Makes the namespace's network and subnet, unless it is going away or made.
     pub async fn reconcile(&mut self, ctx: &Ctx, n: &Namespace) {
+        // Every pod's reconcile comes through here: a network already made costs a lookup.
+        if n.uid().is_some_and(|uid| self.networks.contains_key(&uid)) {
+            return;
+        }
         let Some(want) = wanted(n, self.prefix) else {
             return;
         };
-        if self.networks.contains_key(&want.uid) {
-            return;
-        }
         let uid = want.uid.clone();
         match make(ctx, want).await {
             Ok(made) => {
-                ctx.queue.done(&Retry::Namespace(Box::new(n.clone())).key());
+                ctx.queue.done(&namespace_key(&uid));
                 tracing::info!(namespace = %n.name_any(), network = %made.network.id, "namespace network ready");
                 self.networks.insert(uid, made);
             }

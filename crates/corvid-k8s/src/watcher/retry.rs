@@ -29,7 +29,7 @@ impl Retry {
     pub fn key(&self) -> String {
         match self {
             Retry::Pod(p) => pod_key(&p.uid().unwrap_or_default()),
-            Retry::Namespace(n) => format!("namespace/{}", n.uid().unwrap_or_default()),
+            Retry::Namespace(n) => namespace_key(&n.uid().unwrap_or_default()),
             Retry::Service(uid) => format!("service/{uid}"),
             Retry::PortDelete(uid) => format!("port/{uid}"),
             Retry::NetworkDelete(uid) => format!("network/{uid}"),
@@ -40,6 +40,11 @@ impl Retry {
 /// The backoff key of a pod's work, by its UID.
 pub fn pod_key(uid: &str) -> String {
     format!("pod/{uid}")
+}
+
+/// The backoff key of a namespace's network, by the namespace's UID.
+pub fn namespace_key(uid: &str) -> String {
+    format!("namespace/{uid}")
 }
 
 /// How long failed work waits before it is tried again.
