@@ -593,6 +593,13 @@ impl Netlink {
         self.change_link(m, format!("set the alias of {} to {alias}", link.name))
     }
 
+    /// Puts a link in interface group `group` (nftables' `iifgroup`, `oifgroup`).
+    pub fn set_group(&mut self, link: &Link, group: u32) -> Result<()> {
+        let mut m = change(link.index);
+        m.attributes.push(LinkAttribute::Group(group));
+        self.change_link(m, format!("put {} in group {group}", link.name))
+    }
+
     /// Sets a link's MAC. The kernel marks the address as chosen, so a bridge keeps it
     /// whatever ports join or leave.
     pub fn set_mac(&mut self, link: &Link, mac: &str) -> Result<()> {

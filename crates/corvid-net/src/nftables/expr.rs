@@ -129,6 +129,25 @@ pub fn load_ifname(input: bool, reg: Register) -> Expressions {
     meta(key, reg)
 }
 
+/// Loads the input (`input` true) or output interface's group into `reg`.
+pub fn load_ifgroup(input: bool, reg: Register) -> Expressions {
+    let key = if input {
+        MetaKey::Iifgroup
+    } else {
+        MetaKey::Oifgroup
+    };
+    meta(key, reg)
+}
+
+/// The input (`input` true) or output interface's name starts (`equal` false: does not
+/// start) with `prefix`, as nft's `iifname "cvb*"`.
+pub fn ifname_prefix(input: bool, prefix: &str, equal: bool) -> Vec<Expressions> {
+    vec![
+        load_ifname(input, Register::Reg1),
+        cmp(Register::Reg1, equal, prefix.as_bytes()),
+    ]
+}
+
 /// `reg = (reg & mask) ^ xor` over the first `mask.len()` bytes.
 fn bitwise(reg: Register, mask: Vec<u8>, xor: Vec<u8>) -> Expressions {
     Expressions::Bitwise(vec![

@@ -21,6 +21,7 @@ use super::{
     addr_bytes, claim, collect_garbage, comments, fnv1a, lock, release, sweep, AttachmentTag,
     BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec, TableRef,
 };
+use crate::names::BRIDGE_PREFIX;
 use crate::Result;
 use ipnet::IpNet;
 
@@ -218,6 +219,8 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
             let s = subnet.trunc();
             let v6 = matches!(s, IpNet::V6(_));
             let mut rule = expr::nfproto(v6);
+            // Routed to another corvid network: pods see each other's own addresses.
+            rule.extend(expr::ifname_prefix(false, BRIDGE_PREFIX, false));
             rule.extend(expr::in_prefix(Field::SrcAddr, s, true));
             rule.extend(expr::in_prefix(Field::DstAddr, s, false));
             rule.extend(expr::in_prefix(Field::DstAddr, multicast(v6), false));

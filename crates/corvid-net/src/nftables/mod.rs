@@ -16,6 +16,7 @@ pub mod expr;
 pub mod firewall;
 pub mod masquerade;
 pub mod portmap;
+pub mod routing;
 pub mod services;
 mod socket;
 mod tags;
@@ -136,6 +137,8 @@ pub struct DataType {
 }
 
 impl DataType {
+    /// An interface group (`ifgroup`).
+    pub const DEVGROUP: DataType = DataType { id: 35, len: 4 };
     /// An IPv4 address.
     pub const IPV4: DataType = DataType { id: 7, len: 4 };
     /// An IPv6 address.
