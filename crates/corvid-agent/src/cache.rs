@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use corvid_api::{
     ApiError, Client, EventKind, FloatingIp, Host, Listener, LoadBalancer, Member, Network, Pool,
-    Port, Resource, Subnet, WatchEvent,
+    Port, Resource, Router, Subnet, WatchEvent, ROUTER_INTERFACE,
 };
 use serde_json::Value;
 
@@ -33,12 +33,21 @@ pub struct Cache {
     pub members: HashMap<String, Member>,
     /// Floating IPs.
     pub floatingips: HashMap<String, FloatingIp>,
+    /// Routers.
+    pub routers: HashMap<String, Router>,
     /// Which listeners (services) changed since the last look.
     pub services_changed: Changed,
     /// Listeners by load balancer, pools by listener, members by pool.
     pub index: ServiceIndex,
     /// Port IDs by network, so planning one network does not scan every port.
     pub network_ports: HashMap<String, BTreeSet<String>>,
+    /// Interface port IDs by router, so a router's networks are found without a scan.
+    pub router_ports: HashMap<String, BTreeSet<String>>,
+}
+
+/// The router a port is an interface of.
+fn router_of(p: &Port) -> Option<&str> {
+    (p.device_owner == ROUTER_INTERFACE && !p.device_id.is_empty()).then_some(p.device_id.as_str())
 }
 
 /// Which services changed since the agent last served them.
@@ -111,6 +120,8 @@ pub struct Dirty {
     pub networks: BTreeSet<String>,
     /// Ports that changed: planned one by one.
     pub ports: BTreeSet<String>,
+    /// Routers whose interfaces or routes changed: their networks are looked at again.
+    pub routers: BTreeSet<String>,
 }
 
 impl Dirty {
@@ -124,7 +135,7 @@ impl Dirty {
 
     /// Nothing this host cares about.
     pub fn is_empty(&self) -> bool {
-        !self.all && self.networks.is_empty() && self.ports.is_empty()
+        !self.all && self.networks.is_empty() && self.ports.is_empty() && self.routers.is_empty()
     }
 
     /// What either touched.
@@ -132,6 +143,7 @@ impl Dirty {
         self.all |= other.all;
         self.networks.extend(other.networks);
         self.ports.extend(other.ports);
+        self.routers.extend(other.routers);
         self
     }
 }
@@ -171,8 +183,9 @@ impl Cache {
         let (pools, r7) = list(client)?;
         let (members, r8) = list(client)?;
         let (floatingips, r9) = list(client)?;
+        let (routers, r10) = list(client)?;
         let mut cache = Cache {
-            revision: [r1, r2, r3, r4, r5, r6, r7, r8, r9]
+            revision: [r1, r2, r3, r4, r5, r6, r7, r8, r9, r10]
                 .into_iter()
                 .min()
                 .unwrap_or(0),
@@ -185,9 +198,11 @@ impl Cache {
             pools,
             members,
             floatingips,
+            routers,
             services_changed: Changed::All,
             index: ServiceIndex::default(),
             network_ports: HashMap::new(),
+            router_ports: HashMap::new(),
         };
         cache.reindex();
         Ok(cache)
@@ -212,15 +227,29 @@ impl Cache {
                     }
                 }
                 "ports" => {
-                    let old = upsert(&mut self.ports, e).map(|p| p.network_id);
-                    let new = self.ports.get(&e.id).map(|p| p.network_id.clone());
+                    let old = upsert(&mut self.ports, e);
+                    let new = self.ports.get(&e.id);
                     reindex(
                         &mut self.network_ports,
                         &e.id,
-                        old.as_deref(),
-                        new.as_deref(),
+                        old.as_ref().map(|p| p.network_id.as_str()),
+                        new.map(|p| p.network_id.as_str()),
                     );
+                    let (was, is) = (old.as_ref().and_then(router_of), new.and_then(router_of));
+                    reindex(&mut self.router_ports, &e.id, was, is);
+                    if was.is_some() || is.is_some() {
+                        // Its network's router changed: planned whole.
+                        let nets = [old.as_ref(), new].into_iter().flatten();
+                        dirty.networks.extend(nets.map(|p| p.network_id.clone()));
+                    }
+                    dirty
+                        .routers
+                        .extend([was, is].into_iter().flatten().map(str::to_string));
                     dirty.ports.insert(e.id.clone());
+                }
+                "routers" => {
+                    upsert(&mut self.routers, e);
+                    dirty.routers.insert(e.id.clone());
                 }
                 "hosts" => {
                     upsert(&mut self.hosts, e);
@@ -310,12 +339,31 @@ impl Cache {
             .filter_map(|id| self.ports.get(id))
     }
 
+    /// The networks router `id` has an interface on.
+    pub fn router_networks(&self, id: &str) -> BTreeSet<&str> {
+        self.router_ports
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| self.ports.get(p))
+            .map(|p| p.network_id.as_str())
+            .collect()
+    }
+
+    /// The router network `id` is routed by: the first of its subnets' routers (a
+    /// network on several routers is routed by one; see docs/architecture.md).
+    pub fn network_router(&self, id: &str) -> Option<&str> {
+        self.ports_of(id).filter_map(router_of).min()
+    }
+
     /// Builds the indexes: the service index from the load balancers' children, and the
     /// ports by network.
     pub fn reindex(&mut self) {
         self.network_ports = HashMap::new();
+        self.router_ports = HashMap::new();
         for p in self.ports.values() {
             reindex(&mut self.network_ports, &p.id, None, Some(&p.network_id));
+            reindex(&mut self.router_ports, &p.id, None, router_of(p));
         }
         self.index = ServiceIndex::default();
         for l in self.listeners.values() {

@@ -1,7 +1,7 @@
 //! Makes the kernel match a plan, through corvid-net only: the same binding functions
 //! the bridge plugin uses, plus the overlay's vxlan device, FDB and neighbour entries.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use corvid_net::binding::{
@@ -9,6 +9,7 @@ use corvid_net::binding::{
 };
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
+use corvid_net::nftables::routing::Routing;
 use corvid_net::nftables::services::{Services, SyncReport};
 use corvid_net::overlay::{FdbEntry, NeighbourEntry, VxlanSpec};
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
@@ -28,6 +29,8 @@ pub struct Datapath {
     local: IpAddr,
     masquerade: Option<BTreeSet<(String, Vec<IpNet>)>>,
     services: Option<Services>,
+    /// Which bridges may forward to which, opened at the first sync.
+    routing: Option<Routing>,
     /// The interface floating IPs are answered on, and the ones it was given.
     public: Option<(String, BTreeSet<IpAddr>)>,
 }
@@ -48,6 +51,7 @@ impl Datapath {
             local,
             masquerade: None,
             services: None,
+            routing: None,
             public: public_interface.map(|i| (i, BTreeSet::new())),
         })
     }
@@ -268,6 +272,24 @@ impl Datapath {
             &p.addrs,
             &p.routes,
         )
+    }
+
+    /// Lets the bridges of `plans` forward to each other as their routers say; `full`
+    /// writes the whole filter anew (and puts every bridge in its group again).
+    pub fn sync_routing(
+        &mut self,
+        plans: &BTreeMap<String, NetworkPlan>,
+        full: bool,
+    ) -> Result<()> {
+        if full || self.routing.is_none() {
+            self.routing = Some(Routing::open()?);
+        }
+        let want = plans
+            .values()
+            .map(|n| (n.bridge.clone(), n.router.clone()))
+            .collect();
+        let routing = self.routing.as_mut().expect("opened above");
+        routing.sync(&mut self.nl, &want)
     }
 
     /// Writes the masquerade rules of every network that asks for one, when they changed.

@@ -11,7 +11,7 @@ pub mod metrics;
 pub mod plan;
 pub mod services;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -335,6 +335,10 @@ impl Agent {
         if dirty.all || !self.plans.keys().eq(networks.iter()) {
             self.sync_forwarding();
         }
+        if let Err(e) = self.dp.sync_routing(&self.plans, dirty.all) {
+            failed(ErrorKind::Routing);
+            tracing::error!("routing between networks: {e}");
+        }
         let all: Vec<_> = self.plans.values().collect();
         if let Err(e) = self.dp.sync_masquerade(&all) {
             failed(ErrorKind::Masquerade);
@@ -521,11 +525,62 @@ impl Agent {
         }
     }
 
-    /// Applies changed networks (planned whole) and changed ports (one by one).
-    fn apply_changes(&mut self, dirty: &Dirty, reports: &mut Vec<Report>) {
-        for id in &dirty.networks {
-            self.replan_network(id, reports);
+    /// Whether network plan `n` has a datapath here: a port of it is bound here, or one
+    /// of a network on its router is.
+    fn needed(&self, n: &NetworkPlan) -> bool {
+        n.is_local()
+            || n.router.as_deref().is_some_and(|r| {
+                self.cache
+                    .router_networks(r)
+                    .into_iter()
+                    .any(|id| self.plans.get(id).is_some_and(NetworkPlan::is_local))
+            })
+    }
+
+    /// Brings the networks of `routers` here or takes them away, as whether the router
+    /// has a local network says: one look at each of a router's networks.
+    fn replan_routers(&mut self, routers: &BTreeSet<String>, reports: &mut Vec<Report>) {
+        for r in routers {
+            let networks: Vec<String> = self
+                .cache
+                .router_networks(r)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            let local =
+                |agent: &Agent, id: &str| agent.plans.get(id).is_some_and(NetworkPlan::is_local);
+            let present = networks.iter().any(|id| local(self, id));
+            for id in networks {
+                let wrong = match self.plans.get(&id) {
+                    Some(n) => {
+                        n.router.as_deref() != Some(r.as_str()) || !(present || n.is_local())
+                    }
+                    None => present,
+                };
+                if wrong {
+                    self.replan_network(&id, reports);
+                }
+            }
         }
+    }
+
+    /// Applies changed networks (planned whole) and changed ports (one by one), then
+    /// the networks of routers those touched.
+    fn apply_changes(&mut self, dirty: &Dirty, reports: &mut Vec<Report>) {
+        let mut routers = dirty.routers.clone();
+        let router_of = |agent: &Agent, net: &str| {
+            agent
+                .plans
+                .get(net)
+                .and_then(|n| n.router.clone())
+                .or_else(|| agent.cache.network_router(net).map(str::to_string))
+        };
+        for id in &dirty.networks {
+            routers.extend(router_of(self, id));
+            self.replan_network(id, reports);
+            routers.extend(router_of(self, id));
+        }
+        let mut touched = Vec::new();
         for id in &dirty.ports {
             let now = self.cache.ports.get(id).map(|p| p.network_id.clone());
             let was = self
@@ -533,6 +588,7 @@ impl Agent {
                 .iter()
                 .find(|(_, n)| n.holds(id))
                 .map(|(net, _)| net.clone());
+            touched.extend(was.iter().chain(&now).cloned());
             if let Some(was) = was.filter(|w| Some(w) != now.as_ref()) {
                 self.move_port(&was, id, None, reports);
             }
@@ -556,6 +612,10 @@ impl Agent {
                 self.replan_network(&net, reports);
             }
         }
+        for net in touched {
+            routers.extend(router_of(self, &net));
+        }
+        self.replan_routers(&routers, reports);
     }
 
     /// Plans network `id` again from the cache and applies it: brought up when a port
@@ -566,7 +626,7 @@ impl Agent {
             .networks
             .get(id)
             .map(|net| plan::network_plan(&self.cache, net, &self.cfg.host_id))
-            .filter(NetworkPlan::is_local);
+            .filter(|n| self.needed(n));
         let old = match fresh {
             Some(plan) => self.plans.insert(id.to_string(), plan),
             None => self.plans.remove(id),
@@ -601,8 +661,10 @@ impl Agent {
             return;
         };
         let old = n.place(id, role.clone());
-        if !n.is_local() {
-            // The network's last port here went: its devices go too.
+        let needed = self.plans.get(net).is_some_and(|n| self.needed(n));
+        if !needed {
+            // The network's last port here went, and no network of its router is here:
+            // its devices go too.
             let n = self.plans.remove(net).expect("the plan was just changed");
             if let Some(PortRole::Local(p)) = &old {
                 self.unlink(&p.host_veth);

@@ -44,6 +44,8 @@ pub enum ErrorKind {
     Masquerade,
     /// Letting corvid's bridges through iptables' FORWARD.
     Forwarding,
+    /// The filter of which networks route to which.
+    Routing,
     /// Service VIPs and floating IPs.
     Services,
     /// Reporting a port's status.
@@ -219,6 +221,6 @@ pub fn endpoints(health: Arc<Health>) -> Endpoints {
 
 corvid_metrics::label_values!(Pass { Full => "full", Changes => "changes" });
 
-corvid_metrics::label_values!(ErrorKind { Controller => "controller", Watch => "watch", FeedStart => "feed_start", Network => "network", Plug => "plug", Unlink => "unlink", Overlay => "overlay", Masquerade => "masquerade", Forwarding => "forwarding", Services => "services", Report => "report", Datapath => "datapath" });
+corvid_metrics::label_values!(ErrorKind { Controller => "controller", Watch => "watch", FeedStart => "feed_start", Network => "network", Plug => "plug", Unlink => "unlink", Overlay => "overlay", Masquerade => "masquerade", Forwarding => "forwarding", Routing => "routing", Services => "services", Report => "report", Datapath => "datapath" });
 
 corvid_metrics::label_values!(Object { Networks => "networks", Ports => "ports", Links => "links", Services => "services" });

@@ -62,6 +62,8 @@ pub struct NetworkPlan {
     pub gateways: Vec<IpNet>,
     /// Subnets to masquerade (empty unless the network asks for it).
     pub masquerade: Vec<IpNet>,
+    /// The router it is routed by: this host routes between its networks.
+    pub router: Option<String>,
     /// Ports to plug here, by ID.
     pub ports: BTreeMap<String, PortPlan>,
     /// Host ends of ports bound here that another adapter plugs, by port ID.
@@ -120,7 +122,9 @@ impl NetworkPlan {
     }
 }
 
-/// The datapath of every network with a port bound to `host`.
+/// The datapath of every network with a port bound to `host`, and of every network
+/// routed with one of them: a host routes its pods' traffic to the other networks of
+/// their router itself.
 pub fn plan(cache: &Cache, host: &str) -> BTreeMap<String, NetworkPlan> {
     let mut out = BTreeMap::new();
     for p in cache.ports.values().filter(|p| p.binding_host_id == host) {
@@ -129,6 +133,14 @@ pub fn plan(cache: &Cache, host: &str) -> BTreeMap<String, NetworkPlan> {
         };
         if !out.contains_key(&net.id) {
             out.insert(net.id.clone(), network_plan(cache, net, host));
+        }
+    }
+    let routers: BTreeSet<String> = out.values().filter_map(|n| n.router.clone()).collect();
+    for r in &routers {
+        for id in cache.router_networks(r) {
+            if let (false, Some(net)) = (out.contains_key(id), cache.networks.get(id)) {
+                out.insert(id.to_string(), network_plan(cache, net, host));
+            }
         }
     }
     out
@@ -158,6 +170,7 @@ pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
         mtu: net.mtu,
         gateways,
         masquerade,
+        router: cache.network_router(&net.id).map(str::to_string),
         ports: BTreeMap::new(),
         external: BTreeMap::new(),
         remote: BTreeMap::new(),
@@ -345,6 +358,41 @@ mod tests {
                 mac: "fa:16:3e:00:00:02".into()
             }])
         );
+    }
+
+    #[test]
+    fn networks_on_a_router_with_a_local_network_come_here_without_local_ports() {
+        let mut c = cache();
+        for (id, ip) in [("n2", "10.2.0.1"), ("n3", "10.3.0.1")] {
+            let mut n = c.networks["n1"].clone();
+            n.id = id.into();
+            c.networks.insert(id.into(), n);
+            let mut remote = port(&format!("p1{}", &id[1..]), "h2", ip, Some("/run/netns/x"));
+            remote.network_id = id.into();
+            c.ports.insert(remote.id.clone(), remote);
+        }
+        let interface = |id: &str, net: &str, router: &str| {
+            let mut p = port(id, "", "10.0.0.1", None);
+            p.network_id = net.into();
+            p.device_owner = corvid_api::ROUTER_INTERFACE.into();
+            p.device_id = router.into();
+            p
+        };
+        for p in [interface("p21", "n1", "r1"), interface("p22", "n2", "r1")] {
+            c.ports.insert(p.id.clone(), p);
+        }
+        c.reindex();
+        let plans = plan(&c, "h1");
+        assert_eq!(plans.keys().collect::<Vec<_>>(), ["n1", "n2"]);
+        assert_eq!(plans["n2"].router.as_deref(), Some("r1"));
+        assert!(!plans["n2"].is_local());
+        // n2's remote port is reached through the overlay from here.
+        assert_eq!(plans["n2"].remote.len(), 1);
+        // A host with no port on the router's networks has none of them.
+        assert!(plan(&c, "h9").is_empty());
+        c.ports.remove("p21");
+        c.reindex();
+        assert_eq!(plan(&c, "h1").keys().collect::<Vec<_>>(), ["n1"]);
     }
 
     #[test]

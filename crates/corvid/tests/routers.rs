@@ -1,0 +1,124 @@
+//! Routers on two simulated hosts: two networks on one router reach each other across
+//! hosts, both ways, over TCP and UDP, with their own addresses; a third network on no
+//! router is reached by neither; an interface removed cuts the route; restarted agents
+//! find it all again. Runs as root, in namespaces only (see `overlay.rs`).
+
+#[path = "support/cluster.rs"]
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use cluster::ns::{wait_until, Ns};
+use cluster::{cni_result, result_ip, Cluster};
+use corvid_api::{requests::RouterInterface, Router, Subnet};
+use serde_json::json;
+
+/// What a server on `to` port 8080 sees as the client's address, over TCP and UDP.
+fn seen_by(from: &Ns, to: &str) -> [Vec<String>; 2] {
+    [false, true].map(|udp| from.connect(to, 8080, 1, udp))
+}
+
+/// Neither TCP nor UDP gets through (dropped, or no route: nothing answered).
+fn cut(from: &Ns, to: &str) -> bool {
+    seen_by(from, to)
+        .iter()
+        .all(|a| a == &["timeout"] || a == &["error"])
+}
+
+fn interface(subnet: &Subnet) -> RouterInterface {
+    RouterInterface {
+        subnet_id: Some(subnet.id.clone()),
+        port_id: None,
+    }
+}
+
+#[test]
+fn networks_on_one_router_reach_each_other_across_hosts_and_no_one_else() {
+    let mut cluster = Cluster::new("rt");
+    // Red masquerades its egress: what it sends to green must keep its own address.
+    let (_, red) = cluster.network("red", "10.60.0.0/24", true);
+    let (_, green) = cluster.network("green", "10.61.0.0/24", false);
+    cluster.network("blue", "10.62.0.0/24", false);
+    let router: Router = cluster.api(|c| c.create(json!({"name": "r1"})).unwrap());
+    cluster.api(|c| {
+        for s in [&red, &green] {
+            c.add_router_interface(&router.id, &interface(s)).unwrap();
+        }
+    });
+    let (r1, g2, b1, b2) = (
+        cluster.pod("r1"),
+        cluster.pod("g2"),
+        cluster.pod("b1"),
+        cluster.pod("b2"),
+    );
+    let ip_r1 = result_ip(&cni_result(&cluster.add(0, "red", &r1)));
+    let ip_g2 = result_ip(&cni_result(&cluster.add(1, "green", &g2)));
+    let ip_b1 = result_ip(&cni_result(&cluster.add(0, "blue", &b1)));
+    let ip_b2 = result_ip(&cni_result(&cluster.add(1, "blue", &b2)));
+    let _servers: Vec<_> = [&r1, &g2, &b1, &b2]
+        .iter()
+        .map(|p| p.serve_name("@peer", 8080))
+        .collect();
+    wait_until("red to reach green", Duration::from_secs(10), || {
+        r1.ping(&ip_g2)
+    });
+    let no_nat = |ip: &str| [vec![ip.to_string()], vec![ip.to_string()]];
+    assert_eq!(seen_by(&r1, &ip_g2), no_nat(&ip_r1), "red to green");
+    assert_eq!(seen_by(&g2, &ip_r1), no_nat(&ip_g2), "green to red");
+    // Blue is on no router: its own pods reach each other, nobody else reaches them.
+    assert!(b1.ping(&ip_b2));
+    for (from, to) in [
+        (&r1, &ip_b1),
+        (&r1, &ip_b2),
+        (&g2, &ip_b2),
+        (&b1, &ip_r1),
+        (&b2, &ip_g2),
+    ] {
+        assert!(cut(from, to), "{} reaches {to}", from.name());
+    }
+
+    // Agents restarted: the routes and the isolation come back as they were.
+    for i in 0..2 {
+        cluster.agents[i].take().unwrap().kill9();
+        cluster.start_agent(i);
+    }
+    wait_until("red to reach green again", Duration::from_secs(20), || {
+        r1.ping(&ip_g2)
+    });
+    assert!(cut(&r1, &ip_b1));
+
+    // Green leaves the router: h1 stops routing to it, and h1 keeps no green bridge.
+    let removed = Instant::now();
+    cluster.api(|c| {
+        c.remove_router_interface(&router.id, &interface(&green))
+            .unwrap()
+    });
+    wait_until("red and green to be cut", Duration::from_secs(10), || {
+        r1.connect(&ip_g2, 8080, 1, true) == ["timeout"]
+    });
+    eprintln!("cut within {:?}", removed.elapsed());
+    assert!(cut(&g2, &ip_r1));
+    let bridges = |host: &Ns| host.links(corvid_net::names::BRIDGE_PREFIX).len();
+    // Red alone on the router: h2 keeps no red bridge either.
+    wait_until(
+        "each host to keep its own two",
+        Duration::from_secs(10),
+        || cluster.hosts.iter().all(|h| bridges(h) == 2),
+    );
+    cluster.api(|c| {
+        c.remove_router_interface(&router.id, &interface(&red))
+            .unwrap();
+        c.delete::<Router>(&router.id).unwrap();
+    });
+    for (pod, net, host) in [
+        (&r1, "red", 0),
+        (&g2, "green", 1),
+        (&b1, "blue", 0),
+        (&b2, "blue", 1),
+    ] {
+        assert!(cluster.del(host, net, pod).status.success());
+    }
+    wait_until("every bridge to go", Duration::from_secs(10), || {
+        cluster.hosts.iter().all(|h| bridges(h) == 0)
+    });
+}
