@@ -39,6 +39,12 @@ pub enum Error {
          its floating IPs, or name another with --public-network"
     )]
     NoPublicNetwork(String),
+    /// The router named on the command line does not exist.
+    #[error(
+        "the router {0:?} does not exist: create it first (`openstack router create`), or \
+         leave --router out and the watcher makes the cluster's own"
+    )]
+    NoRouter(String),
 }
 
 impl Error {

@@ -37,6 +37,11 @@ pub fn service_network() -> (String, String) {
     (derive("network", "services"), derive("subnet", "services"))
 }
 
+/// The cluster router every namespace's network is attached to.
+pub fn cluster_router() -> String {
+    derive("router", "cluster")
+}
+
 /// The load balancer of the service with UID `service_uid`.
 pub fn load_balancer(service_uid: &str) -> String {
     derive("loadbalancer", service_uid)

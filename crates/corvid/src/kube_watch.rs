@@ -24,6 +24,10 @@ pub struct KubeWatchArgs {
     /// The network floating IPs come from; the watcher will not start while it is missing.
     #[arg(long, env = "CORVID_PUBLIC_NETWORK")]
     public_network: Option<String>,
+    /// The router (ID or name) every namespace's network is attached to [default: the
+    /// cluster router the watcher makes, with its gateway on --public-network].
+    #[arg(long, env = "CORVID_ROUTER")]
+    router: Option<String>,
     /// Where each namespace's subnet is carved from.
     #[arg(long, default_value = "10.64.0.0/10")]
     pod_pool: ipnet::IpNet,
@@ -70,6 +74,7 @@ pub fn run(a: KubeWatchArgs) -> ExitCode {
         credentials,
         service_cidr: a.service_cidr,
         public_network: a.public_network,
+        router: a.router,
         pod_pool: a.pod_pool,
         namespace_prefix: a.namespace_prefix,
         resync: Duration::from_secs(a.resync.max(1)),

@@ -21,7 +21,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corvid_api::{ApiError, Client, Network, NetworkCreate, SubnetCreate, SubnetPoolCreate};
+use corvid_api::{
+    ApiError, Client, GatewayRequest, Network, NetworkCreate, Router, RouterCreate, RouterUpdate,
+    SubnetCreate, SubnetPoolCreate,
+};
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Event as K8sEvent, Namespace, Pod, Service};
@@ -54,6 +57,9 @@ pub struct Config {
     pub service_cidr: Option<IpNet>,
     /// The network floating IPs come from; must exist when named.
     pub public_network: Option<String>,
+    /// The router every namespace's network is attached to (ID or name); the watcher
+    /// makes its own when none.
+    pub router: Option<String>,
     /// Where the namespaces' subnets are carved from.
     pub pod_pool: IpNet,
     /// The prefix length of each namespace's subnet.
@@ -251,6 +257,9 @@ impl Watcher {
             }
             self.services = Services::new(found);
         }
+        let router = self.router().await?;
+        tracing::info!(router = %router, "namespaces' networks are routed by it");
+        self.namespaces.set_router(router);
         let pool = SubnetPoolCreate {
             id: Some(ids::pod_pool()),
             name: Some("k8s-pods".into()),
@@ -307,6 +316,61 @@ impl Watcher {
             "set up: the pod pool, the service network and the default namespace's network"
         );
         Ok(())
+    }
+
+    /// The router the namespaces' networks are attached to: the one `--router` names,
+    /// else the cluster's own, made now (a restart finds it by its derived ID); its
+    /// gateway is the public network's when there is one.
+    async fn router(&self) -> Result<String, Error> {
+        let public = self.services.public_network().map(str::to_string);
+        let Some(named) = self.cfg.router.clone() else {
+            let want = RouterCreate {
+                id: Some(ids::cluster_router()),
+                name: Some("k8s-cluster".into()),
+                tags: Some(vec![ids::NETWORK_TAG.into()]),
+                external_gateway_info: public.clone().map(|network_id| GatewayRequest {
+                    network_id,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let router = self
+                .ctx
+                .call(move |c| {
+                    let r: Router = c.create_or_get(&ids::cluster_router(), want)?;
+                    let has = r
+                        .external_gateway_info
+                        .as_ref()
+                        .map(|g| g.network_id.clone());
+                    match public {
+                        Some(p) if has.as_ref() != Some(&p) => c.update::<Router>(
+                            &r.id,
+                            RouterUpdate {
+                                external_gateway_info: Some(Some(GatewayRequest {
+                                    network_id: p,
+                                    ..Default::default()
+                                })),
+                                ..Default::default()
+                            },
+                        ),
+                        _ => Ok(r),
+                    }
+                })
+                .await?;
+            return Ok(router.id);
+        };
+        let key = named.clone();
+        let found = self
+            .ctx
+            .call(move |c| match c.get::<Router>(&key) {
+                Ok(r) => Ok(Some(r)),
+                Err(ApiError::Neutron { status: 404, .. }) => c
+                    .list::<Router>(&[("name", &key)])
+                    .map(|l| l.0.into_iter().next()),
+                Err(e) => Err(e),
+            })
+            .await?;
+        found.map(|r| r.id).ok_or(Error::NoRouter(named))
     }
 
     async fn namespace_event(&mut self, e: Event<Namespace>) {

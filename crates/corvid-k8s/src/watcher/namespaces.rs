@@ -3,7 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use corvid_api::{ApiError, Network, NetworkCreate, Port, Subnet, SubnetCreate};
+use corvid_api::{
+    ApiError, Client, Network, NetworkCreate, Port, RouterInterface, Subnet, SubnetCreate,
+    ROUTER_INTERFACE,
+};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use kube::runtime::reflector::{self, store::Writer, ObjectRef};
@@ -79,9 +82,11 @@ pub fn gone(networks: &[Network], live: &HashSet<String>) -> Vec<String> {
 
 /// Of a gone namespace's ports, the IDs of those to delete now (the watcher's, whose pod
 /// is gone too) and whether others remain (pods still stopping, or not the watcher's).
+/// Router interfaces are neither: they go with the subnet.
 pub fn leftover<'a>(ports: &'a [Port], pods: &HashSet<String>) -> (Vec<&'a str>, bool) {
     let (delete, stay): (Vec<&Port>, Vec<&Port>) = ports
         .iter()
+        .filter(|p| p.device_owner != ROUTER_INTERFACE)
         .partition(|p| p.device_owner == ids::POD_OWNER && !pods.contains(&p.device_id));
     (
         delete.iter().map(|p| p.id.as_str()).collect(),
@@ -102,6 +107,8 @@ pub struct Namespaces {
     pub listed: bool,
     /// The prefix length of each namespace's subnet.
     prefix: u8,
+    /// The router the networks are attached to, once set up.
+    router: Option<String>,
 }
 
 impl Namespaces {
@@ -115,7 +122,13 @@ impl Namespaces {
             pending: HashSet::new(),
             listed: false,
             prefix,
+            router: None,
         }
+    }
+
+    /// Attaches every network made from now on to `router`.
+    pub fn set_router(&mut self, router: String) {
+        self.router = Some(router);
     }
 
     /// The writer the namespace watch's reflector keeps the store with.
@@ -133,7 +146,7 @@ impl Namespaces {
             return;
         };
         let uid = want.uid.clone();
-        match make(ctx, want).await {
+        match make(ctx, want, self.router.clone()).await {
             Ok(made) => {
                 ctx.queue.done(&namespace_key(&uid));
                 tracing::info!(namespace = %n.name_any(), network = %made.network.id, "namespace network ready");
@@ -171,6 +184,12 @@ impl Namespaces {
             .call(move |c| {
                 let (ports, _) = c.list::<Port>(&[("network_id", &n)])?;
                 let (delete, stay) = leftover(&ports, &pods);
+                if !stay {
+                    // The router's interface first: the subnet cannot go while it has one.
+                    for p in ports.iter().filter(|p| p.device_owner == ROUTER_INTERFACE) {
+                        detach(c, &p.device_id, &s)?;
+                    }
+                }
                 for id in delete {
                     c.delete_if_present::<Port>(id)?;
                 }
@@ -232,17 +251,46 @@ impl Namespaces {
     }
 }
 
-/// Makes (or finds) the namespace's network and subnet.
-async fn make(ctx: &Ctx, want: Wanted) -> Result<NamespaceNetwork, ApiError> {
+/// Makes (or finds) the namespace's network and subnet, attached to `router`.
+async fn make(
+    ctx: &Ctx,
+    want: Wanted,
+    router: Option<String>,
+) -> Result<NamespaceNetwork, ApiError> {
     ctx.call(move |c| {
         let network = c.create_or_get(&ids::network(&want.uid), want.network)?;
-        let subnet = c.create_or_get(&ids::subnet(&want.uid), want.subnet)?;
+        let subnet: Subnet = c.create_or_get(&ids::subnet(&want.uid), want.subnet)?;
+        if let Some(router) = router {
+            let (attached, _) = c.list::<Port>(&[
+                ("network_id", network.id.as_str()),
+                ("device_owner", ROUTER_INTERFACE),
+                ("device_id", router.as_str()),
+            ])?;
+            if attached.is_empty() {
+                c.add_router_interface(&router, &on_subnet(&subnet.id))?;
+            }
+        }
         Ok(NamespaceNetwork {
             network,
             subnets: vec![subnet],
         })
     })
     .await
+}
+
+fn on_subnet(id: &str) -> RouterInterface {
+    RouterInterface {
+        subnet_id: Some(id.to_string()),
+        port_id: None,
+    }
+}
+
+/// Takes `subnet` off `router`; already off is done.
+fn detach(c: &Client, router: &str, subnet: &str) -> Result<(), ApiError> {
+    match c.remove_router_interface(router, &on_subnet(subnet)) {
+        Err(ApiError::Neutron { status: 404, .. }) => Ok(()),
+        r => r.map(drop),
+    }
 }
 
 #[cfg(test)]
@@ -319,5 +367,8 @@ mod tests {
         assert_eq!(leftover(&ports[..1], &pods), (vec!["p1"], false));
         let foreign = [port("p3", "compute:nova", "vm")];
         assert_eq!(leftover(&foreign, &pods), (vec![], true));
+        // The router's interface goes with the subnet, not before.
+        let interface = [port("p4", ROUTER_INTERFACE, "router")];
+        assert_eq!(leftover(&interface, &pods), (vec![], false));
     }
 }

@@ -72,6 +72,11 @@ impl Services {
         }
     }
 
+    /// The public network's ID, where floating IPs come from.
+    pub fn public_network(&self) -> Option<&str> {
+        self.public.as_deref()
+    }
+
     /// Keeps the services, and brings each changed one up to date; after a whole list,
     /// every one, and those gone meanwhile are swept.
     pub async fn event(&mut self, ctx: &Ctx, e: Event<Service>) {

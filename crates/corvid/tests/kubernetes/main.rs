@@ -11,6 +11,7 @@ mod support {
 }
 
 mod pods;
+mod routing;
 mod services;
 mod watcher;
 
