@@ -8,12 +8,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Router;
-use corvid_api::{FloatingIp, Network, Port, PortDetails, Status};
-use serde_json::{Map, Value};
+use corvid_api::{
+    FloatingIp, FloatingIpCreate, FloatingIpUpdate, Network, Port, PortDetails, Status,
+};
 
 use super::attributes::{Attribute, Attributes, Type, Write, DESCRIPTION, NEUTRON};
 use super::{
-    answer_as, attr, body, if_match, list_route, lookup, project_of, show_route, to_stored,
+    answer_as, body, if_match, list_route, lookup, project_of, request, show_route, to_stored,
     update_with, Ctl,
 };
 use crate::controller::Controller;
@@ -106,11 +107,13 @@ fn associate(
 }
 
 async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response, NeutronError> {
-    let obj: Map<String, Value> = FLOATING_IP.object(&body(&b)?, Write::Create)?;
-    let net_id: String = attr(&obj, "floating_network_id")?
-        .ok_or_else(|| NeutronError::bad_request("Missing floating_network_id"))?;
-    let want: Option<IpAddr> = attr(&obj, "floating_ip_address")?;
-    let id: String = attr(&obj, "id")?.unwrap_or_else(new_id);
+    let obj = FLOATING_IP.object(&body(&b)?, Write::Create)?;
+    if !obj.contains_key("floating_network_id") {
+        return Err(NeutronError::bad_request("Missing floating_network_id"));
+    }
+    let req: FloatingIpCreate = request(&obj, &["project_id", "tenant_id", "subnet_id"])?;
+    let (net_id, want) = (&req.floating_network_id, req.floating_ip_address);
+    let id = req.id.clone().unwrap_or_else(new_id);
     let (fip, _pending) = c
         .transact(|v| {
             let mut pending = c.pending();
@@ -120,7 +123,7 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                     format!("Floating IP {id} already exists."),
                 ));
             }
-            let net = lookup::<Network>(v, &net_id)?;
+            let net = lookup::<Network>(v, net_id)?;
             if !net.obj.router_external {
                 return Err(NeutronError::bad_request(format!(
                     "Bad floatingip request: Network {net_id} is not a valid external network."
@@ -160,7 +163,11 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                     format!("No more IP addresses available on network {net_id}."),
                 )
             })?;
-            let project = project_of(&obj, &headers);
+            let project = project_of(
+                req.project_id.as_deref(),
+                req.tenant_id.as_deref(),
+                &headers,
+            );
             let t = now();
             let mut fip = FloatingIp {
                 id: id.clone(),
@@ -172,31 +179,26 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                 port_id: None,
                 fixed_ip_address: None,
                 status: Status::Down,
-                description: attr(&obj, "description")?.unwrap_or_default(),
+                description: req.description.clone().unwrap_or_default(),
                 port_details: None,
-                tags: attr(&obj, "tags")?.unwrap_or_default(),
+                tags: req.tags.clone().unwrap_or_default(),
                 created_at: t.clone(),
                 updated_at: t,
                 revision_number: 0,
             };
-            associate(
-                v,
-                &mut fip,
-                attr(&obj, "port_id")?,
-                attr(&obj, "fixed_ip_address")?,
-            )?;
+            associate(v, &mut fip, req.port_id.clone(), req.fixed_ip_address)?;
             let ip_key = keys::ip(&subnet_id, ip);
             let txn = Txn {
                 compares: vec![
                     Compare::CreateRevision(
-                        keys::resource("networks", &net_id),
+                        keys::resource("networks", net_id),
                         net.create_revision,
                     ),
                     Compare::CreateRevision(ip_key.clone(), 0),
                 ],
                 ops: vec![
                     Op::Put(ip_key, id.clone().into_bytes()),
-                    Op::Put(keys::network_user(&net_id, &id), Vec::new()),
+                    Op::Put(keys::network_user(net_id, &id), Vec::new()),
                     Op::Put(keys::resource("floatingips", &id), to_stored(&fip)),
                 ],
             };
@@ -213,14 +215,13 @@ async fn update(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let attrs = FLOATING_IP.object(&body(&b)?, Write::Update)?;
-    let port_id: Option<String> = attr::<Option<String>>(&attrs, "port_id")?.flatten();
-    let fixed: Option<IpAddr> = attr::<Option<IpAddr>>(&attrs, "fixed_ip_address")?.flatten();
-    let description: Option<String> = attr(&attrs, "description")?;
+    // `port_id: null` unmaps the floating IP.
+    let req: FloatingIpUpdate = request(&attrs, &["port_id", "fixed_ip_address"])?;
     let fip = update_with::<FloatingIp>(&c, &id, if_match(&headers), |v, f, _| {
-        if attrs.contains_key("port_id") {
-            associate(v, f, port_id.clone(), fixed)?;
+        if let Some(port_id) = &req.port_id {
+            associate(v, f, port_id.clone(), req.fixed_ip_address.flatten())?;
         }
-        if let Some(d) = &description {
+        if let Some(d) = &req.description {
             f.description = d.clone();
         }
         Ok(())

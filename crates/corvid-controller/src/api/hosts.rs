@@ -1,7 +1,6 @@
 //! Hosts: each agent registers its host ID and underlay address with an idempotent PUT,
 //! so every other agent learns where to send that host's overlay traffic.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -9,10 +8,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Router;
-use corvid_api::Host;
+use corvid_api::{Host, HostCreate};
 
 use super::attributes::{Attribute, Attributes, Type, Write, DESCRIPTION};
-use super::{answer_as, attr, body, list_route, show_route, to_stored, Ctl};
+use super::{answer_as, body, list_route, request, show_route, to_stored, Ctl};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -46,11 +45,13 @@ async fn register(
     Path(id): Path<String>,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let attrs = HOST.object(&body(&b)?, Write::Update)?;
-    let underlay_ip: IpAddr = attr(&attrs, "underlay_ip")?
-        .ok_or_else(|| NeutronError::bad_request("A host needs an underlay_ip"))?;
-    let description: Option<String> = attr(&attrs, "description")?;
-    let tags: Option<Vec<String>> = attr(&attrs, "tags")?;
+    let HostCreate {
+        underlay_ip,
+        description,
+        tags,
+    } = request(&HOST.object(&body(&b)?, Write::Update)?, &[])?;
+    let underlay_ip =
+        underlay_ip.ok_or_else(|| NeutronError::bad_request("A host needs an underlay_ip"))?;
     if id.is_empty() || id.len() > 255 {
         return Err(NeutronError::invalid_input(
             "A host ID is 1 to 255 characters",

@@ -11,13 +11,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
+use corvid_api::{FixedIpRequest, LoadBalancerCreate, PortCreate};
 use serde_json::{json, Map, Value};
 
 use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, PROJECT_ID, TENANT_ID,
 };
 use super::ports::{draft_port, port_removal};
-use super::{answer, answer_as, attr, body, project_of, read_at, to_stored, Ctl, Query};
+use super::{answer, answer_as, body, project_of, read_at, request, to_stored, Ctl, Query};
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -264,6 +265,14 @@ async fn create(
     pool: Option<&str>,
 ) -> Result<Response, NeutronError> {
     let given = spec.attributes.object(&body(b)?, Write::Create)?;
+    // A load balancer's VIP port is made from what it asks for. Octavia's objects keep
+    // what they are given, null included: for the VIP, null is as absent.
+    let load_balancer = (spec.attributes.plural == "loadbalancers")
+        .then(|| {
+            let all: Vec<&str> = spec.attributes.all().map(|a| a.name).collect();
+            request::<LoadBalancerCreate>(&given, &all)
+        })
+        .transpose()?;
     let mut o = Map::new();
     for a in spec.attributes.accepted(Write::Create) {
         match (given.get(a.name), a.default) {
@@ -290,7 +299,8 @@ async fn create(
             )));
         }
     }
-    let project = project_of(&given, headers);
+    let named = |key| given.get(key).and_then(Value::as_str);
+    let project = project_of(named("project_id"), named("tenant_id"), headers);
     let id = match o.remove("id") {
         Some(Value::String(id)) => id,
         _ => new_id(),
@@ -343,8 +353,8 @@ async fn create(
                     "A pool needs a loadbalancer_id or a listener_id",
                 ));
             }
-            if spec.attributes.plural == "loadbalancers" {
-                vip(v, &mut pending, &mut o, &mut txn, headers, &id)?;
+            if let Some(asked) = &load_balancer {
+                vip(v, &mut pending, asked, &mut o, &mut txn, headers, &id)?;
             }
             txn.ops.push(Op::Put(key, to_stored(&o)));
             Ok((txn, (o, pending)))
@@ -362,23 +372,21 @@ async fn create(
 fn vip(
     v: &View,
     pending: &mut crate::ipam::Pending,
+    asked: &LoadBalancerCreate,
     o: &mut Map<String, Value>,
     txn: &mut Txn,
     headers: &HeaderMap,
     lb_id: &str,
 ) -> Result<(), NeutronError> {
-    let port = match attr::<Option<String>>(o, "vip_port_id")?.flatten() {
-        Some(pid) => super::lookup::<corvid_api::Port>(v, &pid)?
+    let port = match &asked.vip_port_id {
+        Some(pid) => super::lookup::<corvid_api::Port>(v, pid)?
             .obj
             .as_ref()
             .clone(),
         None => {
-            let subnet: Option<String> = attr::<Option<String>>(o, "vip_subnet_id")?.flatten();
-            let network = match (
-                &subnet,
-                attr::<Option<String>>(o, "vip_network_id")?.flatten(),
-            ) {
-                (_, Some(n)) => n,
+            let subnet = &asked.vip_subnet_id;
+            let network = match (subnet, &asked.vip_network_id) {
+                (_, Some(n)) => n.clone(),
                 (Some(s), None) => super::lookup::<corvid_api::Subnet>(v, s)?
                     .obj
                     .network_id
@@ -389,21 +397,20 @@ fn vip(
                     ))
                 }
             };
-            let mut fixed = Map::new();
-            if let Some(s) = &subnet {
-                fixed.insert("subnet_id".into(), json!(s));
-            }
-            if let Some(a) = o.get("vip_address").filter(|a| !a.is_null()) {
-                fixed.insert("ip_address".into(), a.clone());
-            }
-            let mut req = Map::new();
-            req.insert("network_id".into(), json!(network));
-            req.insert("name".into(), json!(format!("octavia-lb-{lb_id}")));
-            req.insert("device_owner".into(), json!("Octavia"));
-            req.insert("device_id".into(), json!(format!("lb-{lb_id}")));
-            if !fixed.is_empty() {
-                req.insert("fixed_ips".into(), json!([fixed]));
-            }
+            let fixed_ips = (subnet.is_some() || asked.vip_address.is_some()).then(|| {
+                vec![FixedIpRequest {
+                    subnet_id: subnet.clone(),
+                    ip_address: asked.vip_address,
+                }]
+            });
+            let req = PortCreate {
+                network_id: network,
+                name: Some(format!("octavia-lb-{lb_id}")),
+                device_owner: Some("Octavia".into()),
+                device_id: Some(format!("lb-{lb_id}")),
+                fixed_ips,
+                ..Default::default()
+            };
             let draft = draft_port(v, pending, &req, headers)?;
             txn.compares.extend(draft.txn.compares);
             txn.ops.extend(draft.txn.ops);

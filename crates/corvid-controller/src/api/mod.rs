@@ -24,7 +24,11 @@ use axum::routing::{get, MethodRouter};
 use axum::{Json, Router};
 use corvid_api::client::{REVISION_HEADER, TOKEN_HEADER};
 use corvid_api::{FloatingIp, Host, Network, Port, Resource, Subnet, SubnetPool};
+use serde::de::value::MapDeserializer;
+use serde::de::{DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use serde_path_to_error::Segment;
 
 use self::attributes::{Attributes, Write};
 use crate::controller::Controller;
@@ -295,32 +299,91 @@ pub fn body(bytes: &Bytes) -> Result<Value, NeutronError> {
         .map_err(|e| NeutronError::bad_request(format!("Malformed request body: {e}")))
 }
 
-/// A typed attribute, or 400 naming it.
-pub fn attr<T: serde::de::DeserializeOwned>(
+/// The typed request (corvid-api's `requests`) a body's object holds, once its attributes
+/// have passed the allow-list. A value that does not fit is refused as Neutron refuses it,
+/// naming the attribute and quoting its whole value, however deep the fault lies in it.
+/// So is `null`, which serde would read as absent, but for a free-form object and for the
+/// attributes in `nullable`, whose request gives null a meaning (`gateway_ip: null` is no
+/// gateway) or takes it as unset.
+pub fn request<T: DeserializeOwned>(
     obj: &Map<String, Value>,
-    name: &str,
-) -> Result<Option<T>, NeutronError> {
-    match obj.get(name) {
-        None => Ok(None),
-        Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
-            NeutronError::invalid_input(format!("'{v}' is not valid for {name}: {e}"))
-        }),
+    nullable: &[&str],
+) -> Result<T, NeutronError> {
+    let unfit = |name: &str, v: &Value, reason: &dyn std::fmt::Display| {
+        NeutronError::invalid_input(format!("'{v}' is not valid for {name}: {reason}"))
+    };
+    for (name, v) in obj
+        .iter()
+        .filter(|(name, v)| v.is_null() && !nullable.contains(&name.as_str()))
+    {
+        let alone = MapDeserializer::new(std::iter::once((name.as_str(), Null)));
+        let refused = serde_path_to_error::deserialize::<_, T>(alone).err();
+        // Otherwise the attribute's own type takes null, as a free-form object does.
+        if let Some(e) = refused.filter(|e| first_key(e.path()) == Some(name)) {
+            return Err(unfit(name, v, e.inner()));
+        }
+    }
+    serde_path_to_error::deserialize(obj).map_err(|e| {
+        match first_key(e.path()).and_then(|name| obj.get_key_value(name)) {
+            Some((name, v)) => unfit(name, v, e.inner()),
+            // Only a required attribute that is absent faults the object itself; callers
+            // refuse those first, in Neutron's words (`Missing network_id`).
+            None => NeutronError::invalid_input(e.inner().to_string()),
+        }
+    })
+}
+
+/// The attribute a deserialization error lies in.
+fn first_key(path: &serde_path_to_error::Path) -> Option<&str> {
+    match path.iter().next() {
+        Some(Segment::Map { key }) => Some(key),
+        _ => None,
     }
 }
 
-/// The project of a request: body, then `X-Project-Id`, then the default.
-pub fn project_of(obj: &Map<String, Value>, headers: &HeaderMap) -> String {
-    obj.get("project_id")
-        .or_else(|| obj.get("tenant_id"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or_else(|| {
-            headers
-                .get("X-Project-Id")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| DEFAULT_PROJECT.to_string())
+/// `null` handed to an attribute's own type (the `T` of its `Option<T>`) instead of being
+/// read as absent: what that type answers is serde's reason for refusing it (`invalid
+/// type: null, expected a string`).
+struct Null;
+
+impl<'de> Deserializer<'de> for Null {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        visitor.visit_unit()
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        visitor.visit_some(self)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
+        ignored_any
+    }
+}
+
+impl IntoDeserializer<'_, serde_json::Error> for Null {
+    type Deserializer = Null;
+
+    fn into_deserializer(self) -> Null {
+        self
+    }
+}
+
+/// The project of a request: the one it names (`project_id`, else Neutron's older
+/// `tenant_id`), then `X-Project-Id`, then the default.
+pub fn project_of(
+    project_id: Option<&str>,
+    tenant_id: Option<&str>,
+    headers: &HeaderMap,
+) -> String {
+    project_id
+        .or(tenant_id)
+        .or_else(|| headers.get("X-Project-Id").and_then(|v| v.to_str().ok()))
+        .unwrap_or(DEFAULT_PROJECT)
+        .to_string()
 }
 
 /// Serializes a resource for the store.
@@ -506,9 +569,14 @@ fn tag_routes<K: Kind>() -> Router<Arc<Controller>> {
             })
             .put(
                 |State(c): Ctl, Path(id): Path<String>, b: Bytes| async move {
-                    let tags: Vec<String> =
-                        attr(body(&b)?.as_object().unwrap_or(&Map::new()), "tags")?
-                            .ok_or_else(|| NeutronError::bad_request("Missing 'tags' in body"))?;
+                    let obj = match body(&b)? {
+                        Value::Object(o) => o,
+                        _ => Map::new(),
+                    };
+                    if !obj.contains_key("tags") {
+                        return Err(NeutronError::bad_request("Missing 'tags' in body"));
+                    }
+                    let TagsBody { tags } = request(&obj, &[])?;
                     let t = tags.clone();
                     update_with::<K>(&c, &id, None, |_, o, _| {
                         *o.tags_mut() = t.clone();
@@ -572,10 +640,95 @@ fn tag_routes<K: Kind>() -> Router<Arc<Controller>> {
         )
 }
 
+/// The body of a PUT of an object's tags, all of them; other members are ignored.
+#[derive(Deserialize)]
+struct TagsBody {
+    tags: Vec<String>,
+}
+
 fn tag_not_found(tag: &str) -> NeutronError {
     NeutronError::new(
         StatusCode::NOT_FOUND,
         "TagNotFound",
         format!("Tag {tag} could not be found."),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corvid_api::{NetworkCreate, PortCreate, SubnetCreate};
+
+    fn object(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(o) => o,
+            v => panic!("{v} is not an object"),
+        }
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_is_refused_naming_its_attribute_and_quoting_it() {
+        let e =
+            request::<NetworkCreate>(&object(json!({"name": "n", "mtu": "big"})), &[]).unwrap_err();
+        assert_eq!(
+            (e.status, e.kind.as_str(), e.message.as_str()),
+            (
+                StatusCode::BAD_REQUEST,
+                "InvalidInput",
+                "Invalid input for operation: '\"big\"' is not valid for mtu: invalid type: \
+                 string \"big\", expected u32."
+            )
+        );
+        // By its name on the wire, however deep the fault lies in its value.
+        let e = request::<NetworkCreate>(&object(json!({"router:external": 1})), &[]).unwrap_err();
+        assert!(
+            e.message.contains("'1' is not valid for router:external: "),
+            "{}",
+            e.message
+        );
+        let e = request::<PortCreate>(
+            &object(json!({"network_id": "n", "fixed_ips": [{"ip_address": "10.0.0.300"}]})),
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            "Invalid input for operation: '[{\"ip_address\":\"10.0.0.300\"}]' is not valid for \
+             fixed_ips: invalid IP address syntax."
+        );
+    }
+
+    #[test]
+    fn null_is_refused_but_where_the_request_gives_it_a_meaning() {
+        let gateway = ["gateway_ip"];
+        let absent: SubnetCreate = request(&object(json!({"network_id": "n"})), &gateway).unwrap();
+        let null: SubnetCreate = request(
+            &object(json!({"network_id": "n", "gateway_ip": null})),
+            &gateway,
+        )
+        .unwrap();
+        assert_eq!((absent.gateway_ip, null.gateway_ip), (None, Some(None)));
+        // Elsewhere in serde's words for the attribute's own type, as before it was typed.
+        for (body, reason) in [
+            (
+                json!({"name": null}),
+                "'null' is not valid for name: invalid type: null, expected a string",
+            ),
+            (
+                json!({"mtu": null}),
+                "'null' is not valid for mtu: invalid type: null, expected u32",
+            ),
+            (
+                json!({"tags": null}),
+                "'null' is not valid for tags: invalid type: null, expected a sequence",
+            ),
+        ] {
+            let e = request::<NetworkCreate>(&object(body), &[]).unwrap_err();
+            assert_eq!(e.message, format!("Invalid input for operation: {reason}."));
+        }
+        let e =
+            request::<SubnetCreate>(&object(json!({"network_id": "n", "gateway_ip": null})), &[])
+                .unwrap_err();
+        assert!(e.message.contains("expected IP address"), "{}", e.message);
+    }
 }

@@ -8,15 +8,18 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Router;
-use corvid_api::{AllocationPool, HostRoute, Network, Status, Subnet, SubnetPool};
+use corvid_api::{
+    AllocationPool, Network, NetworkCreate, Status, Subnet, SubnetCreate, SubnetPool,
+    SubnetPoolCreate,
+};
 use ipnet::IpNet;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
 };
 use super::{
-    answer_as, attr, body, if_match, item_routes, list_route, lookup, merge, project_of,
+    answer_as, body, if_match, item_routes, list_route, lookup, merge, project_of, request,
     show_route, to_stored, update_with, Ctl,
 };
 use crate::controller::Controller;
@@ -114,45 +117,43 @@ pub fn routes() -> Router<Arc<Controller>> {
         )
 }
 
-fn new_network(obj: &Map<String, Value>, headers: &HeaderMap) -> Result<Network, NeutronError> {
-    let project = project_of(obj, headers);
+fn new_network(req: NetworkCreate, headers: &HeaderMap) -> Network {
+    let project = project_of(req.project_id.as_deref(), req.tenant_id.as_deref(), headers);
     let t = now();
-    Ok(Network {
-        id: attr(obj, "id")?.unwrap_or_else(new_id),
-        name: attr(obj, "name")?.unwrap_or_default(),
+    Network {
+        id: req.id.unwrap_or_else(new_id),
+        name: req.name.unwrap_or_default(),
         tenant_id: project.clone(),
         project_id: project,
-        admin_state_up: attr(obj, "admin_state_up")?.unwrap_or(true),
-        mtu: attr(obj, "mtu")?.unwrap_or(1450),
+        admin_state_up: req.admin_state_up.unwrap_or(true),
+        mtu: req.mtu.unwrap_or(1450),
         status: Status::Active,
         subnets: Vec::new(),
-        shared: attr(obj, "shared")?.unwrap_or(false),
-        router_external: attr(obj, "router:external")?.unwrap_or(false),
-        port_security_enabled: attr(obj, "port_security_enabled")?.unwrap_or(true),
-        description: attr(obj, "description")?.unwrap_or_default(),
-        tags: attr(obj, "tags")?.unwrap_or_default(),
+        shared: req.shared.unwrap_or(false),
+        router_external: req.router_external.unwrap_or(false),
+        port_security_enabled: req.port_security_enabled.unwrap_or(true),
+        description: req.description.unwrap_or_default(),
+        tags: req.tags.unwrap_or_default(),
         created_at: t.clone(),
         updated_at: t,
         revision_number: 1,
         network_type: "vxlan".into(),
         segmentation_id: 0,
-        masquerade: attr(obj, "corvid:masquerade")?.unwrap_or(false),
-    })
+        masquerade: req.masquerade.unwrap_or(false),
+    }
 }
 
 /// Highest VXLAN network identifier (24 bits).
 const MAX_VNI: u32 = (1 << 24) - 1;
 
 /// The segment ID a new network asks for, checked; `None` lets the controller pick.
-fn requested_vni(obj: &Map<String, Value>) -> Result<Option<u32>, NeutronError> {
-    if let Some(t) = attr::<String>(obj, "provider:network_type")? {
-        if t != "vxlan" {
-            return Err(NeutronError::invalid_input(format!(
-                "provider:network_type {t} is not supported: corvid networks are vxlan"
-            )));
-        }
+fn requested_vni(req: &NetworkCreate) -> Result<Option<u32>, NeutronError> {
+    if let Some(t) = req.network_type.as_deref().filter(|t| *t != "vxlan") {
+        return Err(NeutronError::invalid_input(format!(
+            "provider:network_type {t} is not supported: corvid networks are vxlan"
+        )));
     }
-    match attr::<u32>(obj, "provider:segmentation_id")? {
+    match req.segmentation_id {
         Some(id) if id == 0 || id > MAX_VNI => Err(NeutronError::invalid_input(format!(
             "provider:segmentation_id {id} is outside 1-{MAX_VNI}"
         ))),
@@ -170,7 +171,10 @@ async fn create_networks(
     let (bulk, objs) = NETWORK.objects(&v)?;
     let mut asked = Vec::new();
     for o in &objs {
-        asked.push((new_network(o, &headers)?, requested_vni(o)?));
+        // A project sent as `null` is none named.
+        let req: NetworkCreate = request(o, &["project_id", "tenant_id"])?;
+        let vni = requested_vni(&req)?;
+        asked.push((new_network(req, &headers), vni));
     }
     let nets = c
         .transact(|v| {
@@ -306,13 +310,11 @@ async fn update_subnet(
 
 /// Where a new subnet's prefix comes from.
 fn subnet_cidr(
-    obj: &Map<String, Value>,
+    req: &SubnetCreate,
     pool: Option<&SubnetPool>,
     taken: &[IpNet],
 ) -> Result<IpNet, NeutronError> {
-    let cidr: Option<IpNet> = attr(obj, "cidr")?;
-    let prefixlen: Option<u8> = attr(obj, "prefixlen")?;
-    match (cidr, pool) {
+    match (req.cidr, pool) {
         (Some(c), None) => Ok(c.trunc()),
         (None, None) => Err(NeutronError::bad_request(
             "A cidr must be specified in the absence of a subnet pool",
@@ -338,7 +340,7 @@ fn subnet_cidr(
             Ok(c)
         }
         (None, Some(p)) => {
-            let len = prefixlen.unwrap_or(p.default_prefixlen);
+            let len = req.prefixlen.unwrap_or(p.default_prefixlen);
             if len < p.min_prefixlen || len > p.max_prefixlen {
                 return Err(NeutronError::new(
                     StatusCode::BAD_REQUEST,
@@ -368,10 +370,21 @@ async fn create_subnet(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let obj = SUBNET.object(&body(&b)?, Write::Create)?;
-    let network_id: String =
-        attr(&obj, "network_id")?.ok_or_else(|| NeutronError::bad_request("Missing network_id"))?;
-    let pool_id: Option<String> = attr(&obj, "subnetpool_id")?;
-    let id: String = attr(&obj, "id")?.unwrap_or_else(new_id);
+    if !obj.contains_key("network_id") {
+        return Err(NeutronError::bad_request("Missing network_id"));
+    }
+    // `gateway_ip: null` is a subnet without a gateway; the IPv6 modes and the project take
+    // null as unset.
+    let nullable = [
+        "gateway_ip",
+        "ipv6_ra_mode",
+        "ipv6_address_mode",
+        "project_id",
+        "tenant_id",
+    ];
+    let req: SubnetCreate = request(&obj, &nullable)?;
+    let (network_id, pool_id) = (&req.network_id, &req.subnetpool_id);
+    let id = req.id.clone().unwrap_or_else(new_id);
     let subnet = c
         .transact(|v| {
             if v.subnets.contains_key(id.as_str()) {
@@ -380,8 +393,8 @@ async fn create_subnet(
                     format!("Subnet {id} already exists."),
                 ));
             }
-            let net = lookup::<Network>(v, &network_id)?;
-            let pool = match &pool_id {
+            let net = lookup::<Network>(v, network_id)?;
+            let pool = match pool_id {
                 Some(p) => Some(lookup::<SubnetPool>(v, p)?),
                 None => None,
             };
@@ -391,7 +404,7 @@ async fn create_subnet(
                 .iter()
                 .filter_map(|s| v.subnets.get(s.as_str()).map(|e| &*e.obj))
                 .collect();
-            if siblings.iter().any(|s| s.subnetpool_id != pool_id) {
+            if siblings.iter().any(|s| s.subnetpool_id != *pool_id) {
                 return Err(NeutronError::bad_request(
                     "Subnets hosted on the same network must be allocated from the same subnet pool.",
                 ));
@@ -399,13 +412,13 @@ async fn create_subnet(
             let pool_taken: Vec<IpNet> = v
                 .subnets
                 .values()
-                .filter(|s| pool_id.is_some() && s.obj.subnetpool_id == pool_id)
+                .filter(|s| pool_id.is_some() && s.obj.subnetpool_id == *pool_id)
                 .map(|s| s.obj.cidr)
                 .collect();
-            let cidr = subnet_cidr(&obj, pool.as_ref().map(|p| &*p.obj), &pool_taken)?;
-            let version: u8 =
-                attr(&obj, "ip_version")?.unwrap_or(if cidr.addr().is_ipv4() { 4 } else { 6 });
-            if version != if cidr.addr().is_ipv4() { 4 } else { 6 } {
+            let cidr = subnet_cidr(&req, pool.as_ref().map(|p| &*p.obj), &pool_taken)?;
+            let cidr_version = if cidr.addr().is_ipv4() { 4 } else { 6 };
+            let version = req.ip_version.unwrap_or(cidr_version);
+            if version != cidr_version {
                 return Err(NeutronError::invalid_input(format!(
                     "Cidr {cidr} does not match ip_version {version}"
                 )));
@@ -416,37 +429,37 @@ async fn create_subnet(
                     o.id
                 )));
             }
-            let gateway_ip: Option<IpAddr> = match obj.get("gateway_ip") {
-                Some(Value::Null) => None,
-                Some(_) => attr(&obj, "gateway_ip")?,
-                None => Some(pools::default_gateway(&cidr)),
-            };
-            let pools: Vec<AllocationPool> = match attr(&obj, "allocation_pools")? {
-                Some(p) => p,
+            // Absent, the gateway is the prefix's first address; `null` is no gateway.
+            let gateway_ip = req
+                .gateway_ip
+                .unwrap_or_else(|| Some(pools::default_gateway(&cidr)));
+            let pools: Vec<AllocationPool> = match &req.allocation_pools {
+                Some(p) => p.clone(),
                 None => pools::default_pools(&cidr, gateway_ip),
             };
             check_addressing(&cidr, gateway_ip, &pools)?;
-            let project = project_of(&obj, &headers);
+            let project =
+                project_of(req.project_id.as_deref(), req.tenant_id.as_deref(), &headers);
             let t = now();
             let subnet = Subnet {
                 id: id.clone(),
-                name: attr(&obj, "name")?.unwrap_or_default(),
+                name: req.name.clone().unwrap_or_default(),
                 tenant_id: project.clone(),
                 project_id: project,
                 network_id: network_id.clone(),
                 ip_version: version,
                 subnetpool_id: pool_id.clone(),
-                enable_dhcp: attr(&obj, "enable_dhcp")?.unwrap_or(true),
-                ipv6_ra_mode: attr(&obj, "ipv6_ra_mode")?.flatten(),
-                ipv6_address_mode: attr(&obj, "ipv6_address_mode")?.flatten(),
+                enable_dhcp: req.enable_dhcp.unwrap_or(true),
+                ipv6_ra_mode: req.ipv6_ra_mode.clone(),
+                ipv6_address_mode: req.ipv6_address_mode.clone(),
                 gateway_ip,
                 cidr,
                 allocation_pools: pools,
-                host_routes: attr::<Vec<HostRoute>>(&obj, "host_routes")?.unwrap_or_default(),
-                dns_nameservers: attr(&obj, "dns_nameservers")?.unwrap_or_default(),
-                description: attr(&obj, "description")?.unwrap_or_default(),
-                service_types: attr(&obj, "service_types")?.unwrap_or_default(),
-                tags: attr(&obj, "tags")?.unwrap_or_default(),
+                host_routes: req.host_routes.clone().unwrap_or_default(),
+                dns_nameservers: req.dns_nameservers.clone().unwrap_or_default(),
+                description: req.description.clone().unwrap_or_default(),
+                service_types: req.service_types.clone().unwrap_or_default(),
+                tags: req.tags.clone().unwrap_or_default(),
                 created_at: t.clone(),
                 updated_at: t,
                 revision_number: 0,
@@ -454,7 +467,7 @@ async fn create_subnet(
             let mut network = (*net.obj).clone();
             network.subnets.push(id.clone());
             network.revision_number += 1;
-            let net_key = keys::resource("networks", &network_id);
+            let net_key = keys::resource("networks", network_id);
             let sub_key = keys::resource("subnets", &id);
             let mut txn = Txn {
                 compares: vec![
@@ -516,11 +529,25 @@ async fn create_subnetpool(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let obj = SUBNET_POOL.object(&body(&b)?, Write::Create)?;
-    let prefixes: Vec<IpNet> = attr(&obj, "prefixes")?
-        .filter(|p: &Vec<IpNet>| !p.is_empty())
-        .ok_or_else(|| NeutronError::bad_request("A subnetpool needs at least one prefix"))?;
-    let prefixes: Vec<IpNet> = prefixes.iter().map(IpNet::trunc).collect();
+    let mut obj = SUBNET_POOL.object(&body(&b)?, Write::Create)?;
+    let no_prefix = || NeutronError::bad_request("A subnetpool needs at least one prefix");
+    if !obj.contains_key("prefixes") {
+        return Err(no_prefix());
+    }
+    // Neutron's clients may send prefix lengths as strings, as Neutron shows them.
+    for name in ["min_prefixlen", "max_prefixlen", "default_prefixlen"] {
+        if let Some(Value::String(s)) = obj.get(name) {
+            let len: u8 = s
+                .parse()
+                .map_err(|_| NeutronError::invalid_input(format!("{name} '{s}'")))?;
+            obj.insert(name.into(), len.into());
+        }
+    }
+    let req: SubnetPoolCreate = request(&obj, &["project_id", "tenant_id"])?;
+    if req.prefixes.is_empty() {
+        return Err(no_prefix());
+    }
+    let prefixes: Vec<IpNet> = req.prefixes.iter().map(IpNet::trunc).collect();
     let v4 = prefixes[0].addr().is_ipv4();
     if prefixes.iter().any(|p| p.addr().is_ipv4() != v4) {
         return Err(NeutronError::bad_request(
@@ -528,21 +555,11 @@ async fn create_subnetpool(
         ));
     }
     let max_len = if v4 { 32 } else { 128 };
-    let num = |name: &str, default: u8| -> Result<u8, NeutronError> {
-        Ok(match obj.get(name) {
-            Some(Value::String(s)) => s
-                .parse()
-                .map_err(|_| NeutronError::invalid_input(format!("{name} '{s}'")))?,
-            Some(_) => attr(&obj, name)?.unwrap_or(default),
-            None => default,
-        })
-    };
-    let min_prefixlen = num(
-        "min_prefixlen",
-        prefixes.iter().map(IpNet::prefix_len).min().unwrap_or(8),
-    )?;
-    let max_prefixlen = num("max_prefixlen", max_len)?;
-    let default_prefixlen = num("default_prefixlen", min_prefixlen)?;
+    let min_prefixlen = req
+        .min_prefixlen
+        .unwrap_or_else(|| prefixes.iter().map(IpNet::prefix_len).min().unwrap_or(8));
+    let max_prefixlen = req.max_prefixlen.unwrap_or(max_len);
+    let default_prefixlen = req.default_prefixlen.unwrap_or(min_prefixlen);
     if !(min_prefixlen <= default_prefixlen
         && default_prefixlen <= max_prefixlen
         && max_prefixlen <= max_len)
@@ -551,11 +568,15 @@ async fn create_subnetpool(
             "prefix lengths must satisfy min_prefixlen <= default_prefixlen <= max_prefixlen",
         ));
     }
-    let project = project_of(&obj, &headers);
+    let project = project_of(
+        req.project_id.as_deref(),
+        req.tenant_id.as_deref(),
+        &headers,
+    );
     let t = now();
     let pool = SubnetPool {
-        id: attr(&obj, "id")?.unwrap_or_else(new_id),
-        name: attr(&obj, "name")?.unwrap_or_default(),
+        id: req.id.unwrap_or_else(new_id),
+        name: req.name.unwrap_or_default(),
         tenant_id: project.clone(),
         project_id: project,
         prefixes,
@@ -563,10 +584,10 @@ async fn create_subnetpool(
         min_prefixlen,
         max_prefixlen,
         ip_version: if v4 { 4 } else { 6 },
-        is_default: attr(&obj, "is_default")?.unwrap_or(false),
-        shared: attr(&obj, "shared")?.unwrap_or(false),
-        description: attr(&obj, "description")?.unwrap_or_default(),
-        tags: attr(&obj, "tags")?.unwrap_or_default(),
+        is_default: req.is_default.unwrap_or(false),
+        shared: req.shared.unwrap_or(false),
+        description: req.description.unwrap_or_default(),
+        tags: req.tags.unwrap_or_default(),
         created_at: t.clone(),
         updated_at: t,
         revision_number: 0,

@@ -11,14 +11,17 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use corvid_api::{FixedIp, Network, Port, Status, Subnet, ROUTER_GATEWAY, ROUTER_INTERFACE};
+use corvid_api::{
+    FixedIp, Network, Port, PortCreate, PortUpdate, Status, Subnet, ROUTER_GATEWAY,
+    ROUTER_INTERFACE,
+};
 use serde_json::{json, Map, Value};
 
 use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
 };
 use super::{
-    answer, answer_as, attr, body, if_match, list, lookup, merge, project_of, read_at, show,
+    answer, answer_as, body, if_match, list, lookup, merge, project_of, read_at, request, show,
     show_route, to_stored, update_with, Ctl, Query,
 };
 use crate::controller::Controller;
@@ -156,16 +159,35 @@ pub(super) struct PortDraft {
     pub txn: Txn,
 }
 
+/// The addresses a request asks for, in IPAM's terms.
+fn fixed_ip_requests(asked: &[corvid_api::FixedIpRequest]) -> Vec<FixedIpRequest> {
+    asked
+        .iter()
+        .map(|r| FixedIpRequest {
+            subnet_id: r.subnet_id.clone(),
+            ip_address: r.ip_address,
+        })
+        .collect()
+}
+
+/// The port a create body's object asks for.
+fn port_request(obj: &Map<String, Value>) -> Result<PortCreate, NeutronError> {
+    if !obj.contains_key("network_id") {
+        return Err(NeutronError::bad_request("Missing network_id"));
+    }
+    // The project and the DNS attributes (kept for Neutron's clients) take null as unset.
+    request(obj, &["project_id", "tenant_id", "dns_name", "dns_domain"])
+}
+
 /// Resolves one port request against the view; picks addresses and a MAC.
 pub(super) fn draft_port(
     v: &View,
     pending: &mut Pending,
-    obj: &Map<String, Value>,
+    req: &PortCreate,
     headers: &HeaderMap,
 ) -> Result<PortDraft, NeutronError> {
-    let mut network_id: String =
-        attr(obj, "network_id")?.ok_or_else(|| NeutronError::bad_request("Missing network_id"))?;
-    let mut requests: Option<Vec<FixedIpRequest>> = attr(obj, "fixed_ips")?;
+    let mut network_id = req.network_id.clone();
+    let mut requests = req.fixed_ips.as_deref().map(fixed_ip_requests);
     // The Mizar-MP plugin sends its configured subnet as network_id.
     if !v.networks.contains_key(network_id.as_str()) {
         if let Some(s) = v.subnets.get(network_id.as_str()) {
@@ -179,7 +201,7 @@ pub(super) fn draft_port(
         }
     }
     let net = lookup::<Network>(v, &network_id)?;
-    let id: String = attr(obj, "id")?.unwrap_or_else(new_id);
+    let id = req.id.clone().unwrap_or_else(new_id);
     if v.ports.contains_key(id.as_str()) {
         return Err(NeutronError::conflict(
             "PortExists",
@@ -198,50 +220,54 @@ pub(super) fn draft_port(
     let mac = take_mac(
         v,
         pending,
-        attr(obj, "mac_address")?,
+        req.mac_address.clone(),
         &network_id,
         &id,
         &mut txn,
     )?;
     txn.ops
         .push(Op::Put(keys::network_user(&network_id, &id), Vec::new()));
-    let project = project_of(obj, headers);
-    let host: String = attr(obj, "binding:host_id")?.unwrap_or_default();
+    let project = project_of(req.project_id.as_deref(), req.tenant_id.as_deref(), headers);
+    let host = req.host_id.clone().unwrap_or_default();
     let t = now();
     let port = Port {
         id: id.clone(),
-        name: attr(obj, "name")?.unwrap_or_default(),
+        name: req.name.clone().unwrap_or_default(),
         network_id,
         tenant_id: project.clone(),
         project_id: project,
         mac_address: mac,
-        admin_state_up: attr(obj, "admin_state_up")?.unwrap_or(true),
+        admin_state_up: req.admin_state_up.unwrap_or(true),
         status: Status::Down,
-        device_id: attr(obj, "device_id")?.unwrap_or_default(),
-        device_owner: attr(obj, "device_owner")?.unwrap_or_default(),
+        device_id: req.device_id.clone().unwrap_or_default(),
+        device_owner: req.device_owner.clone().unwrap_or_default(),
         fixed_ips,
         binding_vif_type: vif_type(&host).into(),
         binding_host_id: host,
-        binding_profile: attr::<Value>(obj, "binding:profile")?
-            .filter(|p| !p.is_null())
-            .unwrap_or_else(|| json!({})),
-        binding_vnic_type: attr(obj, "binding:vnic_type")?.unwrap_or_else(|| "normal".into()),
+        binding_profile: req.profile.clone().unwrap_or_else(|| json!({})),
+        binding_vnic_type: req.vnic_type.clone().unwrap_or_else(|| "normal".into()),
         binding_vif_details: json!({}),
-        port_security_enabled: attr(obj, "port_security_enabled")?
+        port_security_enabled: req
+            .port_security_enabled
             .unwrap_or(net.obj.port_security_enabled),
-        security_groups: attr(obj, "security_groups")?.unwrap_or_default(),
-        allowed_address_pairs: attr::<Vec<Value>>(obj, "allowed_address_pairs")?
-            .unwrap_or_default()
-            .into_iter()
+        security_groups: req.security_groups.clone().unwrap_or_default(),
+        allowed_address_pairs: req
+            .allowed_address_pairs
+            .iter()
+            .flatten()
             .filter(|p| p.as_object().is_some_and(|o| !o.is_empty()))
+            .cloned()
             .collect(),
-        extra_dhcp_opts: attr(obj, "extra_dhcp_opts")?.unwrap_or_default(),
+        extra_dhcp_opts: req.extra_dhcp_opts.clone().unwrap_or_default(),
         ip_allocation: "immediate".into(),
-        description: attr(obj, "description")?.unwrap_or_default(),
-        veth_name: attr(obj, "veth_name")?,
-        network_ns: attr::<String>(obj, "network_ns")?.or(attr(obj, "veth_namespace")?),
-        fast_path: attr(obj, "fast_path")?,
-        tags: attr(obj, "tags")?.unwrap_or_default(),
+        description: req.description.clone().unwrap_or_default(),
+        veth_name: req.veth_name.clone(),
+        network_ns: req
+            .network_ns
+            .clone()
+            .or_else(|| req.veth_namespace.clone()),
+        fast_path: req.fast_path,
+        tags: req.tags.clone().unwrap_or_default(),
         created_at: t.clone(),
         updated_at: t,
         revision_number: 1,
@@ -266,10 +292,14 @@ async fn create_ports(
 ) -> Result<Response, NeutronError> {
     let v = body(&b)?;
     let (bulk, objs) = PORT.objects(&v)?;
-    let named = objs.iter().any(|o| o.contains_key("id"));
+    let reqs = objs
+        .iter()
+        .map(port_request)
+        .collect::<Result<Vec<_>, _>>()?;
+    let named = reqs.iter().any(|r| r.id.is_some());
     let create = {
         let c = c.clone();
-        async move { create_port_objects(&c, &objs, &headers).await }
+        async move { create_port_objects(&c, &reqs, &headers).await }
     };
     let ports = if named {
         c.create_named(create).await?
@@ -286,7 +316,7 @@ async fn create_ports(
 /// Drafts and commits the ports of one request, all or none.
 async fn create_port_objects(
     c: &Controller,
-    objs: &[Map<String, Value>],
+    reqs: &[PortCreate],
     headers: &HeaderMap,
 ) -> Result<Vec<Port>, NeutronError> {
     let (ports, _pending) = c
@@ -294,8 +324,8 @@ async fn create_port_objects(
             let mut pending = c.pending();
             let mut ports = Vec::new();
             let mut txn = Txn::default();
-            for o in objs {
-                let draft = draft_port(view, &mut pending, o, headers)?;
+            for req in reqs {
+                let draft = draft_port(view, &mut pending, req, headers)?;
                 txn.compares.extend(draft.txn.compares);
                 txn.ops.extend(draft.txn.ops);
                 ports.push(draft.port);
@@ -317,8 +347,13 @@ async fn update_port(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let mut attrs = PORT.object(&body(&b)?, Write::Update)?;
-    let requests: Option<Vec<FixedIpRequest>> = attr(&attrs, "fixed_ips")?;
-    attrs.remove("fixed_ips");
+    // The addresses are assigned rather than merged into the port, which checks the rest of
+    // the attributes as they merge.
+    let addresses: Map<String, Value> = attrs.remove_entry("fixed_ips").into_iter().collect();
+    let requests = request::<PortUpdate>(&addresses, &[])?
+        .fixed_ips
+        .as_deref()
+        .map(fixed_ip_requests);
     if let Some(s) = attrs.get("status") {
         let all = Status::names();
         if !s.as_str().is_some_and(|s| all.contains(&s)) {

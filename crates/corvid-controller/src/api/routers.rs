@@ -15,10 +15,13 @@ use axum::response::Response;
 use axum::routing::put;
 use axum::Router as Routes;
 use corvid_api::{
-    ExternalGatewayInfo, GatewayRequest, HostRoute, Network, Port, Router, RouterInterface, Status,
-    Subnet, ROUTER_GATEWAY, ROUTER_INTERFACE,
+    ExternalGatewayInfo, FixedIpRequest, GatewayRequest, HostRoute, Network, Port, PortCreate,
+    Router, RouterCreate, RouterInterface, RouterUpdate, Status, Subnet, ROUTER_GATEWAY,
+    ROUTER_INTERFACE,
 };
 use ipnet::IpNet;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::attributes::{
@@ -26,8 +29,8 @@ use super::attributes::{
 };
 use super::ports::{draft_port, port_removal};
 use super::{
-    answer, answer_as, attr, body, if_match, list_route, lookup, project_of, show_route, to_stored,
-    update_with, Ctl,
+    answer, answer_as, body, if_match, list_route, lookup, project_of, request, show_route,
+    to_stored, update_with, Ctl,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
@@ -145,15 +148,15 @@ fn draft_gateway(
             want.network_id
         )));
     }
-    let mut obj = Map::new();
-    obj.insert("network_id".into(), json!(want.network_id));
-    obj.insert("device_owner".into(), json!(ROUTER_GATEWAY));
-    obj.insert("device_id".into(), json!(router));
-    obj.insert("project_id".into(), json!(project));
-    if let Some(ips) = &want.external_fixed_ips {
-        obj.insert("fixed_ips".into(), json!(ips));
-    }
-    let draft = draft_port(v, pending, &obj, &HeaderMap::new())?;
+    let port = PortCreate {
+        network_id: want.network_id.clone(),
+        device_owner: Some(ROUTER_GATEWAY.into()),
+        device_id: Some(router.into()),
+        project_id: Some(project.into()),
+        fixed_ips: want.external_fixed_ips.clone(),
+        ..Default::default()
+    };
+    let draft = draft_port(v, pending, &port, &HeaderMap::new())?;
     txn.compares.extend(draft.txn.compares);
     txn.ops.extend(draft.txn.ops);
     Ok(ExternalGatewayInfo {
@@ -206,27 +209,33 @@ fn check_routes(v: &View, router: &str, routes: &[HostRoute]) -> Result<(), Neut
     Ok(())
 }
 
-/// The gateway a body asks for: absent, `null` (none) or an object.
-fn gateway_of(obj: &Map<String, Value>) -> Result<Option<Option<GatewayRequest>>, NeutronError> {
-    match obj.get("external_gateway_info") {
-        None => Ok(None),
-        Some(Value::Null) => Ok(Some(None)),
-        Some(v) if v.as_object().is_some_and(|o| o.is_empty()) => Ok(Some(None)),
-        Some(v) => serde_json::from_value(v.clone())
-            .map(|g| Some(Some(g)))
-            .map_err(|e| {
+/// The create or update request of a body's object. Neutron's clients remove a gateway
+/// with `{}` as well as with `null`, a gateway that does not fit is refused in Neutron's
+/// words for it, and a project sent as `null` is none named.
+fn router_request<T: DeserializeOwned>(mut obj: Map<String, Value>) -> Result<T, NeutronError> {
+    if let Some(gateway) = obj.get_mut("external_gateway_info") {
+        if gateway.as_object().is_some_and(Map::is_empty) {
+            *gateway = Value::Null;
+        } else if !gateway.is_null() {
+            GatewayRequest::deserialize(&*gateway).map_err(|e| {
                 NeutronError::invalid_input(format!(
                     "Invalid input for external_gateway_info. Reason: {e}."
                 ))
-            }),
+            })?;
+        }
     }
+    request(&obj, &["external_gateway_info", "project_id", "tenant_id"])
 }
 
 async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response, NeutronError> {
-    let obj = ROUTER.object(&body(&b)?, Write::Create)?;
-    let id: String = attr(&obj, "id")?.unwrap_or_else(new_id);
-    let gateway = gateway_of(&obj)?.flatten();
-    let project = project_of(&obj, &headers);
+    let req: RouterCreate = router_request(ROUTER.object(&body(&b)?, Write::Create)?)?;
+    let id = req.id.clone().unwrap_or_else(new_id);
+    let gateway = &req.external_gateway_info;
+    let project = project_of(
+        req.project_id.as_deref(),
+        req.tenant_id.as_deref(),
+        &headers,
+    );
     let (router, _pending) = c
         .transact(|v| {
             let mut pending = c.pending();
@@ -241,24 +250,24 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                 compares: vec![Compare::CreateRevision(key.clone(), 0)],
                 ops: Vec::new(),
             };
-            let external_gateway_info = match &gateway {
+            let external_gateway_info = match gateway {
                 Some(g) => Some(draft_gateway(v, &mut pending, &id, &project, g, &mut txn)?),
                 None => None,
             };
             let t = now();
             let router = Router {
                 id: id.clone(),
-                name: attr(&obj, "name")?.unwrap_or_default(),
+                name: req.name.clone().unwrap_or_default(),
                 tenant_id: project.clone(),
                 project_id: project.clone(),
-                admin_state_up: attr(&obj, "admin_state_up")?.unwrap_or(true),
+                admin_state_up: req.admin_state_up.unwrap_or(true),
                 status: Status::Active,
                 external_gateway_info,
                 routes: Vec::new(),
-                description: attr(&obj, "description")?.unwrap_or_default(),
+                description: req.description.clone().unwrap_or_default(),
                 distributed: true,
                 ha: false,
-                tags: attr(&obj, "tags")?.unwrap_or_default(),
+                tags: req.tags.clone().unwrap_or_default(),
                 created_at: t.clone(),
                 updated_at: t,
                 revision_number: 1,
@@ -276,27 +285,22 @@ async fn update(
     headers: HeaderMap,
     b: Bytes,
 ) -> Result<Response, NeutronError> {
-    let attrs = ROUTER.object(&body(&b)?, Write::Update)?;
-    let gateway = gateway_of(&attrs)?;
-    let routes: Option<Vec<HostRoute>> = attr(&attrs, "routes")?;
-    let (name, description): (Option<String>, Option<String>) =
-        (attr(&attrs, "name")?, attr(&attrs, "description")?);
-    let admin: Option<bool> = attr(&attrs, "admin_state_up")?;
+    let req: RouterUpdate = router_request(ROUTER.object(&body(&b)?, Write::Update)?)?;
     let router = update_with::<Router>(&c, &id, if_match(&headers), |v, r, txn| {
-        if let Some(n) = &name {
+        if let Some(n) = &req.name {
             r.name = n.clone();
         }
-        if let Some(d) = &description {
+        if let Some(d) = &req.description {
             r.description = d.clone();
         }
-        if let Some(a) = admin {
+        if let Some(a) = req.admin_state_up {
             r.admin_state_up = a;
         }
-        if let Some(routes) = &routes {
+        if let Some(routes) = &req.routes {
             check_routes(v, &r.id, routes)?;
             r.routes = routes.clone();
         }
-        if let Some(want) = &gateway {
+        if let Some(want) = &req.external_gateway_info {
             set_gateway(v, &mut c.pending(), r, want.as_ref(), txn)?;
         }
         Ok(())
@@ -458,16 +462,18 @@ async fn add_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Response, 
                     bad("Subnet for router interface must have a gateway IP")
                 })?;
                 check_new_subnet(v, &r.id, &s)?;
-                let mut obj = Map::new();
-                obj.insert("network_id".into(), json!(s.network_id));
-                obj.insert(
-                    "fixed_ips".into(),
-                    json!([{"subnet_id": s.id, "ip_address": gw}]),
-                );
-                obj.insert("device_owner".into(), json!(ROUTER_INTERFACE));
-                obj.insert("device_id".into(), json!(r.id));
-                obj.insert("project_id".into(), json!(r.project_id));
-                let draft = draft_port(v, &mut c.pending(), &obj, &HeaderMap::new())?;
+                let interface = PortCreate {
+                    network_id: s.network_id.clone(),
+                    fixed_ips: Some(vec![FixedIpRequest {
+                        subnet_id: Some(s.id.clone()),
+                        ip_address: Some(gw),
+                    }]),
+                    device_owner: Some(ROUTER_INTERFACE.into()),
+                    device_id: Some(r.id.clone()),
+                    project_id: Some(r.project_id.clone()),
+                    ..Default::default()
+                };
+                let draft = draft_port(v, &mut c.pending(), &interface, &HeaderMap::new())?;
                 txn.compares.extend(draft.txn.compares);
                 txn.ops.extend(draft.txn.ops);
                 draft.port
