@@ -238,6 +238,7 @@ impl Cache {
                     let (was, is) = (old.as_ref().and_then(router_of), new.and_then(router_of));
                     reindex(&mut self.router_ports, &e.id, was, is);
                     if was.is_some() || is.is_some() {
+                        self.services_changed = Changed::All;
                         // Its network's router changed: planned whole.
                         let nets = [old.as_ref(), new].into_iter().flatten();
                         dirty.networks.extend(nets.map(|p| p.network_id.clone()));
@@ -250,6 +251,8 @@ impl Cache {
                 "routers" => {
                     upsert(&mut self.routers, e);
                     dirty.routers.insert(e.id.clone());
+                    // Its gateway may have changed: the SNAT of its subnets with it.
+                    self.services_changed = Changed::All;
                 }
                 "hosts" => {
                     upsert(&mut self.hosts, e);

@@ -95,6 +95,10 @@ impl Datapath {
         if changed.is_some() {
             return Ok(report);
         }
+        if let Err(e) = services.sync_router_snat(&plan.router_snat) {
+            services.reset();
+            return Err(e);
+        }
         if let Some((name, given)) = &mut self.public {
             let link = self
                 .nl

@@ -9,6 +9,7 @@ use std::time::Duration;
 use corvid_api::{LbProtocol, Pool, NODE_PORT_TAG};
 use corvid_net::nftables::portmap::Protocol;
 use corvid_net::nftables::services::Service;
+use ipnet::IpNet;
 
 use crate::cache::Cache;
 
@@ -23,14 +24,18 @@ pub struct ServicePlan {
     pub services: BTreeMap<String, Service>,
     /// Floating IPs associated with ports that are not a load balancer's VIP.
     pub floating: BTreeMap<IpAddr, IpAddr>,
+    /// The subnets of routers that SNAT through their gateway, with the gateway address.
+    pub router_snat: BTreeMap<IpNet, IpAddr>,
 }
 
 impl ServicePlan {
-    /// Every public address this plan serves: the floating IPs of ports and of VIPs.
+    /// Every public address this plan serves: the floating IPs of ports and of VIPs, and
+    /// the routers' gateway addresses that replies to their SNAT come back to.
     pub fn public_addresses(&self) -> std::collections::BTreeSet<IpAddr> {
         self.floating
             .keys()
             .copied()
+            .chain(self.router_snat.values().copied())
             .chain(
                 self.services
                     .values()
@@ -81,6 +86,37 @@ pub fn plan(cache: &Cache) -> ServicePlan {
         if let (Some(port), Some(fixed)) = (&f.port_id, f.fixed_ip_address) {
             if !vip_ports.contains(port.as_str()) {
                 out.floating.insert(f.floating_ip_address, fixed);
+            }
+        }
+    }
+    out.router_snat = router_snat(cache);
+    out
+}
+
+/// Each subnet of a router whose gateway has SNAT on, with the gateway's address of the
+/// subnet's family.
+pub fn router_snat(cache: &Cache) -> BTreeMap<IpNet, IpAddr> {
+    let mut out = BTreeMap::new();
+    for r in cache.routers.values() {
+        let Some(gw) = r.external_gateway_info.as_ref().filter(|g| g.enable_snat) else {
+            continue;
+        };
+        let interfaces = cache.router_ports.get(&r.id).into_iter().flatten();
+        for ip in interfaces
+            .filter_map(|p| cache.ports.get(p))
+            .flat_map(|p| &p.fixed_ips)
+        {
+            let Some(subnet) = cache.subnets.get(&ip.subnet_id) else {
+                continue;
+            };
+            let family = subnet.cidr.addr().is_ipv4();
+            let address = gw
+                .external_fixed_ips
+                .iter()
+                .map(|f| f.ip_address)
+                .find(|a| a.is_ipv4() == family);
+            if let Some(a) = address {
+                out.insert(subnet.cidr, a);
             }
         }
     }

@@ -122,3 +122,60 @@ fn networks_on_one_router_reach_each_other_across_hosts_and_no_one_else() {
         cluster.hosts.iter().all(|h| bridges(h) == 0)
     });
 }
+
+#[test]
+fn a_router_gateway_snats_what_its_subnets_send_out_of_the_public_side() {
+    let mut cluster = Cluster::new("rg");
+    // Host 1 is on the public network through its underlay interface.
+    cluster.agents[0].take();
+    cluster.start_agent_with(0, &["--public-interface", "eth0"]);
+    let public = cluster.public_network(150);
+    // Red masquerades: without the router's SNAT its pods would leave as host 1.
+    let (_, red) = cluster.network("red", "10.63.0.0/24", true);
+    let router: Router = cluster.api(|c| {
+        let r: Router = c
+            .create(json!({"name": "edge", "external_gateway_info": {"network_id": public.id}}))
+            .unwrap();
+        c.add_router_interface(&r.id, &interface(&red)).unwrap();
+        r
+    });
+    let gateway = router
+        .external_gateway_info
+        .as_ref()
+        .unwrap()
+        .external_fixed_ips[0]
+        .ip_address
+        .to_string();
+    let pod = cluster.pod("r1");
+    cni_result(&cluster.add(0, "red", &pod));
+    let _server = cluster.lan.serve_name("@peer", 7070);
+    wait_until(
+        "the router's address to be seen",
+        Duration::from_secs(10),
+        || pod.connect("10.99.0.254", 7070, 1, false) == [gateway.clone()],
+    );
+    assert_eq!(
+        pod.connect("10.99.0.254", 7070, 1, true),
+        [gateway.as_str()]
+    );
+    // SNAT off: the network's own masquerade again, from host 1's address.
+    cluster.api(|c| {
+        c.update::<Router>(
+            &router.id,
+            json!({"external_gateway_info": {"network_id": public.id, "enable_snat": false}}),
+        )
+        .unwrap()
+    });
+    wait_until(
+        "host 1's address to be seen",
+        Duration::from_secs(10),
+        || pod.connect("10.99.0.254", 7070, 1, false) == [cluster::underlay_ip(0)],
+    );
+    // The gateway's address is no longer answered for on the public side.
+    let addrs = cluster.hosts[0].netlink().addresses(None).unwrap();
+    assert!(
+        !addrs.iter().any(|(_, a)| a.addr().to_string() == gateway),
+        "{addrs:?}"
+    );
+    assert!(cluster.del(0, "red", &pod).status.success());
+}

@@ -14,7 +14,8 @@
 //! listed valid. Plain sets, not a verdict map: an element that jumps to a chain makes the
 //! kernel validate every element of the map at each commit, which grows with the
 //! network. The agent's network-wide masquerade is its own base chain,
-//! `agent-masquerade`, rewritten whole when its networks change.
+//! `network-masquerade` (after the services' SNAT), rewritten whole when its networks
+//! change.
 
 use super::expr::{self, Field, Reg};
 use super::{
@@ -26,12 +27,21 @@ use crate::Result;
 use ipnet::IpNet;
 
 const CHAIN: &str = "masquerade";
-const AGENT_CHAIN: &str = "agent-masquerade";
+const AGENT_CHAIN: &str = "network-masquerade";
+/// The chain of that name before it ran after the services' SNAT.
+const OLD_AGENT_CHAIN: &str = "agent-masquerade";
 const SET_PREFIX: &str = "masq-";
 const SRCNAT: BaseChain = BaseChain {
     kind: ChainType::Nat,
     hook: HookPoint::Postrouting,
     priority: 100,
+};
+/// After the services' SNAT (srcnat), so that a floating IP or a router's gateway
+/// address, when one applies, is what a connection leaves from: the first SNAT made
+/// wins.
+const AGENT_SRCNAT: BaseChain = BaseChain {
+    priority: 110,
+    ..SRCNAT
 };
 
 fn multicast(v6: bool) -> IpNet {
@@ -209,9 +219,14 @@ pub fn masquerade_tags() -> Result<Vec<String>> {
 /// Sets the agent's masquerade: for each network, traffic from its subnets leaving them
 /// (and not multicast). Replaces what was there in one transaction.
 pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
+    let mut nft = Nftables::open()?;
     let mut batch = Batch::new();
     batch.add_table();
-    batch.add_chain(AGENT_CHAIN, Some(SRCNAT));
+    if nft.chains()?.iter().any(|c| c == OLD_AGENT_CHAIN) {
+        batch.flush_chain(OLD_AGENT_CHAIN);
+        batch.delete_chain(OLD_AGENT_CHAIN);
+    }
+    batch.add_chain(AGENT_CHAIN, Some(AGENT_SRCNAT));
     batch.flush_chain(AGENT_CHAIN);
     for (id, subnets) in networks {
         let tag = AttachmentTag::network(id);
@@ -229,5 +244,5 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
         }
     }
     let _lock = lock()?;
-    Nftables::open()?.commit(batch)
+    nft.commit(batch)
 }

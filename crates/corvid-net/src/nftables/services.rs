@@ -36,7 +36,11 @@
 //!     ct status dnat ip saddr . ip daddr @service-hairpin4 masquerade   (a pod to itself)
 //!     ct status dnat ip daddr @service-outside4 masquerade    (replies come back here)
 //!     meta mark & 0x8000 masquerade                       (from outside, replies come back)
-//!     oifname <public> snat ip to ip saddr map @floating-fixed4 }
+//!     oifname <public> snat ip to ip saddr map @floating-fixed4
+//!     oifname <public> jump router-snat }
+//! chain router-snat {                               rewritten whole when routers change
+//!     ip saddr <subnet> snat to <router's gateway address>   each subnet of a router
+//!                                                   with a gateway and enable_snat }
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -50,6 +54,7 @@ use super::{
     SetSpec,
 };
 use crate::Result;
+use ipnet::IpNet;
 
 /// One service port as the datapath serves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,13 +89,15 @@ const OUTPUT: &str = "services-output";
 const POSTROUTING: &str = "services-postrouting";
 const FILTER_PREROUTING: &str = "services-filter-prerouting";
 const FILTER_OUTPUT: &str = "services-filter-output";
-const BASE_CHAINS: [&str; 6] = [
+const ROUTER_SNAT: &str = "router-snat";
+const BASE_CHAINS: [&str; 7] = [
     PREROUTING,
     OUTPUT,
     POSTROUTING,
     FILTER_PREROUTING,
     FILTER_OUTPUT,
     CHAIN,
+    ROUTER_SNAT,
 ];
 const SERVICE_CHAIN_PREFIX: &str = "svc-";
 const AFFINITY_PREFIX: &str = "affinity-";
@@ -195,6 +202,8 @@ pub struct Services {
     /// How many services send to each member address outside corvid's networks.
     outsides: HashMap<IpAddr, usize>,
     floating: BTreeMap<IpAddr, IpAddr>,
+    /// Router subnets and the gateway address what they send out leaves from.
+    router_snat: Option<BTreeMap<IpNet, IpAddr>>,
     public_interface: Option<String>,
     source: Option<IpAddr>,
 }
@@ -216,9 +225,43 @@ impl Services {
             hairpins: HashMap::new(),
             outsides: HashMap::new(),
             floating: BTreeMap::new(),
+            router_snat: None,
             public_interface,
             source,
         })
+    }
+
+    /// Makes what a router's subnet sends out of the public interface leave from the
+    /// router's gateway address (`snat`: subnet to address), after the floating IPs,
+    /// which take precedence, and before the networks' masquerade, which it replaces
+    /// there. Rewritten whole when it changes: routers' gateways change rarely. Nothing
+    /// without a public interface, or before the first [`Services::sync`].
+    pub fn sync_router_snat(&mut self, snat: &BTreeMap<IpNet, IpAddr>) -> Result<()> {
+        if self.public_interface.is_none()
+            || !self.started
+            || self.router_snat.as_ref() == Some(snat)
+        {
+            return Ok(());
+        }
+        let mut batch = Batch::new();
+        batch.flush_chain(ROUTER_SNAT);
+        for (subnet, gateway) in snat {
+            if subnet.addr().is_ipv6() != gateway.is_ipv6() {
+                continue;
+            }
+            let v6 = gateway.is_ipv6();
+            let mut rule = expr::nfproto(v6);
+            rule.extend(expr::in_prefix(Field::SrcAddr, *subnet, true));
+            rule.extend([
+                expr::immediate(reg32(0), &addr_bytes(*gateway)),
+                expr::snat(v6, reg32(0)),
+            ]);
+            batch.add_rule(ROUTER_SNAT, rule, None);
+        }
+        let _lock = super::lock()?;
+        self.nft.commit(batch)?;
+        self.router_snat = Some(snat.clone());
+        Ok(())
     }
 
     /// Makes the kernel serve `want` (by service ID) and map `floating` (public to fixed
@@ -322,6 +365,7 @@ impl Services {
         self.hairpins.clear();
         self.outsides.clear();
         self.floating.clear();
+        self.router_snat = None;
         self.next_number = 0;
         self.free_numbers.clear();
     }
@@ -403,6 +447,7 @@ impl Services {
             })
         };
         batch.add_chain(CHAIN, None);
+        batch.add_chain(ROUTER_SNAT, None);
         batch.add_chain(
             PREROUTING,
             base(ChainType::Nat, HookPoint::Prerouting, -100),
@@ -542,6 +587,15 @@ impl Services {
                 ]);
                 batch.add_rule(POSTROUTING, snat, None);
             }
+            batch.add_rule(
+                POSTROUTING,
+                vec![
+                    expr::load_ifname(false, Reg::Reg1),
+                    expr::cmp(Reg::Reg1, true, &expr::ifname_bytes(public)),
+                    expr::verdict(expr::Verdict::Jump(ROUTER_SNAT)),
+                ],
+                None,
+            );
         }
     }
 
