@@ -12,10 +12,11 @@ use corvid_net::nftables::masquerade;
 use corvid_net::nftables::routing::Routing;
 use corvid_net::nftables::services::{Services, SyncReport};
 use corvid_net::overlay::{FdbEntry, NeighbourEntry, VxlanSpec};
+use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
 
-use crate::plan::{NetworkPlan, PortPlan};
+use crate::plan::{ExtraRoute, NetworkPlan, PortPlan};
 use crate::services::ServicePlan;
 use corvid_net::names::{self, BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 
@@ -31,6 +32,8 @@ pub struct Datapath {
     services: Option<Services>,
     /// Which bridges may forward to which, opened at the first sync.
     routing: Option<Routing>,
+    /// The routers' extra routes as last made; none before the first sync.
+    extra_routes: Option<BTreeSet<ExtraRoute>>,
     /// The interface floating IPs are answered on, and the ones it was given.
     public: Option<(String, BTreeSet<IpAddr>)>,
 }
@@ -52,6 +55,7 @@ impl Datapath {
             masquerade: None,
             services: None,
             routing: None,
+            extra_routes: None,
             public: public_interface.map(|i| (i, BTreeSet::new())),
         })
     }
@@ -294,6 +298,58 @@ impl Datapath {
             .collect();
         let routing = self.routing.as_mut().expect("opened above");
         routing.sync(&mut self.nl, &want)
+    }
+
+    /// Makes the routers' extra routes the kernel holds (marked with corvid's route
+    /// protocol) exactly `want`; `full` looks at the kernel's again.
+    pub fn sync_extra_routes(&mut self, want: &BTreeSet<ExtraRoute>, full: bool) -> Result<()> {
+        if full {
+            self.extra_routes = None;
+        }
+        if self.extra_routes.as_ref() == Some(want) {
+            return Ok(());
+        }
+        let spec = |nl: &mut Netlink, r: &ExtraRoute| -> Result<Option<RouteSpec>> {
+            let Some(bridge) = nl.link_by_name(&r.bridge)? else {
+                return Ok(None);
+            };
+            let mut s = RouteSpec::new(r.destination, Some(r.nexthop), bridge.index);
+            s.protocol = Some(names::ROUTE_PROTOCOL);
+            Ok(Some(s))
+        };
+        match self.extra_routes.take() {
+            Some(had) => {
+                for r in had.difference(want) {
+                    if let Some(s) = spec(&mut self.nl, r)? {
+                        match self.nl.delete_route(&s) {
+                            Err(e) if e.errno() == Some(libc::ESRCH) => {}
+                            other => other?,
+                        }
+                    }
+                }
+            }
+            None => {
+                // A restart: what an earlier agent made and nobody wants any more goes.
+                let wanted: BTreeSet<(IpNet, Option<IpAddr>)> = want
+                    .iter()
+                    .map(|r| (r.destination, Some(r.nexthop)))
+                    .collect();
+                for s in self.nl.routes()? {
+                    let ours = s.protocol == Some(names::ROUTE_PROTOCOL)
+                        && s.table.is_none_or(|t| t == libc::RT_TABLE_MAIN as u32);
+                    if ours && !wanted.contains(&(s.dst, s.gw)) {
+                        self.nl.delete_route(&s)?;
+                    }
+                }
+            }
+        }
+        for r in want {
+            if let Some(s) = spec(&mut self.nl, r)? {
+                self.nl.replace_route(&s)?;
+            }
+        }
+        self.extra_routes = Some(want.clone());
+        Ok(())
     }
 
     /// Writes the masquerade rules of every network that asks for one, when they changed.

@@ -339,6 +339,11 @@ impl Agent {
             failed(ErrorKind::Routing);
             tracing::error!("routing between networks: {e}");
         }
+        let routes = plan::extra_routes(&self.cache, &self.plans);
+        if let Err(e) = self.dp.sync_extra_routes(&routes, dirty.all) {
+            failed(ErrorKind::Routing);
+            tracing::error!("routers' extra routes: {e}");
+        }
         let all: Vec<_> = self.plans.values().collect();
         if let Err(e) = self.dp.sync_masquerade(&all) {
             failed(ErrorKind::Masquerade);

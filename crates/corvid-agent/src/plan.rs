@@ -146,6 +146,48 @@ pub fn plan(cache: &Cache, host: &str) -> BTreeMap<String, NetworkPlan> {
     out
 }
 
+/// A router's extra route as this host holds it: the next hop is reached on `bridge`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ExtraRoute {
+    /// Where to.
+    pub destination: IpNet,
+    /// Through whom.
+    pub nexthop: IpAddr,
+    /// The bridge of the router's network the next hop is on.
+    pub bridge: String,
+}
+
+/// The extra routes of the routers that have a network with a port here, each through
+/// the bridge whose gateway's subnet holds its next hop (a route whose next hop is on
+/// none of them is left out: the controller refuses those).
+pub fn extra_routes(cache: &Cache, plans: &BTreeMap<String, NetworkPlan>) -> BTreeSet<ExtraRoute> {
+    let routers: BTreeSet<&str> = plans
+        .values()
+        .filter(|n| n.is_local())
+        .filter_map(|n| n.router.as_deref())
+        .collect();
+    let mut out = BTreeSet::new();
+    for r in routers {
+        let Some(router) = cache.routers.get(r) else {
+            continue;
+        };
+        for route in &router.routes {
+            let bridge = plans.values().find(|n| {
+                n.router.as_deref() == Some(r)
+                    && n.gateways.iter().any(|g| g.contains(&route.nexthop))
+            });
+            if let Some(n) = bridge {
+                out.insert(ExtraRoute {
+                    destination: route.destination.trunc(),
+                    nexthop: route.nexthop,
+                    bridge: n.bridge.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// The datapath of one network, whether or not it has local ports.
 pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
     let subnets: Vec<_> = net

@@ -18,6 +18,10 @@ pub const VXLAN_PREFIX: &str = "cvx";
 /// Prefix of the host ends of plugged ports.
 pub const VETH_PREFIX: &str = "cvp";
 
+/// The `protocol` of the routes the agent makes (routers' extra routes): how a restarted
+/// agent finds them, as routing daemons mark theirs (`ip route show proto 118`).
+pub const ROUTE_PROTOCOL: u8 = 118;
+
 /// Prefix of the ifb devices the bandwidth plugin shapes a container's egress on (the
 /// reference's prefix).
 pub const IFB_PREFIX: &str = "bwp";

@@ -1,7 +1,8 @@
 //! Routers on two simulated hosts: two networks on one router reach each other across
 //! hosts, both ways, over TCP and UDP, with their own addresses; a third network on no
-//! router is reached by neither; an interface removed cuts the route; restarted agents
-//! find it all again. Runs as root, in namespaces only (see `overlay.rs`).
+//! router is reached by neither; an extra route carries to its next hop; an interface
+//! removed cuts the route; restarted agents find it all again; a gateway SNATs what
+//! leaves through the public side. Runs as root, in namespaces only (see `overlay.rs`).
 
 #[path = "support/cluster.rs"]
 mod cluster;
@@ -23,6 +24,13 @@ fn cut(from: &Ns, to: &str) -> bool {
     seen_by(from, to)
         .iter()
         .all(|a| a == &["timeout"] || a == &["error"])
+}
+
+fn set_routes(cluster: &Cluster, router: &Router, routes: serde_json::Value) {
+    cluster.api(|c| {
+        c.update::<Router>(&router.id, json!({ "routes": routes }))
+            .unwrap()
+    });
 }
 
 fn interface(subnet: &Subnet) -> RouterInterface {
@@ -77,6 +85,17 @@ fn networks_on_one_router_reach_each_other_across_hosts_and_no_one_else() {
         assert!(cut(from, to), "{} reaches {to}", from.name());
     }
 
+    // An extra route: 10.70.0.0/24 through g2, which holds 10.70.0.7 itself.
+    g2.ip("addr add 10.70.0.7/32 dev lo");
+    set_routes(
+        &cluster,
+        &router,
+        json!([{"destination": "10.70.0.0/24", "nexthop": ip_g2}]),
+    );
+    wait_until("the extra route to carry", Duration::from_secs(10), || {
+        r1.connect("10.70.0.7", 8080, 1, false) == [ip_r1.clone()]
+    });
+
     // Agents restarted: the routes and the isolation come back as they were.
     for i in 0..2 {
         cluster.agents[i].take().unwrap().kill9();
@@ -86,6 +105,14 @@ fn networks_on_one_router_reach_each_other_across_hosts_and_no_one_else() {
         r1.ping(&ip_g2)
     });
     assert!(cut(&r1, &ip_b1));
+    wait_until("the extra route again", Duration::from_secs(10), || {
+        r1.connect("10.70.0.7", 8080, 1, false) == [ip_r1.clone()]
+    });
+    // The route removed: gone from h1's kernel.
+    set_routes(&cluster, &router, json!([]));
+    wait_until("the extra route to go", Duration::from_secs(10), || {
+        cut(&r1, "10.70.0.7")
+    });
 
     // Green leaves the router: h1 stops routing to it, and h1 keeps no green bridge.
     let removed = Instant::now();
