@@ -361,11 +361,19 @@ fn services_spread_over_ready_pods_and_follow_them() {
 #[test]
 fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
     let (mut cluster, kube) = setup("kl");
-    cluster.public_network(102);
+    // .100 to .103: the router's gateway takes .103, the services the others. The router
+    // is the test's own (--router), so its gateway's address is known.
+    let public = cluster.public_network(103);
+    cluster.api(|c| {
+        c.create::<corvid_api::Router>(json!({"name": "edge", "external_gateway_info": {
+            "network_id": public.id, "external_fixed_ips": [{"ip_address": "10.99.0.103"}]}}))
+            .unwrap()
+    });
     // Node 1 is on the public side (its underlay interface, here).
     cluster.agents[0].take();
     cluster.start_agent_with(0, &["--public-interface", "eth0"]);
-    let mut watcher = start_watcher(&cluster, &kube, &["--public-network", "public"]);
+    let args = ["--public-network", "public", "--router", "edge"];
+    let mut watcher = start_watcher(&cluster, &kube, &args);
     namespace(&kube, "shop");
     let served = served_pods(
         &cluster,
@@ -480,7 +488,7 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
     assert_eq!(
         fips.len(),
         3,
-        "two free addresses taken by two of more1..3, and web's"
+        "two free addresses taken by two of more1..3, and web's (the router has the fourth)"
     );
 
     // The watcher down while services are deleted: its restart sweeps them.
@@ -494,7 +502,7 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
                 .unwrap();
         });
     }
-    let _watcher = start_watcher(&cluster, &kube, &["--public-network", "public"]);
+    let _watcher = start_watcher(&cluster, &kube, &args);
     // The API server's own `kubernetes` service keeps its load balancer; no other is left.
     let names = || {
         let lbs: Vec<corvid_api::LoadBalancer> = cluster.api(|c| c.list(&[])).unwrap().0;
@@ -530,13 +538,20 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
                 chains.iter().filter(|c| c.starts_with("svc-")).count() == 1
             },
         );
-        let addrs = host.netlink().addresses(None).unwrap();
-        assert!(
-            !addrs
-                .iter()
-                .any(|(_, a)| a.addr().to_string().starts_with("10.99.0.10")),
-            "host {i}: {addrs:?}"
-        );
+        let addrs: Vec<String> = host
+            .netlink()
+            .addresses(None)
+            .unwrap()
+            .iter()
+            .map(|(_, a)| a.addr().to_string())
+            .collect();
+        // No floating IP is left; the router's gateway stays where the public side is.
+        let left: Vec<&String> = addrs
+            .iter()
+            .filter(|a| a.starts_with("10.99.0.10"))
+            .collect();
+        let router = if i == 0 { vec!["10.99.0.103"] } else { vec![] };
+        assert_eq!(left, router, "host {i}: {addrs:?}");
     }
 }
 
