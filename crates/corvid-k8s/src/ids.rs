@@ -42,6 +42,11 @@ pub fn cluster_router() -> String {
     derive("router", "cluster")
 }
 
+/// The cluster router's interface port on the service network.
+pub fn service_router_port() -> String {
+    derive("port", "services-router")
+}
+
 /// The load balancer of the service with UID `service_uid`.
 pub fn load_balancer(service_uid: &str) -> String {
     derive("loadbalancer", service_uid)

@@ -34,6 +34,24 @@ fn network_with_subnet(c: &Client, cidr: &str, gateway: Value) -> (Network, Subn
     (net, sub)
 }
 
+/// A router with its gateway on `ext` and an interface on `subnet`, which floating IPs
+/// of `ext` need; the router and that interface.
+fn edge_router(
+    c: &Client,
+    ext: &Network,
+    subnet: &Subnet,
+) -> (corvid_api::Router, corvid_api::RouterInterface) {
+    let router: corvid_api::Router = c
+        .create(json!({"name": "edge", "external_gateway_info": {"network_id": ext.id}}))
+        .unwrap();
+    let interface = corvid_api::RouterInterface {
+        subnet_id: Some(subnet.id.clone()),
+        port_id: None,
+    };
+    c.add_router_interface(&router.id, &interface).unwrap();
+    (router, interface)
+}
+
 fn kind(r: Result<impl Sized, corvid_api::ApiError>) -> (u16, String) {
     match r {
         Err(corvid_api::ApiError::Neutron { status, kind, .. }) => (status, kind),
@@ -294,9 +312,30 @@ fn resource_lifecycle_filters_tags_and_errors() {
             .unwrap();
         c.create::<Subnet>(json!({"network_id": ext.id, "cidr": "172.24.4.0/24"}))
             .unwrap();
+        // Only through a router with an interface on the port's subnet and its gateway
+        // on the floating IP's network, as Neutron has it.
+        let unreachable =
+            c.create::<FloatingIp>(json!({"floating_network_id": ext.id, "port_id": fixed.id}));
+        assert_eq!(
+            kind(unreachable),
+            (404, "ExternalGatewayForFloatingIPNotFound".into())
+        );
+        assert!(c.list::<FloatingIp>(&[]).unwrap().0.is_empty());
+        let (router, on_sub) = edge_router(&c, &ext, &sub);
         let fip: FloatingIp = c
             .create(json!({"floating_network_id": ext.id, "port_id": fixed.id}))
             .unwrap();
+        assert_eq!(fip.router_id.as_deref(), Some(router.id.as_str()));
+        assert_eq!(
+            kind(c.remove_router_interface(&router.id, &on_sub)),
+            (409, "RouterInterfaceInUseByFloatingIP".into())
+        );
+        let ungated =
+            c.update::<corvid_api::Router>(&router.id, json!({"external_gateway_info": null}));
+        assert_eq!(
+            kind(ungated),
+            (409, "RouterExternalGatewayInUseByFloatingIp".into())
+        );
         assert_eq!(
             fip.fixed_ip_address,
             Some("10.0.0.50".parse::<IpAddr>().unwrap())
@@ -307,6 +346,9 @@ fn resource_lifecycle_filters_tags_and_errors() {
         );
         let freed: FloatingIp = c.update(&fip.id, json!({"port_id": null})).unwrap();
         assert_eq!(freed.port_id, None);
+        assert_eq!(freed.router_id, None);
+        c.remove_router_interface(&router.id, &on_sub).unwrap();
+        c.delete::<corvid_api::Router>(&router.id).unwrap();
         assert_eq!(
             kind(c.create::<FloatingIp>(json!({"floating_network_id": net.id}))).0,
             400
@@ -854,6 +896,7 @@ fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
             .unwrap();
         c.create::<Subnet>(json!({"network_id": ext.id, "cidr": "172.25.0.0/24"}))
             .unwrap();
+        edge_router(&c, &ext, &v4);
         let fip: FloatingIp = c
             .create(json!({"floating_network_id": ext.id, "port_id": port.id, "fixed_ip_address": chosen}))
             .unwrap();

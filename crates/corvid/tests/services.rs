@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cluster::ns::wait_until;
 use cluster::{cni_result, result_ip, Cluster};
-use corvid_api::{FloatingIp, Network, Subnet};
+use corvid_api::{FloatingIp, Network, RouterInterface, Subnet};
 use serde_json::{json, Value};
 
 fn post(cluster: &Cluster, path: &str, body: Value) -> Value {
@@ -53,7 +53,7 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     // Host 1 answers for floating IPs on its underlay interface, the public side here.
     cluster.agents[0].take();
     cluster.start_agent_with(0, &["--public-interface", "eth0"]);
-    cluster.network("blue", "10.51.0.0/24", false);
+    let (_, blue) = cluster.network("blue", "10.51.0.0/24", false);
     let pods: Vec<_> = ["a1", "a2", "b1", "client"]
         .iter()
         .map(|n| cluster.pod(n))
@@ -106,8 +106,32 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
         assert_eq!(answered(&answers), all, "{answers:?}");
     }
 
-    // A floating IP on the VIP: from the public side, outside the overlay.
+    // A floating IP on the VIP: from the public side, outside the overlay, through a
+    // router with its gateway there and an interface on each network (the services'
+    // subnet has no gateway address: its interface is a port on its broadcast address,
+    // which no VIP takes).
     let public = cluster.public_network(150);
+    cluster.api(|c| {
+        let router: corvid_api::Router = c
+            .create(json!({"name": "edge", "external_gateway_info": {"network_id": public.id}}))
+            .unwrap();
+        let edge: corvid_api::Port = c
+            .create(json!({"network_id": svc_net.id,
+                "fixed_ips": [{"subnet_id": svc_subnet.id, "ip_address": "10.97.0.255"}]}))
+            .unwrap();
+        for which in [
+            RouterInterface {
+                subnet_id: Some(blue.id.clone()),
+                port_id: None,
+            },
+            RouterInterface {
+                subnet_id: None,
+                port_id: Some(edge.id),
+            },
+        ] {
+            c.add_router_interface(&router.id, &which).unwrap();
+        }
+    });
     let fip: FloatingIp = cluster.api(|c| {
         c.create(json!({"floating_network_id": public.id, "port_id": lb["vip_port_id"]}))
             .unwrap()

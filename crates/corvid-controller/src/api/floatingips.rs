@@ -82,6 +82,22 @@ fn associate(
                 ))
             })?,
     };
+    let subnet = port
+        .fixed_ips
+        .iter()
+        .find(|x| x.ip_address == addr)
+        .map(|x| x.subnet_id.clone())
+        .unwrap_or_default();
+    let Some(router) = super::routers::router_between(v, &subnet, &f.floating_network_id) else {
+        return Err(NeutronError::new(
+            StatusCode::NOT_FOUND,
+            "ExternalGatewayForFloatingIPNotFound",
+            format!(
+                "External network {} is not reachable from subnet {subnet}.  Therefore, cannot associate Port {pid} with a Floating IP.",
+                f.floating_network_id
+            ),
+        ));
+    };
     if let Some(other) = v.floatingips.values().find(|o| {
         o.obj.id != f.id
             && o.obj.port_id.as_deref() == Some(pid.as_str())
@@ -94,6 +110,7 @@ fn associate(
     }
     f.port_id = Some(pid);
     f.fixed_ip_address = Some(addr);
+    f.router_id = Some(router);
     f.port_details = Some(PortDetails {
         name: port.name.clone(),
         network_id: port.network_id.clone(),

@@ -110,6 +110,41 @@ fn interfaces(v: &View, router: &str) -> Vec<Entry<Port>> {
     ports_of(v, router, ROUTER_INTERFACE)
 }
 
+/// The router that takes `subnet` to `external_network`: one with an interface on the
+/// subnet and its gateway on that network, as a floating IP there needs.
+pub fn router_between(v: &View, subnet: &str, external_network: &str) -> Option<String> {
+    v.routers
+        .values()
+        .filter(|r| {
+            r.obj
+                .external_gateway_info
+                .as_ref()
+                .is_some_and(|g| g.network_id == external_network)
+        })
+        .find(|r| {
+            interfaces(v, &r.obj.id)
+                .iter()
+                .any(|p| p.obj.fixed_ips.iter().any(|ip| ip.subnet_id == subnet))
+        })
+        .map(|r| r.obj.id.clone())
+}
+
+/// The subnets of the fixed addresses the floating IPs through `router` map to.
+fn floating_ips_through<'a>(v: &'a View, router: &'a str) -> impl Iterator<Item = &'a str> {
+    v.floatingips
+        .values()
+        .filter(move |f| f.obj.router_id.as_deref() == Some(router))
+        .filter_map(|f| {
+            let port = v.ports.get(f.obj.port_id.as_deref()?)?;
+            let ip = f.obj.fixed_ip_address?;
+            port.obj
+                .fixed_ips
+                .iter()
+                .find(|x| x.ip_address == ip)
+                .map(|x| x.subnet_id.as_str())
+        })
+}
+
 /// The router's ports with `owner`, through the device index.
 fn ports_of(v: &View, router: &str, owner: &str) -> Vec<Entry<Port>> {
     v.port_index
@@ -327,6 +362,22 @@ fn set_gateway(
             have.enable_snat = w.enable_snat.unwrap_or(true);
         }
         return Ok(());
+    }
+    let leaving = r
+        .external_gateway_info
+        .as_ref()
+        .map(|g| g.network_id.clone());
+    let kept = want.map(|w| w.network_id.clone());
+    if let Some(net) = leaving.filter(|n| Some(n) != kept.as_ref()) {
+        if floating_ips_through(v, &r.id).next().is_some() {
+            return Err(NeutronError::conflict(
+                "RouterExternalGatewayInUseByFloatingIp",
+                format!(
+                    "Gateway cannot be updated for router {}, since a gateway to external network {net} is required by one or more floating IPs.",
+                    r.id
+                ),
+            ));
+        }
     }
     for old in ports_of(v, &r.id, ROUTER_GATEWAY) {
         let removal = port_removal(&old);
@@ -551,6 +602,15 @@ async fn remove_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Respons
                     "RouterInterfaceInUseByRoute",
                     format!(
                         "Router interface for subnet {} on router {} cannot be deleted, as it is required by one or more routes.",
+                        s.id, r.id
+                    ),
+                ));
+            }
+            if floating_ips_through(v, &r.id).any(|subnet| subnet == s.id) {
+                return Err(NeutronError::conflict(
+                    "RouterInterfaceInUseByFloatingIP",
+                    format!(
+                        "Router interface for subnet {} on router {} cannot be deleted, as it is required by one or more floating IPs.",
                         s.id, r.id
                     ),
                 ));

@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corvid_api::{
-    ApiError, Client, GatewayRequest, Network, NetworkCreate, Router, RouterCreate, RouterUpdate,
-    SubnetCreate, SubnetPoolCreate,
+    ApiError, Client, FixedIpRequest, GatewayRequest, Network, NetworkCreate, Port, PortCreate,
+    Router, RouterCreate, RouterInterface, RouterUpdate, Subnet, SubnetCreate, SubnetPoolCreate,
+    ROUTER_INTERFACE,
 };
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
@@ -259,7 +260,7 @@ impl Watcher {
         }
         let router = self.router().await?;
         tracing::info!(router = %router, "namespaces' networks are routed by it");
-        self.namespaces.set_router(router);
+        self.namespaces.set_router(router.clone());
         let pool = SubnetPoolCreate {
             id: Some(ids::pod_pool()),
             name: Some("k8s-pods".into()),
@@ -300,7 +301,8 @@ impl Watcher {
         self.ctx
             .call(move |c| {
                 c.create_or_get(&net_id, net)?;
-                c.create_or_get(&subnet_id, subnet)
+                let subnet: Subnet = c.create_or_get(&subnet_id, subnet)?;
+                attach_services(c, &router, &subnet)
             })
             .await?;
         // The API server makes `default` shortly after it starts: the namespace watch
@@ -449,6 +451,44 @@ impl Watcher {
         self.pods.sweep(&self.ctx).await;
         self.namespaces.sweep(&self.ctx, self.pods.known()).await;
     }
+}
+
+/// Puts the service network on `router`, so that a floating IP reaches a service's VIP
+/// through it (Neutron's rule for floating IPs). The subnet has no gateway address (the
+/// range's first is the `kubernetes` service's): the interface is a port on the range's
+/// broadcast address, which the API server never gives a service.
+fn attach_services(c: &Client, router: &str, subnet: &Subnet) -> Result<(), ApiError> {
+    let (attached, _) = c.list::<Port>(&[
+        ("network_id", subnet.network_id.as_str()),
+        ("device_owner", ROUTER_INTERFACE),
+        ("device_id", router),
+    ])?;
+    if !attached.is_empty() {
+        return Ok(());
+    }
+    let id = ids::service_router_port();
+    let port: Port = c.create_or_get(
+        &id,
+        PortCreate {
+            id: Some(id.clone()),
+            network_id: subnet.network_id.clone(),
+            name: Some("k8s-services-router".into()),
+            fixed_ips: Some(vec![FixedIpRequest {
+                subnet_id: Some(subnet.id.clone()),
+                ip_address: Some(subnet.cidr.broadcast()),
+            }]),
+            tags: Some(vec![ids::NETWORK_TAG.into()]),
+            ..Default::default()
+        },
+    )?;
+    c.add_router_interface(
+        router,
+        &RouterInterface {
+            subnet_id: None,
+            port_id: Some(port.id),
+        },
+    )
+    .map(drop)
 }
 
 /// Records a warning event on `object` (a pod, a service), as `kubectl describe` shows.

@@ -48,6 +48,8 @@ fn pods_of_every_namespace_reach_each_other_and_kube_system_dns() {
     assert!(router
         .tags
         .contains(&corvid_k8s::ids::NETWORK_TAG.to_string()));
+    // The service network too (a floating IP reaches a VIP through the router).
+    assert!(interfaces(&cluster).contains(&corvid_k8s::ids::service_network().0));
     let (pa, pb, pdns) = (&a.pods[0], &b.pods[0], &dns.pods[0]);
     // Across nodes and namespaces, by pod IP, both ways, the server seeing the pod's own
     // address.
