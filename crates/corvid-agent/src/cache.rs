@@ -237,8 +237,15 @@ impl Cache {
                     );
                     let (was, is) = (old.as_ref().and_then(router_of), new.and_then(router_of));
                     reindex(&mut self.router_ports, &e.id, was, is);
-                    if was.is_some() || is.is_some() {
+                    let snat = |r: Option<&str>| {
+                        r.and_then(|r| self.routers.get(r))
+                            .is_some_and(|r| r.external_gateway_info.is_some())
+                    };
+                    if snat(was) || snat(is) {
+                        // The subnets its gateway SNATs changed.
                         self.services_changed = Changed::All;
+                    }
+                    if was.is_some() || is.is_some() {
                         // Its network's router changed: planned whole.
                         let nets = [old.as_ref(), new].into_iter().flatten();
                         dirty.networks.extend(nets.map(|p| p.network_id.clone()));

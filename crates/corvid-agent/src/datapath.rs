@@ -174,9 +174,11 @@ impl Datapath {
                 alias: Some(&mark),
             },
         )?;
+        let mut fresh = false;
         let vxlan = match self.nl.link_by_name(&n.vxlan)? {
             Some(l) if l.kind == LinkKind::Vxlan => l,
             other => {
+                fresh = true;
                 if let Some(stale) = other {
                     self.nl.delete_link(&stale)?;
                 }
@@ -194,6 +196,34 @@ impl Datapath {
         };
         let mut vxlan = vxlan;
         corvid_net::binding::mark(&mut self.nl, &mut vxlan, Some(&mark))?;
+        // Overlay entries before the gateway: its address brings the connected route, and
+        // a packet routed into the bridge before its neighbour is known waits a second for
+        // the next ARP try.
+        let (want_fdb, want_neighbours) = (n.fdb(), n.neighbours());
+        // A device just made holds nothing: its dumps, which walk the host's whole tables,
+        // are skipped.
+        let fdb = if fresh {
+            BTreeSet::new()
+        } else {
+            self.nl.fdb(&vxlan)?
+        };
+        for e in fdb.difference(&want_fdb) {
+            self.nl.delete_fdb(&vxlan, e)?;
+        }
+        for e in want_fdb.difference(&fdb) {
+            self.nl.add_fdb(&vxlan, e)?;
+        }
+        let neighbours = if fresh {
+            BTreeSet::new()
+        } else {
+            self.nl.neighbours(&vxlan)?
+        };
+        for e in neighbours.difference(&want_neighbours) {
+            self.nl.delete_neighbour(&vxlan, e)?;
+        }
+        for e in want_neighbours.difference(&neighbours) {
+            self.nl.set_neighbour(&vxlan, e)?;
+        }
         for gw in &n.gateways {
             ensure_gateway(&mut self.nl, &bridge, *gw, true)?;
         }
@@ -201,21 +231,6 @@ impl Datapath {
             && sysctl::get("net/ipv4/ip_forward")?.trim() != "1"
         {
             sysctl::set("net/ipv4/ip_forward", "1")?;
-        }
-        let (want_fdb, want_neighbours) = (n.fdb(), n.neighbours());
-        let fdb = self.nl.fdb(&vxlan)?;
-        for e in fdb.difference(&want_fdb) {
-            self.nl.delete_fdb(&vxlan, e)?;
-        }
-        for e in want_fdb.difference(&fdb) {
-            self.nl.add_fdb(&vxlan, e)?;
-        }
-        let neighbours = self.nl.neighbours(&vxlan)?;
-        for e in neighbours.difference(&want_neighbours) {
-            self.nl.delete_neighbour(&vxlan, e)?;
-        }
-        for e in want_neighbours.difference(&neighbours) {
-            self.nl.set_neighbour(&vxlan, e)?;
         }
         Ok((bridge, vxlan))
     }
@@ -352,7 +367,8 @@ impl Datapath {
         Ok(())
     }
 
-    /// Writes the masquerade rules of every network that asks for one, when they changed.
+    /// Writes the masquerade rules of every network that asks for one, when they changed,
+    /// after the rule that gives what this host sends into its bridges its own address.
     pub fn sync_masquerade(&mut self, plans: &[&NetworkPlan]) -> Result<()> {
         let want: BTreeSet<(String, Vec<IpNet>)> = plans
             .iter()
@@ -366,7 +382,7 @@ impl Datapath {
             .iter()
             .map(|(id, subnets)| (id.as_str(), subnets.as_slice()))
             .collect();
-        masquerade::set_network_masquerade(&networks)?;
+        masquerade::set_network_masquerade(&networks, Some(self.local))?;
         self.masquerade = Some(want);
         Ok(())
     }

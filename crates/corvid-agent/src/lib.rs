@@ -332,7 +332,9 @@ impl Agent {
             failed(ErrorKind::Datapath);
             tracing::error!("reconcile: {e}");
         }
-        if dirty.all || !self.plans.keys().eq(networks.iter()) {
+        // The allowance names every corvid bridge at once: it changes only when the first
+        // comes or the last goes.
+        if dirty.all || self.plans.is_empty() != networks.is_empty() {
             self.sync_forwarding();
         }
         if let Err(e) = self.dp.sync_routing(&self.plans, dirty.all) {

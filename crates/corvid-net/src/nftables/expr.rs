@@ -302,14 +302,25 @@ pub fn xt_established() -> Expressions {
 
 /// The destination address is one of this host's (`fib daddr type local`).
 pub fn daddr_local() -> Vec<Expressions> {
+    // flag daddr (2)
+    addr_local(2)
+}
+
+/// The source address is one of this host's (`fib saddr type local`): the host sent it.
+pub fn saddr_local() -> Vec<Expressions> {
+    // flag saddr (1)
+    addr_local(1)
+}
+
+fn addr_local(flag: u32) -> Vec<Expressions> {
     vec![
-        // result addrtype (3), flag daddr (2)
+        // result addrtype (3)
         other(
             "fib",
             vec![
                 nla(1, reg_bytes(Register::Reg1)),
                 nla(2, be32(3)),
-                nla(3, be32(2)),
+                nla(3, be32(flag)),
             ],
         ),
         cmp(Register::Reg1, true, &2u32.to_ne_bytes()),

@@ -13,11 +13,12 @@
 //! DEL removes the elements carrying its tag; GC removes the elements of attachments not
 //! listed valid. Plain sets, not a verdict map: an element that jumps to a chain makes the
 //! kernel validate every element of the map at each commit, which grows with the
-//! network. The agent's network-wide masquerade is its own base chain,
+//! network. The agent's network-wide masquerade (and the SNAT of what the host itself
+//! sends into a bridge to the host's own address) is its own base chain,
 //! `network-masquerade` (after the services' SNAT), rewritten whole when its networks
 //! change.
 
-use super::expr::{self, Field, Reg};
+use super::expr::{self, reg32, Field, Reg};
 use super::{
     addr_bytes, claim, collect_garbage, comments, fnv1a, lock, release, sweep, AttachmentTag,
     BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec, TableRef,
@@ -25,6 +26,7 @@ use super::{
 use crate::names::BRIDGE_PREFIX;
 use crate::Result;
 use ipnet::IpNet;
+use std::net::IpAddr;
 
 const CHAIN: &str = "masquerade";
 const AGENT_CHAIN: &str = "network-masquerade";
@@ -218,7 +220,11 @@ pub fn masquerade_tags() -> Result<Vec<String>> {
 }
 /// Sets the agent's masquerade: for each network, traffic from its subnets leaving them
 /// (and not multicast). Replaces what was there in one transaction.
-pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
+///
+/// With `host` (an address of this host only), what the host itself sends into a corvid
+/// bridge leaves from it: the bridges' own addresses are gateways every host holds, so
+/// a pod on another host would answer its own host, not this one.
+pub fn set_network_masquerade(networks: &[(&str, &[IpNet])], host: Option<IpAddr>) -> Result<()> {
     let mut nft = Nftables::open()?;
     let mut batch = Batch::new();
     batch.add_table();
@@ -228,6 +234,17 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])]) -> Result<()> {
     }
     batch.add_chain(AGENT_CHAIN, Some(AGENT_SRCNAT));
     batch.flush_chain(AGENT_CHAIN);
+    if let Some(host) = host {
+        let v6 = host.is_ipv6();
+        let mut rule = expr::nfproto(v6);
+        rule.extend(expr::ifname_prefix(false, BRIDGE_PREFIX, true));
+        rule.extend(expr::saddr_local());
+        rule.extend([
+            expr::immediate(reg32(0), &addr_bytes(host)),
+            expr::snat(v6, reg32(0)),
+        ]);
+        batch.add_rule(AGENT_CHAIN, rule, None);
+    }
     for (id, subnets) in networks {
         let tag = AttachmentTag::network(id);
         for subnet in subnets.iter() {

@@ -57,6 +57,9 @@ fn pods_of_every_namespace_reach_each_other_and_kube_system_dns() {
         pa.3.connect(&pb.4, 8080, 1, false) == ["b1"]
     });
     assert_eq!(pb.3.connect(&pa.4, 8080, 1, false), ["a0"]);
+    // A node reaches a pod on the other node (the API server's proxy, a host-network
+    // pod): it leaves with the node's own address, not the gateway every node holds.
+    assert_eq!(cluster.hosts[0].connect(&pb.4, 8080, 1, false), ["b1"]);
     assert_eq!(pa.3.connect(&pdns.4, 5353, 1, true), ["dns"]);
     let dns_answers = |from: &support::cluster::ns::Ns| {
         wait_until("the DNS service to answer", Duration::from_secs(20), || {
