@@ -46,6 +46,8 @@ command -v cpio >/dev/null || need+=(cpio)
 # musl-gcc.
 command -v musl-gcc >/dev/null || need+=(musl-tools)
 command -v systemd-socket-activate >/dev/null || need+=(systemd)
+# The routers benchmark's throughput (benches are not run here; installed for them).
+command -v iperf3 >/dev/null || need+=(iperf3)
 # The ipvlan, vlan, dummy and vrf tests run in a VM (this kernel lacks those modules);
 # qemu's recommends (a desktop's worth) are not needed for a serial console.
 if ! command -v qemu-system-x86_64 >/dev/null; then

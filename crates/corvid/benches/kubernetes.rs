@@ -9,7 +9,9 @@
 //! 3. pod created → RunPodSandbox returned (the kubelet's view: the plugin waits for the
 //!    watcher).
 //!
-//! Prints p50 and p99 of each and the ratios. Needs root and what scripts/test.sh installs.
+//! Prints p50 and p99 of each and the ratios. With `CORVID_BENCH_BASELINE` naming another
+//! build's `corvid` binary, its watcher and this build's then take turns on the same API
+//! server, each turn beside its floor. Needs root and what scripts/test.sh installs.
 //!
 //! `cargo build --release --workspace && cargo bench -p corvid --bench kubernetes` (CORVID_BENCH_PODS
 //! sets N, default 100).
@@ -150,6 +152,45 @@ async fn remove_sandbox(c: &mut RuntimeServiceClient<Channel>, id: String) {
         .unwrap();
 }
 
+/// The annotation the floor writes.
+const BARE: &str = "cvt/bare";
+
+/// The floor of an annotation: `names` created unscheduled (no watcher touches them) and
+/// given an annotation by a bare merge patch, all at once; each one's time from its
+/// create to the patch seen on the watch. The pods are deleted after.
+async fn bare_patches(
+    api: &Api<Pod>,
+    bare: &mut mpsc::UnboundedReceiver<(String, Instant)>,
+    names: &[String],
+) -> Vec<Duration> {
+    let work = names.iter().map(|name| {
+        let api = api.clone();
+        let name = name.clone();
+        async move {
+            let t = Instant::now();
+            let mut p = pod_object(&name, "");
+            p.spec.as_mut().unwrap().node_name = None;
+            api.create(&PostParams::default(), &p).await.unwrap();
+            let patch = json!({"metadata": {"annotations": {BARE: "x"}}});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
+            (name, t)
+        }
+    });
+    let mut started: HashMap<String, Instant> =
+        futures::future::join_all(work).await.into_iter().collect();
+    let mut got = Vec::new();
+    while got.len() < names.len() {
+        let (seen, at) = bare.recv().await.unwrap();
+        if let Some(t) = started.remove(&seen) {
+            got.push(at - t);
+        }
+    }
+    delete_all(api, names).await;
+    got
+}
+
 async fn delete_all(api: &Api<Pod>, names: &[String]) {
     for n in names {
         let _ = api
@@ -168,7 +209,7 @@ fn main() {
     kube.apply_manifest(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/rbac.yaml"),
     );
-    let _watcher = start_watcher(&cluster, &kube, &[]);
+    let mut watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "1"]);
     let corvid = Containerd::start(
         &cluster.hosts[0],
         cluster.bin.path(),
@@ -218,8 +259,7 @@ fn main() {
             }
             // The floor: the API server's own round trips for a create and a merge patch of
             // one annotation, seen on the same watch; one at a time and twenty at a time.
-            let bare = watch_annotations(api.clone(), "cvt/bare");
-            let bare = std::sync::Arc::new(tokio::sync::Mutex::new(bare));
+            let mut bare = watch_annotations(api.clone(), BARE);
             let mut floor = Vec::new();
             let mut floor20 = Vec::new();
             for (batch, size) in (0..n.min(50))
@@ -227,38 +267,12 @@ fn main() {
                 .chain((0..n.div_ceil(20)).map(|b| (100 + b, 20)))
             {
                 let names: Vec<String> = (0..size).map(|i| format!("bare-{batch}-{i}")).collect();
-                let mut started = HashMap::new();
-                let work = names.iter().map(|name| {
-                    let api = api.clone();
-                    let name = name.clone();
-                    async move {
-                        let t = Instant::now();
-                        let mut p = pod_object(&name, "");
-                        p.spec.as_mut().unwrap().node_name = None;
-                        api.create(&PostParams::default(), &p).await.unwrap();
-                        let patch = json!({"metadata": {"annotations": {"cvt/bare": "x"}}});
-                        api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                            .await
-                            .unwrap();
-                        (name, t)
-                    }
-                });
-                for (name, t) in futures::future::join_all(work).await {
-                    started.insert(name, t);
-                }
-                let mut got = Vec::new();
-                while got.len() < size {
-                    let (seen, at) = bare.lock().await.recv().await.unwrap();
-                    if let Some(t) = started.remove(&seen) {
-                        got.push(at - t);
-                    }
-                }
+                let got = bare_patches(&api, &mut bare, &names).await;
                 if size == 1 {
                     floor.extend(got)
                 } else {
                     floor20.extend(got)
                 }
-                delete_all(&api, &names).await;
             }
             // A pod that stays, as a namespace's pods do on a node: the node's overlay for the
             // namespace's network is up, so each new pod is plugged without waiting for it.
@@ -330,5 +344,67 @@ fn main() {
     println!(
         "RunPodSandbox p50 corvid-k8s / reference: {:.3} (target <= 1.2)",
         rc / rr
+    );
+    if let Some(baseline) = std::env::var_os("CORVID_BENCH_BASELINE") {
+        against_baseline(&cluster, &kube, &mut watcher, Path::new(&baseline));
+    }
+}
+
+/// Rounds in which this build's watcher and the baseline's take turns.
+const ROUNDS: usize = 5;
+/// Pods per turn, one at a time, and as many floor samples.
+const PER_TURN: usize = 20;
+
+/// This build's watcher against another build's (`baseline`, a `corvid` binary), taking
+/// turns on one API server and controller: pod created -> annotated, one at a time, and
+/// the floor beside each turn.
+fn against_baseline(
+    cluster: &Cluster,
+    kube: &KubeApi,
+    watcher: &mut cluster::ns::Proc,
+    baseline: &Path,
+) {
+    let this = Path::new(env!("CARGO_BIN_EXE_corvid"));
+    let (annotated, floors) = kube.admin(|c| async move {
+        let api = Api::<Pod>::namespaced(c, NS);
+        let mut seen = watch_annotations(api.clone(), corvid_k8s::annotation::KEY);
+        let mut bare = watch_annotations(api.clone(), BARE);
+        let mut annotated = [Vec::new(), Vec::new()];
+        let mut floors = [Vec::new(), Vec::new()];
+        for round in 0..ROUNDS {
+            for (k, binary) in [this, baseline].into_iter().enumerate() {
+                watcher.kill9();
+                *watcher =
+                    kube_api::start_watcher_of(binary, cluster, kube, &["--lease-seconds", "1"]);
+                // The new holder has the lease, listed everything and serves pods.
+                let warm = vec![format!("warm-{round}-{k}")];
+                created_to_annotated(&api, &mut seen, &warm).await;
+                delete_all(&api, &warm).await;
+                for i in 0..PER_TURN {
+                    let names = vec![format!("turn-{round}-{k}-{i}")];
+                    annotated[k].extend(created_to_annotated(&api, &mut seen, &names).await);
+                    delete_all(&api, &names).await;
+                    let names = vec![format!("bare-turn-{round}-{k}-{i}")];
+                    floors[k].extend(bare_patches(&api, &mut bare, &names).await);
+                }
+            }
+        }
+        (annotated, floors)
+    });
+    println!(
+        "\nthis build against {}, taking turns ({ROUNDS} x {PER_TURN} pods each)",
+        baseline.display()
+    );
+    let [a_this, a_base] = annotated;
+    let [f_this, f_base] = floors;
+    let a_this = row("pod created -> annotated, this build", a_this);
+    let f_this = row("floor beside it", f_this);
+    let a_base = row("pod created -> annotated, baseline", a_base);
+    let f_base = row("floor beside it", f_base);
+    println!(
+        "annotation p50 / floor p50: this build {:.2}, baseline {:.2}; this / baseline p50 {:.2}",
+        a_this / f_this,
+        a_base / f_base,
+        a_this / a_base
     );
 }

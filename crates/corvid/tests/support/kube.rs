@@ -374,9 +374,19 @@ impl Drop for KubeApi {
 
 /// `corvid kube-watch` in the lan namespace, as the watcher's RBAC-bound user.
 pub fn start_watcher(cluster: &Cluster, kube: &KubeApi, extra: &[&str]) -> Proc {
+    start_watcher_of(
+        Path::new(env!("CARGO_BIN_EXE_corvid")),
+        cluster,
+        kube,
+        extra,
+    )
+}
+
+/// As [`start_watcher`], with the `corvid` binary at `corvid` (another build's).
+pub fn start_watcher_of(corvid: &Path, cluster: &Cluster, kube: &KubeApi, extra: &[&str]) -> Proc {
     let child = cluster
         .lan
-        .command(env!("CARGO_BIN_EXE_corvid"))
+        .command(corvid)
         .arg("kube-watch")
         .arg("--kubeconfig")
         .arg(kube.kubeconfig(WATCHER_TOKEN))

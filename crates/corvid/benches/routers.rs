@@ -1,0 +1,353 @@
+//! Routers on two simulated hosts, in one run:
+//! - pod-to-pod across hosts through a router (red to green) against the same network
+//!   (red to red), taking turns: iperf3 TCP throughput, and TCP connections per second;
+//! - a router interface added until the first packet a pod on another host sends is
+//!   routed and answered;
+//! - the agent's work for one interface change while 10, 100 and 1,000 networks (up to
+//!   `CORVID_BENCH_NETWORKS`) hang on the router, beside the floor: the same devices
+//!   (bridge, vxlan, gateway) made and removed bare through corvid-net.
+//!
+//! Needs root and iperf3. `cargo bench -p corvid --bench routers` (CORVID_BENCH_ROUNDS
+//! sets the throughput rounds, default 5; CORVID_BENCH_NETWORKS=0 skips the scale part).
+
+#[path = "../tests/support/cluster.rs"]
+mod cluster;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cluster::ns::{wait_until, Ns, Proc};
+use cluster::{cni_result, result_ip, Cluster};
+use corvid_api::requests::RouterInterface;
+use corvid_api::{Network, Router, Subnet};
+use serde_json::{json, Value};
+
+const SAMPLES: usize = 15;
+const METRICS: &str = "127.0.0.1:9697";
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn on(subnet: &str) -> RouterInterface {
+    RouterInterface {
+        subnet_id: Some(subnet.to_string()),
+        port_id: None,
+    }
+}
+
+/// iperf3 from `from` to `to` for two seconds: received Gbit/s.
+fn iperf(from: &Ns, to: &str) -> f64 {
+    let out = from
+        .command("iperf3")
+        .args(["-c", to, "-t", "2", "-J"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("iperf3 to {to}: {v}"))
+        / 1e9
+}
+
+/// TCP connections per second from `from` to `to`:8080, 200 one after the other.
+fn connection_rate(from: &Ns, to: &str) -> f64 {
+    let start = Instant::now();
+    let answers = from.connect(to, 8080, 200, false);
+    assert!(answers.iter().all(|a| a != "timeout"), "{answers:?}");
+    200.0 / start.elapsed().as_secs_f64()
+}
+
+fn epoch() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A prober in `pod` sending a UDP datagram to `to`:5353 every millisecond; it prints
+/// the wall-clock time of the first answer.
+fn prober(pod: &Ns, to: &str) -> (Proc, BufReader<std::process::ChildStdout>) {
+    let script = format!(
+        "import socket, time\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.settimeout(0.001)\n\
+         print('ready', flush=True)\n\
+         while True:\n\
+         \x20   s.sendto(b'x', ('{to}', 5353))\n\
+         \x20   try:\n\
+         \x20       s.recv(100)\n\
+         \x20       print(repr(time.time()), flush=True)\n\
+         \x20       break\n\
+         \x20   except OSError:\n\
+         \x20       time.sleep(0.001)\n"
+    );
+    let mut child = pod
+        .command("python3")
+        .args(["-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    (Proc(child), out)
+}
+
+/// The agent's reconcile time so far on `host`: (seconds, passes) of change passes.
+fn agent_work(host: &Ns) -> (f64, f64) {
+    let text = host
+        .open()
+        .run(|| {
+            ureq::get(&format!("http://{METRICS}/metrics"))
+                .call()
+                .unwrap()
+                .into_string()
+                .unwrap()
+        })
+        .unwrap();
+    let sample = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains("kind=\"changes\""))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    (
+        sample("corvid_agent_reconcile_duration_seconds_sum"),
+        sample("corvid_agent_reconcile_duration_seconds_count"),
+    )
+}
+
+/// A network with a /24 subnet (no CNI configuration); its subnet.
+fn network(cluster: &Cluster, name: &str, cidr: &str) -> Subnet {
+    cluster.api(|c| {
+        let n: Network = c.create(json!({"name": name})).unwrap();
+        c.create(json!({"network_id": n.id, "cidr": cidr, "ip_version": 4}))
+            .unwrap()
+    })
+}
+
+/// The i-th scale network's /24, from 172.16.0.0/12.
+fn scale_cidr(i: usize) -> String {
+    format!("172.{}.{}.0/24", 16 + i / 256, i % 256)
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let setting = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (max, rounds) = (
+        setting("CORVID_BENCH_NETWORKS", 1000),
+        setting("CORVID_BENCH_ROUNDS", 5),
+    );
+    let mut cluster = Cluster::new("br");
+    cluster.agents[0].take();
+    cluster.start_agent_with(0, &["--metrics-listen", METRICS]);
+    let (_, red) = cluster.network("red", "10.90.0.0/24", false);
+    let (_, green) = cluster.network("green", "10.91.0.0/24", false);
+    let (_, blue) = cluster.network("blue", "10.92.0.0/24", false);
+    let router: Router = cluster.api(|c| {
+        let r: Router = c.create(json!({"name": "bench"})).unwrap();
+        for s in [&red, &green] {
+            c.add_router_interface(&r.id, &on(&s.id)).unwrap();
+        }
+        r
+    });
+    let (r1, r2, g2, b2) = (
+        cluster.pod("r1"),
+        cluster.pod("r2"),
+        cluster.pod("g2"),
+        cluster.pod("b2"),
+    );
+    cni_result(&cluster.add(0, "red", &r1));
+    let ip_r2 = result_ip(&cni_result(&cluster.add(1, "red", &r2)));
+    let ip_g2 = result_ip(&cni_result(&cluster.add(1, "green", &g2)));
+    let ip_b2 = result_ip(&cni_result(&cluster.add(1, "blue", &b2)));
+    let mut servers = Vec::new();
+    for pod in [&r2, &g2, &b2] {
+        servers.push(pod.serve_name("s", 8080));
+        servers.push(pod.serve_name("s", 5353));
+        let iperf = pod
+            .command("iperf3")
+            .args(["-s"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        servers.push(Proc(iperf));
+    }
+    wait_until("red to reach green", Duration::from_secs(20), || {
+        r1.connect(&ip_g2, 8080, 1, false) == ["s"]
+    });
+
+    println!("pod to pod across two hosts, taking turns ({rounds} rounds, medians)");
+    let (mut same, mut routed) = (Vec::new(), Vec::new());
+    let (mut same_rate, mut routed_rate) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        same.push(iperf(&r1, &ip_r2));
+        routed.push(iperf(&r1, &ip_g2));
+        same_rate.push(connection_rate(&r1, &ip_r2));
+        routed_rate.push(connection_rate(&r1, &ip_g2));
+    }
+    let (same, routed) = (median(same), median(routed));
+    let (same_rate, routed_rate) = (median(same_rate), median(routed_rate));
+    println!("{:<34} {:>12} {:>14}", "", "TCP Gbit/s", "connections/s");
+    println!(
+        "{:<34} {same:>12.2} {same_rate:>14.0}",
+        "same network (red to red)"
+    );
+    println!(
+        "{:<34} {routed:>12.2} {routed_rate:>14.0}",
+        "routed (red to green)"
+    );
+    println!(
+        "ratio routed/same: throughput {:.3}, connections {:.3} (target >= 0.95 each)",
+        routed / same,
+        routed_rate / same_rate
+    );
+
+    let mut latency = Vec::new();
+    for _ in 0..SAMPLES {
+        let (_probe, mut out) = prober(&r1, &ip_b2);
+        let asked = epoch();
+        cluster.api(|c| c.add_router_interface(&router.id, &on(&blue.id)).unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        latency.push((line.trim().parse::<f64>().unwrap() - asked) * 1e3);
+        cluster.api(|c| {
+            c.remove_router_interface(&router.id, &on(&blue.id))
+                .unwrap()
+        });
+        wait_until("blue to be cut", Duration::from_secs(10), || {
+            r1.connect(&ip_b2, 5353, 1, true) != ["s"]
+        });
+    }
+    latency.sort_by(f64::total_cmp);
+    println!(
+        "\nrouter interface added -> first packet routed and answered across hosts, {SAMPLES} samples: \
+         p50 {:.1} ms, p90 {:.1} ms (target p50 <= 20 ms)",
+        latency[SAMPLES / 2],
+        latency[SAMPLES * 9 / 10]
+    );
+
+    println!("\none interface change on host 1 with N networks on the router (p50 of {SAMPLES})");
+    println!(
+        "{:>6} {:>14} {:>12} {:>17} {:>14} {:>12}",
+        "N", "agent add ms", "bare add ms", "agent remove ms", "bare remove ms", "add/bare"
+    );
+    let mut made = 0;
+    for n in [10, 100, 1000].into_iter().filter(|n| *n <= max) {
+        let subnets: Vec<Subnet> = (made..n)
+            .map(|i| network(&cluster, &format!("scale{i}"), &scale_cidr(i)))
+            .collect();
+        cluster.api(|c| {
+            for s in &subnets {
+                c.add_router_interface(&router.id, &on(&s.id)).unwrap();
+            }
+        });
+        made = n;
+        let bridges = |host: &Ns| host.links(corvid_net::names::BRIDGE_PREFIX).len();
+        // red, green and the scale networks.
+        wait_until(
+            "host 1 to hold every network",
+            Duration::from_secs(600),
+            || bridges(&cluster.hosts[0]) == n + 2,
+        );
+        let probe = network(&cluster, &format!("probe{n}"), "172.31.255.0/24");
+        let (mut add, mut remove) = (Vec::new(), Vec::new());
+        let (mut bare_add, mut bare_remove) = (Vec::new(), Vec::new());
+        for _ in 0..SAMPLES {
+            for adding in [true, false] {
+                let before = agent_work(&cluster.hosts[0]);
+                cluster.api(|c| {
+                    if adding {
+                        c.add_router_interface(&router.id, &on(&probe.id)).map(drop)
+                    } else {
+                        c.remove_router_interface(&router.id, &on(&probe.id))
+                            .map(drop)
+                    }
+                    .unwrap()
+                });
+                let want = n + 2 + usize::from(adding);
+                wait_until("host 1 to follow", Duration::from_secs(10), || {
+                    bridges(&cluster.hosts[0]) == want
+                });
+                // The passes of the change: the interface port, then the router's revision.
+                std::thread::sleep(Duration::from_millis(300));
+                let after = agent_work(&cluster.hosts[0]);
+                let ms = (after.0 - before.0) * 1e3;
+                if adding {
+                    add.push(ms);
+                } else {
+                    remove.push(ms);
+                }
+            }
+            let (made, removed) = bare_devices(&cluster.hosts[0]);
+            bare_add.push(made);
+            bare_remove.push(removed);
+        }
+        let (add, remove) = (median(add), median(remove));
+        let (bare_add, bare_remove) = (median(bare_add), median(bare_remove));
+        println!(
+            "{n:>6} {add:>14.2} {bare_add:>12.2} {remove:>17.2} {bare_remove:>14.2} {:>12.2}",
+            add / bare_add
+        );
+        cluster.api(|c| c.delete::<Subnet>(&probe.id)).unwrap();
+    }
+    for (pod, net, host) in [
+        (&r1, "red", 0),
+        (&r2, "red", 1),
+        (&g2, "green", 1),
+        (&b2, "blue", 1),
+    ] {
+        cluster.del(host, net, pod);
+    }
+}
+
+/// The floor of bringing a network up and down on a host: a bridge with a gateway and a
+/// vxlan device on it, made and removed through corvid-net as the agent makes them;
+/// milliseconds to make, and to remove.
+fn bare_devices(host: &Ns) -> (f64, f64) {
+    use corvid_net::binding::{ensure_bridge, ensure_gateway, BridgeSpec};
+    use corvid_net::overlay::VxlanSpec;
+    host.open()
+        .run(|| {
+            let mut nl = corvid_net::Netlink::open().unwrap();
+            let start = Instant::now();
+            let bridge = ensure_bridge(
+                &mut nl,
+                &BridgeSpec {
+                    name: "cvtbare0",
+                    mtu: Some(1450),
+                    vlan_filtering: false,
+                    promisc: false,
+                    alias: None,
+                },
+            )
+            .unwrap();
+            nl.add_vxlan(&VxlanSpec {
+                name: "cvtbarex0",
+                vni: 999_999,
+                local: "10.99.0.1".parse().unwrap(),
+                master: bridge.index,
+                mtu: Some(1450),
+            })
+            .unwrap();
+            ensure_gateway(&mut nl, &bridge, "172.31.254.1/24".parse().unwrap(), true).unwrap();
+            let made = start.elapsed().as_secs_f64() * 1e3;
+            let start = Instant::now();
+            let vxlan = nl.link_by_name("cvtbarex0").unwrap().unwrap();
+            nl.delete_link(&vxlan).unwrap();
+            nl.delete_link(&bridge).unwrap();
+            (made, start.elapsed().as_secs_f64() * 1e3)
+        })
+        .unwrap()
+}
