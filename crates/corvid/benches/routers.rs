@@ -189,14 +189,19 @@ fn main() {
     });
 
     println!("pod to pod across two hosts, taking turns ({rounds} rounds, medians)");
+    let floor = BareKernel::new(&cluster.tag);
     let (mut same, mut routed) = (Vec::new(), Vec::new());
     let (mut same_rate, mut routed_rate) = (Vec::new(), Vec::new());
+    let (mut bridged, mut forwarded) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         same.push(iperf(&r1, &ip_r2));
         routed.push(iperf(&r1, &ip_g2));
         same_rate.push(connection_rate(&r1, &ip_r2));
         routed_rate.push(connection_rate(&r1, &ip_g2));
+        bridged.push(iperf(&floor.pods[0], BareKernel::SAME));
+        forwarded.push(iperf(&floor.pods[0], BareKernel::ROUTED));
     }
+    let (bridged, forwarded) = (median(bridged), median(forwarded));
     let (same, routed) = (median(same), median(routed));
     let (same_rate, routed_rate) = (median(same_rate), median(routed_rate));
     println!("{:<34} {:>12} {:>14}", "", "TCP Gbit/s", "connections/s");
@@ -213,6 +218,12 @@ fn main() {
         routed / same,
         routed_rate / same_rate
     );
+    println!(
+        "the floor, one bare namespace, no nftables: bridged {bridged:.2} Gbit/s, routed \
+         between two bridges {forwarded:.2} Gbit/s, ratio {:.3}",
+        forwarded / bridged
+    );
+    drop(floor);
 
     let mut latency = Vec::new();
     for _ in 0..SAMPLES {
@@ -309,6 +320,80 @@ fn main() {
         (&b2, "blue", 1),
     ] {
         cluster.del(host, net, pod);
+    }
+}
+
+/// The floor of routing against bridging in the bare kernel: a private host namespace
+/// with two bridges and their gateways, two pods on one and one on the other, iperf3
+/// servers on the last two; no nftables, no overlay.
+struct BareKernel {
+    // Dropped in this order: the servers, then their namespaces, then the host's.
+    _servers: Vec<Proc>,
+    pods: Vec<Ns>,
+    _host: Ns,
+}
+
+impl BareKernel {
+    const SAME: &'static str = "10.94.0.6";
+    const ROUTED: &'static str = "10.95.0.5";
+
+    fn new(tag: &str) -> BareKernel {
+        let host = Ns::new(tag, "fh");
+        host.open()
+            .run(|| corvid_net::sysctl::set("net/ipv4/ip_forward", "1").unwrap())
+            .unwrap();
+        for (bridge, gateway) in [("cvtfa", "10.94.0.1/24"), ("cvtfb", "10.95.0.1/24")] {
+            host.ip(&format!("link add {bridge} type bridge"));
+            host.ip(&format!("addr add {gateway} dev {bridge}"));
+            host.ip(&format!("link set {bridge} up"));
+        }
+        let pods: Vec<Ns> = [
+            ("fa1", "cvtfa", "10.94.0.5"),
+            ("fa2", "cvtfa", "10.94.0.6"),
+            ("fb1", "cvtfb", Self::ROUTED),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, bridge, ip))| {
+            let pod = Ns::new(tag, name);
+            host.ip(&format!(
+                "link add cvtfv{i} type veth peer name eth0 netns {}",
+                pod.name()
+            ));
+            host.ip(&format!("link set cvtfv{i} master {bridge} up"));
+            pod.ip(&format!("addr add {ip}/24 dev eth0"));
+            pod.ip("link set eth0 up");
+            let gateway = if bridge == "cvtfa" {
+                "10.94.0.1"
+            } else {
+                "10.95.0.1"
+            };
+            pod.ip(&format!("route add default via {gateway}"));
+            pod
+        })
+        .collect();
+        let servers = pods[1..]
+            .iter()
+            .map(|p| {
+                Proc(
+                    p.command("iperf3")
+                        .args(["-s"])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        wait_until("the bare pods to answer", Duration::from_secs(10), || {
+            pods[0].ping(Self::SAME) && pods[0].ping(Self::ROUTED)
+        });
+        // iperf3 listens a moment after it starts.
+        std::thread::sleep(Duration::from_millis(500));
+        BareKernel {
+            pods,
+            _servers: servers,
+            _host: host,
+        }
     }
 }
 
