@@ -315,6 +315,12 @@ impl Datapath {
         routing.sync(&mut self.nl, &want)
     }
 
+    /// Whether the routing filter and the extra routes were last made whole: after a
+    /// failure they are made again at the next reconcile, whatever it changes.
+    pub fn routing_settled(&self) -> bool {
+        self.routing.as_ref().is_some_and(Routing::is_started) && self.extra_routes.is_some()
+    }
+
     /// Makes the routers' extra routes the kernel holds (marked with corvid's route
     /// protocol) exactly `want`; `full` looks at the kernel's again.
     pub fn sync_extra_routes(&mut self, want: &BTreeSet<ExtraRoute>, full: bool) -> Result<()> {

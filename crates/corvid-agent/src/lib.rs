@@ -337,14 +337,22 @@ impl Agent {
         if dirty.all || self.plans.is_empty() != networks.is_empty() {
             self.sync_forwarding();
         }
-        if let Err(e) = self.dp.sync_routing(&self.plans, dirty.all) {
-            failed(ErrorKind::Routing);
-            tracing::error!("routing between networks: {e}");
-        }
-        let routes = plan::extra_routes(&self.cache, &self.plans);
-        if let Err(e) = self.dp.sync_extra_routes(&routes, dirty.all) {
-            failed(ErrorKind::Routing);
-            tracing::error!("routers' extra routes: {e}");
+        // Which networks are here and their routers change only with networks, routers
+        // and a network's first or last port: a pod's own change leaves both alone.
+        let routed = dirty.all
+            || !dirty.routers.is_empty()
+            || !dirty.networks.is_empty()
+            || !self.plans.keys().eq(networks.iter());
+        if routed || !self.dp.routing_settled() {
+            if let Err(e) = self.dp.sync_routing(&self.plans, dirty.all) {
+                failed(ErrorKind::Routing);
+                tracing::error!("routing between networks: {e}");
+            }
+            let routes = plan::extra_routes(&self.cache, &self.plans);
+            if let Err(e) = self.dp.sync_extra_routes(&routes, dirty.all) {
+                failed(ErrorKind::Routing);
+                tracing::error!("routers' extra routes: {e}");
+            }
         }
         let all: Vec<_> = self.plans.values().collect();
         if let Err(e) = self.dp.sync_masquerade(&all) {
@@ -535,13 +543,15 @@ impl Agent {
     /// Whether network plan `n` has a datapath here: a port of it is bound here, or one
     /// of a network on its router is.
     fn needed(&self, n: &NetworkPlan) -> bool {
-        n.is_local()
-            || n.router.as_deref().is_some_and(|r| {
-                self.cache
-                    .router_networks(r)
-                    .into_iter()
-                    .any(|id| self.plans.get(id).is_some_and(NetworkPlan::is_local))
-            })
+        n.is_local() || n.router.as_deref().is_some_and(|r| self.router_here(r))
+    }
+
+    /// Whether router `r` has a network with a port bound here.
+    fn router_here(&self, r: &str) -> bool {
+        self.cache
+            .router_networks(r)
+            .into_iter()
+            .any(|id| self.plans.get(id).is_some_and(NetworkPlan::is_local))
     }
 
     /// Brings the networks of `routers` here or takes them away, as whether the router
@@ -554,9 +564,7 @@ impl Agent {
                 .into_iter()
                 .map(str::to_string)
                 .collect();
-            let local =
-                |agent: &Agent, id: &str| agent.plans.get(id).is_some_and(NetworkPlan::is_local);
-            let present = networks.iter().any(|id| local(self, id));
+            let present = self.router_here(r);
             for id in networks {
                 let wrong = match self.plans.get(&id) {
                     Some(n) => {

@@ -121,22 +121,21 @@ pub fn ifname_bytes(name: &str) -> [u8; 16] {
 
 /// Loads the input (`input` true) or output interface's name into `reg`.
 pub fn load_ifname(input: bool, reg: Register) -> Expressions {
-    let key = if input {
-        MetaKey::Iifname
+    meta(pick(input, MetaKey::Iifname, MetaKey::Oifname), reg)
+}
+
+/// The input side's key or the output side's.
+fn pick(input: bool, inward: MetaKey, outward: MetaKey) -> MetaKey {
+    if input {
+        inward
     } else {
-        MetaKey::Oifname
-    };
-    meta(key, reg)
+        outward
+    }
 }
 
 /// Loads the input (`input` true) or output interface's group into `reg`.
 pub fn load_ifgroup(input: bool, reg: Register) -> Expressions {
-    let key = if input {
-        MetaKey::Iifgroup
-    } else {
-        MetaKey::Oifgroup
-    };
-    meta(key, reg)
+    meta(pick(input, MetaKey::Iifgroup, MetaKey::Oifgroup), reg)
 }
 
 /// The input (`input` true) or output interface's name starts (`equal` false: does not

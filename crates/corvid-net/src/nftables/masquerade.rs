@@ -225,13 +225,12 @@ pub fn masquerade_tags() -> Result<Vec<String>> {
 /// bridge leaves from it: the bridges' own addresses are gateways every host holds, so
 /// a pod on another host would answer its own host, not this one.
 pub fn set_network_masquerade(networks: &[(&str, &[IpNet])], host: Option<IpAddr>) -> Result<()> {
-    let mut nft = Nftables::open()?;
     let mut batch = Batch::new();
     batch.add_table();
-    if nft.chains()?.iter().any(|c| c == OLD_AGENT_CHAIN) {
-        batch.flush_chain(OLD_AGENT_CHAIN);
-        batch.delete_chain(OLD_AGENT_CHAIN);
-    }
+    // The old chain made (or found) and removed in one transaction: no listing first.
+    batch.add_chain(OLD_AGENT_CHAIN, Some(SRCNAT));
+    batch.flush_chain(OLD_AGENT_CHAIN);
+    batch.delete_chain(OLD_AGENT_CHAIN);
     batch.add_chain(AGENT_CHAIN, Some(AGENT_SRCNAT));
     batch.flush_chain(AGENT_CHAIN);
     if let Some(host) = host {
@@ -261,5 +260,5 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])], host: Option<IpAddr
         }
     }
     let _lock = lock()?;
-    nft.commit(batch)
+    Nftables::open()?.commit(batch)
 }

@@ -64,6 +64,12 @@ impl Routing {
         })
     }
 
+    /// Whether the filter holds what was last committed (false before the first sync and
+    /// after a failed one).
+    pub fn is_started(&self) -> bool {
+        self.started
+    }
+
     /// Makes the filter hold exactly `want` (bridge to router), sending what changed and
     /// putting each bridge that `nl` finds in its domain's group.
     pub fn sync(&mut self, nl: &mut Netlink, want: &BTreeMap<String, Router>) -> Result<()> {
