@@ -172,6 +172,7 @@ impl Datapath {
                 vlan_filtering: false,
                 promisc: false,
                 alias: Some(&mark),
+                ipv6: Some(n.gateways.iter().any(|g| g.addr().is_ipv6())),
             },
         )?;
         let mut fresh = false;
@@ -195,6 +196,10 @@ impl Datapath {
             }
         };
         let mut vxlan = vxlan;
+        if !fresh {
+            // Made by an older corvid, with the kernel's default.
+            sysctl::set_ipv6(&n.vxlan, false)?;
+        }
         corvid_net::binding::mark(&mut self.nl, &mut vxlan, Some(&mark))?;
         // Overlay entries before the gateway: its address brings the connected route, and
         // a packet routed into the bridge before its neighbour is known waits a second for

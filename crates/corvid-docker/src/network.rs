@@ -381,6 +381,7 @@ impl Driver {
                 vlan_filtering: false,
                 promisc: false,
                 alias: Some(&corvid_net::names::owner_mark(cluster, &net.id)),
+                ipv6: None,
             },
         )?;
         // A pair left by an interrupted Join, or whose end Docker took into a sandbox

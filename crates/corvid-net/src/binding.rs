@@ -24,6 +24,10 @@ pub struct BridgeSpec<'a> {
     pub promisc: bool,
     /// The owner mark to give it as its alias ([`crate::names::owner_mark`]).
     pub alias: Option<&'a str>,
+    /// Whether the host speaks IPv6 on it, kept so when it exists; `None` leaves the
+    /// kernel's default. Set through the calling thread's /proc/sys, so `host` must be
+    /// that namespace's socket ([`crate::sysctl::set_ipv6`]).
+    pub ipv6: Option<bool>,
 }
 
 /// Returns the bridge, creating it (up) when missing; a same-named non-bridge is an error.
@@ -39,7 +43,8 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
         Some(link) => link,
         None => {
             let mac = random_mac();
-            match host.add_bridge(spec.name, spec.mtu, spec.vlan_filtering, Some(&mac)) {
+            let ipv6 = spec.ipv6 != Some(false);
+            match host.add_bridge(spec.name, spec.mtu, spec.vlan_filtering, Some(&mac), ipv6) {
                 Err(e) if e.errno() == Some(libc::EEXIST) => {}
                 r => r?,
             }
@@ -70,6 +75,9 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
     }
     if spec.vlan_filtering {
         host.set_vlan_filtering(&existing)?;
+    }
+    if let Some(on) = spec.ipv6 {
+        crate::sysctl::set_ipv6(spec.name, on)?;
     }
     if !existing.up {
         host.set_up(&existing)?;

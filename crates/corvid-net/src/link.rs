@@ -357,15 +357,51 @@ impl Netlink {
             .map_err(netlink_err(op))
     }
 
+    /// Creates link `m` (asked up), with the host's IPv6 on it turned off before it
+    /// comes up unless `ipv6`: see [`crate::sysctl::set_ipv6`], which reaches the calling
+    /// thread's namespace, so this socket must be that namespace's.
+    pub(crate) fn create_link(&mut self, mut m: LinkMessage, ipv6: bool, op: &str) -> Result<()> {
+        let name = m.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        });
+        let name = name.expect("a link to create is named");
+        if !ipv6 {
+            m.header.flags = LinkFlags::empty();
+        }
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
+        )
+        .map(drop)
+        .map_err(netlink_err(op.to_string()))?;
+        if ipv6 {
+            return Ok(());
+        }
+        let up = crate::sysctl::set_ipv6(&name, false)
+            .and_then(|()| self.change_link(new_up_link(&name, None), format!("set {name} up")));
+        if let Err(e) = up {
+            // Nothing half-made stays: a later attempt creates it whole.
+            if let Ok(Some(link)) = self.link_by_name(&name) {
+                let _ = self.delete_link(&link);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Creates a bridge, up; fails with EEXIST when the name is taken. With `mac` the
     /// bridge's MAC is fixed from birth: the kernel then never replaces it with the
-    /// lowest MAC among its ports, which changes as ports come and go.
+    /// lowest MAC among its ports, which changes as ports come and go. Without `ipv6`
+    /// the host's IPv6 is off on it from the start ([`crate::sysctl::set_ipv6`]; this
+    /// socket must be the calling thread's namespace's).
     pub fn add_bridge(
         &mut self,
         name: &str,
         mtu: Option<u32>,
         vlan_filtering: bool,
         mac: Option<&str>,
+        ipv6: bool,
     ) -> Result<()> {
         let mut m = new_up_link(name, mtu);
         if let Some(mac) = mac {
@@ -379,12 +415,7 @@ impl Netlink {
             ])));
         }
         m.attributes.push(LinkAttribute::LinkInfo(info));
-        self.request(
-            RouteNetlinkMessage::NewLink(m),
-            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
-        )
-        .map(drop)
-        .map_err(netlink_err(format!("create bridge {name}")))
+        self.create_link(m, ipv6, &format!("create bridge {name}"))
     }
 
     /// Turns VLAN filtering on for an existing bridge.

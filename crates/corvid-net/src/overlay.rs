@@ -5,9 +5,7 @@
 use crate::link::{parse_mac, Link};
 use crate::netlink::Netlink;
 use crate::{netlink_err, Result};
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE};
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
@@ -120,7 +118,9 @@ fn gone_ok(r: io::Result<Vec<RouteNetlinkMessage>>) -> io::Result<()> {
 
 impl Netlink {
     /// Creates a vxlan device, up, on `spec.master`, with learning off and ARP answered
-    /// from its neighbour entries; fails with EEXIST when the name is taken.
+    /// from its neighbour entries; fails with EEXIST when the name is taken. The host's
+    /// IPv6 is off on it, as a bridge port needs none ([`crate::sysctl::set_ipv6`]; this
+    /// socket must be the calling thread's namespace's).
     pub fn add_vxlan(&mut self, spec: &VxlanSpec) -> Result<()> {
         let mut m = crate::link::new_up_link(spec.name, spec.mtu);
         m.attributes.push(LinkAttribute::Controller(spec.master));
@@ -138,15 +138,8 @@ impl Netlink {
                 InfoVxlan::Proxy(true),
             ])),
         ]));
-        self.request(
-            RouteNetlinkMessage::NewLink(m),
-            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
-        )
-        .map(drop)
-        .map_err(netlink_err(format!(
-            "create vxlan {} (vni {})",
-            spec.name, spec.vni
-        )))
+        let op = format!("create vxlan {} (vni {})", spec.name, spec.vni);
+        self.create_link(m, false, &op)
     }
 
     /// Adds an FDB entry on a vxlan device; flood entries to several hosts coexist.

@@ -46,7 +46,8 @@ fn a_socket_opened_inside_keeps_working_from_outside() {
     let mut nl = Netlink::open_in(&Netns::open(&ns.0).unwrap()).unwrap();
     let names: Vec<String> = nl.links().unwrap().into_iter().map(|l| l.name).collect();
     assert_eq!(names, ["lo"], "a fresh namespace holds only lo");
-    nl.add_bridge("cvtbrtest", Some(1400), false, None).unwrap();
+    nl.add_bridge("cvtbrtest", Some(1400), false, None, true)
+        .unwrap();
     let br = nl.link_by_name("cvtbrtest").unwrap().unwrap();
     assert_eq!(br.mtu, 1400);
     assert!(br.up);

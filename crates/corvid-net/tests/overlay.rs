@@ -1,5 +1,6 @@
 //! The overlay's kernel effects, in a namespace of their own (as root): a vxlan device on
-//! a bridge, FDB and neighbour entries added, listed and removed.
+//! a bridge, FDB and neighbour entries added, listed and removed; bridges with and
+//! without the host's IPv6.
 
 use corvid_net::binding::{ensure_bridge, BridgeSpec};
 use corvid_net::link::LinkKind;
@@ -18,7 +19,9 @@ impl Drop for Named {
 #[test]
 fn vxlan_fdb_and_neighbours_round_trip() {
     let ns = Named(Netns::create_named(&format!("cvt{}-vx", std::process::id())).unwrap());
-    let mut nl = Netlink::open_in(&Netns::open(&ns.0).unwrap()).unwrap();
+    // In the namespace: the IPv6 switch goes through the thread's /proc/sys.
+    let _in = Netns::open(&ns.0).unwrap().enter().unwrap();
+    let mut nl = Netlink::open().unwrap();
     let bridge = ensure_bridge(
         &mut nl,
         &BridgeSpec {
@@ -27,6 +30,7 @@ fn vxlan_fdb_and_neighbours_round_trip() {
             vlan_filtering: false,
             promisc: false,
             alias: None,
+            ipv6: None,
         },
     )
     .unwrap();
@@ -42,6 +46,16 @@ fn vxlan_fdb_and_neighbours_round_trip() {
     assert_eq!(vx.kind, LinkKind::Vxlan);
     assert_eq!(vx.master, Some(bridge.index));
     assert!(vx.up);
+    // A bridge port: the host's IPv6 is off on it, so it has no link-local address.
+    assert_eq!(
+        corvid_net::sysctl::get("net/ipv6/conf/cvtvx/disable_ipv6").unwrap(),
+        "1"
+    );
+    assert!(nl
+        .addresses(Some(vx.index))
+        .unwrap()
+        .iter()
+        .all(|(_, a)| a.addr().is_ipv4()));
 
     let fdb = FdbEntry {
         mac: "fa:16:3e:00:00:07".into(),
@@ -74,4 +88,61 @@ fn vxlan_fdb_and_neighbours_round_trip() {
             }
         )
         .is_err());
+}
+
+#[test]
+fn bridges_follow_their_ipv6_setting() {
+    let ns = Named(Netns::create_named(&format!("cvt{}-v6", std::process::id())).unwrap());
+    let _in = Netns::open(&ns.0).unwrap().enter().unwrap();
+    let mut nl = Netlink::open().unwrap();
+    let spec = |ipv6| BridgeSpec {
+        name: "cvtbr6",
+        mtu: None,
+        vlan_filtering: false,
+        promisc: false,
+        alias: None,
+        ipv6,
+    };
+    let link_local = |nl: &mut Netlink, index| {
+        nl.addresses(Some(index))
+            .unwrap()
+            .iter()
+            .any(|(_, a)| a.addr().is_ipv6())
+    };
+    let disabled = || corvid_net::sysctl::get("net/ipv6/conf/cvtbr6/disable_ipv6").unwrap();
+
+    // Made without IPv6: up, and never given a link-local address, even with a port
+    // giving it a carrier.
+    let bridge = ensure_bridge(&mut nl, &spec(Some(false))).unwrap();
+    assert!(bridge.up);
+    nl.add_vxlan(&VxlanSpec {
+        name: "cvtvx6",
+        vni: 4243,
+        local: "10.98.0.1".parse().unwrap(),
+        master: bridge.index,
+        mtu: None,
+    })
+    .unwrap();
+    assert_eq!(disabled(), "1");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!link_local(&mut nl, bridge.index));
+
+    // Asked for IPv6 later (an IPv6 subnet came): it gets it.
+    let bridge = ensure_bridge(&mut nl, &spec(Some(true))).unwrap();
+    assert_eq!(disabled(), "0");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !link_local(&mut nl, bridge.index) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no IPv6 link-local address"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // No word: the setting is left as it is.
+    ensure_bridge(&mut nl, &spec(None)).unwrap();
+    assert_eq!(disabled(), "0");
+    ensure_bridge(&mut nl, &spec(Some(false))).unwrap();
+    assert_eq!(disabled(), "1");
+    assert!(!link_local(&mut nl, bridge.index));
 }

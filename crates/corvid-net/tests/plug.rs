@@ -32,6 +32,7 @@ impl Setup {
                 vlan_filtering: false,
                 promisc: false,
                 alias: None,
+                ipv6: None,
             },
         )
         .unwrap();

@@ -89,6 +89,7 @@ impl Floor {
             vlan_filtering: false,
             promisc: false,
             alias: None,
+            ipv6: None,
         };
         let bridge = ensure_bridge(&mut host, &bridge_spec).unwrap();
         let containers = (0..n)

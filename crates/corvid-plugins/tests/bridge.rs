@@ -507,7 +507,7 @@ fn options_hairpin_promisc_mtu_vlan_and_prev_result() {
 fn vlan_tags_the_port() {
     let probe = TestNs::new();
     let mut nl = probe.netlink();
-    if let Err(e) = nl.add_bridge("cvtprobe", None, true, None) {
+    if let Err(e) = nl.add_bridge("cvtprobe", None, true, None, true) {
         assert_eq!(e.errno(), Some(libc::EOPNOTSUPP), "{e}");
         eprintln!(
             "skipped: this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)"
@@ -573,7 +573,7 @@ fn gc_releases_what_is_not_valid() {
 fn force_address_replaces_a_foreign_gateway() {
     let net = Net::new("1.0.0", "");
     let mut nl = net.host.netlink();
-    nl.add_bridge("cvtbr0", None, false, None).unwrap();
+    nl.add_bridge("cvtbr0", None, false, None, true).unwrap();
     let br = nl.link_by_name("cvtbr0").unwrap().unwrap();
     let foreign: ipnet::IpNet = "10.77.0.250/24".parse().unwrap();
     nl.add_address(br.index, &foreign).unwrap();
@@ -686,7 +686,7 @@ fn a_bridge_made_by_hand_keeps_the_mac_it_had() {
     for sysfs in [false, true] {
         let net = Net::new("1.0.0", "");
         let mut nl = net.host.netlink();
-        nl.add_bridge("cvtbr0", None, false, None).unwrap();
+        nl.add_bridge("cvtbr0", None, false, None, true).unwrap();
         let here = net.host.open();
         nl.add_veth("cvtlow", None, "cvtlowpeer", &here, None, None)
             .unwrap();

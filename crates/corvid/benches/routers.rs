@@ -415,6 +415,7 @@ fn bare_devices(host: &Ns) -> (f64, f64) {
                     vlan_filtering: false,
                     promisc: false,
                     alias: None,
+                    ipv6: Some(false),
                 },
             )
             .unwrap();

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use cluster::ns::{wait_until, Ns};
 use cluster::{cni_result, result_ip, Cluster};
 use corvid_api::{requests::RouterInterface, Router, Subnet};
+use corvid_net::{names, sysctl};
 use serde_json::json;
 
 /// What a server on `to` port 8080 sees as the client's address, over TCP and UDP.
@@ -125,13 +126,23 @@ fn networks_on_one_router_reach_each_other_across_hosts_and_no_one_else() {
     });
     eprintln!("cut within {:?}", removed.elapsed());
     assert!(cut(&g2, &ip_r1));
-    let bridges = |host: &Ns| host.links(corvid_net::names::BRIDGE_PREFIX).len();
+    let bridges = |host: &Ns| host.links(names::BRIDGE_PREFIX).len();
     // Red alone on the router: h2 keeps no red bridge either.
     wait_until(
         "each host to keep its own two",
         Duration::from_secs(10),
         || cluster.hosts.iter().all(|h| bridges(h) == 2),
     );
+    // IPv4 networks: the hosts' IPv6 is off on their devices, so one coming or going
+    // does not walk every other's IPv6 routes.
+    for h in &cluster.hosts {
+        let devices = [names::BRIDGE_PREFIX, names::VXLAN_PREFIX].map(|p| h.links(p));
+        for link in devices.concat() {
+            let key = format!("net/ipv6/conf/{link}/disable_ipv6");
+            let off = h.open().run(|| sysctl::get(&key).unwrap()).unwrap();
+            assert_eq!(off, "1", "{link}");
+        }
+    }
     cluster.api(|c| {
         c.remove_router_interface(&router.id, &interface(&red))
             .unwrap();

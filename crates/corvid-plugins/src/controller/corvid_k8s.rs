@@ -187,6 +187,7 @@ fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error
             vlan_filtering: false,
             promisc: false,
             alias: mark(&a.network_id).as_deref(),
+            ipv6: None,
         },
     )
     .map_err(errors::net)?;

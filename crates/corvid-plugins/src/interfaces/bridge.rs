@@ -184,6 +184,7 @@ fn ensure_bridge_and_plug(
             vlan_filtering: conf.vlan != 0,
             promisc: conf.promisc_mode,
             alias: None,
+            ipv6: None,
         },
     )
     .map_err(|e| {
