@@ -11,7 +11,7 @@ use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
 use corvid_net::nftables::routing::Routing;
 use corvid_net::nftables::services::{Services, SyncReport};
-use corvid_net::overlay::{FdbEntry, NeighbourEntry, VxlanSpec};
+use corvid_net::overlay::{FdbEntry, NeighbourEntry, OverlayEntries, VxlanSpec};
 use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
@@ -43,6 +43,17 @@ fn missing(what: String) -> Error {
         op: what,
         source: std::io::Error::from_raw_os_error(libc::ENODEV),
     }
+}
+
+/// What a network's existing vxlan device holds, as [`Datapath::sync_network`] is told.
+pub enum Held<'a> {
+    /// Not known: the kernel is asked.
+    Unknown,
+    /// What the network's previous plan put there (a change pass; drift by hand waits
+    /// for the next full pass).
+    Planned(&'a NetworkPlan),
+    /// Taken from one dump of every device (a full pass).
+    Dumped(&'a mut OverlayEntries),
 }
 
 impl Datapath {
@@ -160,9 +171,16 @@ impl Datapath {
         self.nl.delete_link(link)
     }
 
+    /// Every device's overlay entries, from one dump of each table: a full pass hands
+    /// them to each network's [`Datapath::sync_network`] instead of dumping per network.
+    pub fn overlay_entries(&mut self) -> Result<OverlayEntries> {
+        self.nl.overlay_entries()
+    }
+
     /// Makes the network's bridge, vxlan device, gateways, FDB and neighbours match the
-    /// plan; returns the bridge and the vxlan device.
-    pub fn sync_network(&mut self, n: &NetworkPlan) -> Result<(Link, Link)> {
+    /// plan, taking the vxlan device's entries to be what `held` says; returns the
+    /// bridge and the vxlan device.
+    pub fn sync_network(&mut self, n: &NetworkPlan, held: Held) -> Result<(Link, Link)> {
         let mark = names::owner_mark(&self.cluster, &n.id);
         let bridge = ensure_bridge(
             &mut self.nl,
@@ -205,12 +223,22 @@ impl Datapath {
         // a packet routed into the bridge before its neighbour is known waits a second for
         // the next ARP try.
         let (want_fdb, want_neighbours) = (n.fdb(), n.neighbours());
-        // A device just made holds nothing: its dumps, which walk the host's whole tables,
-        // are skipped.
-        let fdb = if fresh {
-            BTreeSet::new()
-        } else {
-            self.nl.fdb(&vxlan)?
+        // A device just made holds nothing. Dumps walk the host's whole tables, so a
+        // change pass goes by the plan it applied before.
+        let (fdb, neighbours) = match held {
+            _ if fresh => Default::default(),
+            Held::Planned(old) => (old.fdb(), old.neighbours()),
+            Held::Dumped(all) => (
+                all.fdb.remove(&vxlan.index).unwrap_or_default(),
+                all.neighbours.remove(&vxlan.index).unwrap_or_default(),
+            ),
+            Held::Unknown => {
+                let mut all = self.nl.overlay_entries()?;
+                (
+                    all.fdb.remove(&vxlan.index).unwrap_or_default(),
+                    all.neighbours.remove(&vxlan.index).unwrap_or_default(),
+                )
+            }
         };
         for e in fdb.difference(&want_fdb) {
             self.nl.delete_fdb(&vxlan, e)?;
@@ -218,11 +246,6 @@ impl Datapath {
         for e in want_fdb.difference(&fdb) {
             self.nl.add_fdb(&vxlan, e)?;
         }
-        let neighbours = if fresh {
-            BTreeSet::new()
-        } else {
-            self.nl.neighbours(&vxlan)?
-        };
         for e in neighbours.difference(&want_neighbours) {
             self.nl.delete_neighbour(&vxlan, e)?;
         }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use corvid_api::{ApiError, Client, Status, WatchFilter};
 
 use crate::cache::{Cache, Changed, Dirty};
-use crate::datapath::Datapath;
+use crate::datapath::{Datapath, Held};
 use crate::metrics::{failed, ErrorKind, Health, Object, Pass};
 use corvid_net::binding::Plugged;
 use corvid_net::link::Link;
@@ -440,9 +440,10 @@ impl Agent {
         }
         self.links = links;
         self.plans = plans;
+        let mut entries = self.dp.overlay_entries()?;
         let ids: Vec<String> = self.plans.keys().cloned().collect();
         for id in ids {
-            self.bring_up(&id, true, reports);
+            self.bring_up(&id, Held::Dumped(&mut entries), true, reports);
         }
         self.failed
             .retain(|id, _| self.cache.ports.contains_key(id));
@@ -453,11 +454,11 @@ impl Agent {
 
     /// Syncs network `id`'s devices and entries with its plan and plugs its ports (all
     /// of them checked again when `full`, else those not known to be in place).
-    fn bring_up(&mut self, id: &str, full: bool, reports: &mut Vec<Report>) {
+    fn bring_up(&mut self, id: &str, held: Held, full: bool, reports: &mut Vec<Report>) {
         let Some(n) = self.plans.get(id) else {
             return;
         };
-        let (bridge, vxlan) = match self.dp.sync_network(n) {
+        let (bridge, vxlan) = match self.dp.sync_network(n, held) {
             Ok(devices) => devices,
             Err(e) => {
                 failed(ErrorKind::Network);
@@ -489,7 +490,7 @@ impl Agent {
         let bridge = match self.links.get(&n.bridge) {
             Some(b) => b.clone(),
             // Gone since it was last seen: the network is brought up again first.
-            None => match self.dp.sync_network(n) {
+            None => match self.dp.sync_network(n, Held::Unknown) {
                 Ok((bridge, vxlan)) => {
                     self.links.insert(vxlan.name.clone(), vxlan);
                     self.links.insert(bridge.name.clone(), bridge.clone());
@@ -646,7 +647,7 @@ impl Agent {
             Some(plan) => self.plans.insert(id.to_string(), plan),
             None => self.plans.remove(id),
         };
-        if let Some(old) = old {
+        if let Some(old) = &old {
             for p in old.ports.values() {
                 if !self
                     .plans
@@ -661,7 +662,8 @@ impl Agent {
                 self.unlink(&old.bridge);
             }
         }
-        self.bring_up(id, false, reports);
+        let held = old.as_ref().map_or(Held::Unknown, Held::Planned);
+        self.bring_up(id, held, false, reports);
     }
 
     /// Gives port `id` its new role in network `net`'s plan and applies the difference.

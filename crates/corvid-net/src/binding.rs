@@ -39,6 +39,7 @@ pub struct BridgeSpec<'a> {
 /// ports (made by an older corvid, or by hand) is fixed to the MAC it has now, which
 /// is the one its containers know.
 pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
+    let mut made = false;
     let mut existing = match host.link_by_name(spec.name)? {
         Some(link) => link,
         None => {
@@ -46,7 +47,10 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
             let ipv6 = spec.ipv6 != Some(false);
             match host.add_bridge(spec.name, spec.mtu, spec.vlan_filtering, Some(&mac), ipv6) {
                 Err(e) if e.errno() == Some(libc::EEXIST) => {}
-                r => r?,
+                r => {
+                    r?;
+                    made = true;
+                }
             }
             host.link_by_name(spec.name)?
                 .ok_or_else(|| Error::Netlink {
@@ -64,7 +68,8 @@ pub fn ensure_bridge(host: &mut Netlink, spec: &BridgeSpec) -> Result<Link> {
             source: io::Error::from_raw_os_error(libc::EEXIST),
         });
     }
-    if !mac_is_fixed(host, &existing)? {
+    // One made here was given its MAC at birth.
+    if !made && !mac_is_fixed(host, &existing)? {
         let mac = if existing.mac.is_empty() || existing.mac == ZERO_MAC {
             random_mac()
         } else {

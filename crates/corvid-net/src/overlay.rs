@@ -11,7 +11,7 @@ use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::net::IpAddr;
 
@@ -167,14 +167,45 @@ impl Netlink {
 
     /// The static FDB entries of a vxlan device (those with a remote destination).
     pub fn fdb(&mut self, vxlan: &Link) -> Result<BTreeSet<FdbEntry>> {
+        Ok(self
+            .overlay_entries()?
+            .fdb
+            .remove(&vxlan.index)
+            .unwrap_or_default())
+    }
+
+    /// Every device's static FDB and permanent neighbour entries, from one dump of each
+    /// table: what a pass over many devices reads, as a dump walks the whole namespace
+    /// whichever device it is for.
+    pub fn overlay_entries(&mut self) -> Result<OverlayEntries> {
+        let mut out = OverlayEntries::default();
         let mut m = NeighbourMessage::default();
         m.header.family = AddressFamily::Bridge;
         let replies = self
             .request(RouteNetlinkMessage::GetNeighbour(m), NLM_F_DUMP)
-            .map_err(netlink_err(format!("list fdb of {}", vxlan.name)))?;
-        Ok(neighbours(replies, vxlan.index)
-            .filter_map(|(mac, dst)| Some(FdbEntry { mac, dst: dst? }))
-            .collect())
+            .map_err(netlink_err("list the fdb".to_string()))?;
+        for (index, mac, dst) in permanent(replies) {
+            if let Some(dst) = dst {
+                out.fdb
+                    .entry(index)
+                    .or_default()
+                    .insert(FdbEntry { mac, dst });
+            }
+        }
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut m = NeighbourMessage::default();
+            m.header.family = family;
+            let replies = self
+                .request(RouteNetlinkMessage::GetNeighbour(m), NLM_F_DUMP)
+                .map_err(netlink_err("list the neighbours".to_string()))?;
+            for (index, mac, ip) in permanent(replies) {
+                if let Some(ip) = ip {
+                    let entries = out.neighbours.entry(index).or_default();
+                    entries.insert(NeighbourEntry { ip, mac });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The index of the device a bridge's forwarding table sends `mac` to (untagged), if
@@ -221,32 +252,32 @@ impl Netlink {
 
     /// The permanent neighbour entries of a device.
     pub fn neighbours(&mut self, link: &Link) -> Result<BTreeSet<NeighbourEntry>> {
-        let mut out = BTreeSet::new();
-        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-            let mut m = NeighbourMessage::default();
-            m.header.family = family;
-            let replies = self
-                .request(RouteNetlinkMessage::GetNeighbour(m), NLM_F_DUMP)
-                .map_err(netlink_err(format!("list neighbours of {}", link.name)))?;
-            out.extend(
-                neighbours(replies, link.index)
-                    .filter_map(|(mac, ip)| Some(NeighbourEntry { ip: ip?, mac })),
-            );
-        }
-        Ok(out)
+        Ok(self
+            .overlay_entries()?
+            .neighbours
+            .remove(&link.index)
+            .unwrap_or_default())
     }
 }
 
-/// (MAC, address) of the permanent entries on `index` in a neighbour dump.
-fn neighbours(
+/// Static FDB and permanent neighbour entries by device index.
+#[derive(Debug, Default)]
+pub struct OverlayEntries {
+    /// FDB entries with a remote destination.
+    pub fdb: HashMap<u32, BTreeSet<FdbEntry>>,
+    /// Neighbour entries.
+    pub neighbours: HashMap<u32, BTreeSet<NeighbourEntry>>,
+}
+
+/// (device index, MAC, address) of the permanent entries in a neighbour dump.
+fn permanent(
     replies: Vec<RouteNetlinkMessage>,
-    index: u32,
-) -> impl Iterator<Item = (String, Option<IpAddr>)> {
+) -> impl Iterator<Item = (u32, String, Option<IpAddr>)> {
     replies.into_iter().filter_map(move |r| {
         let RouteNetlinkMessage::NewNeighbour(m) = r else {
             return None;
         };
-        if m.header.ifindex != index || m.header.state != NeighbourState::Permanent {
+        if m.header.state != NeighbourState::Permanent {
             return None;
         }
         let mut mac = None;
@@ -258,6 +289,6 @@ fn neighbours(
                 _ => {}
             }
         }
-        Some((mac?, dst))
+        Some((m.header.ifindex, mac?, dst))
     })
 }

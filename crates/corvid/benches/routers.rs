@@ -249,7 +249,7 @@ fn main() {
         latency[SAMPLES * 9 / 10]
     );
 
-    println!("\none interface change on host 1 with N networks on the router (p50 of {SAMPLES})");
+    println!("\none interface change on host 1 (host 2 paused) with N networks on the router (p50 of {SAMPLES})");
     println!(
         "{:>6} {:>14} {:>12} {:>17} {:>14} {:>12}",
         "N", "agent add ms", "bare add ms", "agent remove ms", "bare remove ms", "add/bare"
@@ -273,6 +273,16 @@ fn main() {
             || bridges(&cluster.hosts[0]) == n + 2,
         );
         let probe = network(&cluster, &format!("probe{n}"), "172.31.255.0/24");
+        // Host 2's agent waits while host 1's is measured: both would make the same
+        // devices at the same moment under the one RTNL lock their shared kernel has,
+        // which real hosts do not share.
+        let other = cluster.agents[1]
+            .as_ref()
+            .expect("host 2's agent runs")
+            .0
+            .id() as i32;
+        // SAFETY: a signal to a child this process started and still holds.
+        unsafe { libc::kill(other, libc::SIGSTOP) };
         let (mut add, mut remove) = (Vec::new(), Vec::new());
         let (mut bare_add, mut bare_remove) = (Vec::new(), Vec::new());
         for _ in 0..SAMPLES {
@@ -305,6 +315,8 @@ fn main() {
             bare_add.push(made);
             bare_remove.push(removed);
         }
+        // SAFETY: as above.
+        unsafe { libc::kill(other, libc::SIGCONT) };
         let (add, remove) = (median(add), median(remove));
         let (bare_add, bare_remove) = (median(bare_add), median(bare_remove));
         println!(
