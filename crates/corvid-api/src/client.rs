@@ -184,7 +184,7 @@ impl Client {
         format!(
             "{}/{}",
             self.scope.as_deref().unwrap_or(R::PREFIX),
-            R::PLURAL
+            R::COLLECTION
         )
     }
 

@@ -1,5 +1,5 @@
 //! The network controller's resource model in Neutron v2.0 JSON shape (networks, subnets,
-//! subnetpools, ports, floating IPs, hosts, the watch feed) and the typed HTTP client that every
+//! subnetpools, ports, floating IPs, routers, security groups, hosts, the watch feed) and the typed HTTP client that every
 //! adapter (CNI plugin, Docker driver, agent) uses to reach the controller.
 
 #![deny(missing_docs)]
@@ -11,15 +11,17 @@ pub mod tls;
 
 pub use client::{ApiError, Client, WatchFilter};
 pub use model::{
-    AllocationPool, EventKind, ExternalGatewayInfo, FixedIp, FloatingIp, Host, HostRoute,
-    LbProtocol, Listener, LoadBalancer, Member, Network, Pool, Port, PortDetails, Resource, Router,
-    RouterInterfaceInfo, SessionPersistence, Status, Subnet, SubnetPool, WatchEvent, WatchPage,
-    NODE_PORT_TAG, ROUTER_GATEWAY, ROUTER_INTERFACE,
+    AllocationPool, Direction, Ethertype, EventKind, ExternalGatewayInfo, FixedIp, FloatingIp,
+    Host, HostRoute, LbProtocol, Listener, LoadBalancer, Member, Network, Pool, Port, PortDetails,
+    Resource, Router, RouterInterfaceInfo, SecurityGroup, SecurityGroupRule, SessionPersistence,
+    Status, Subnet, SubnetPool, WatchEvent, WatchPage, NODE_PORT_TAG, ROUTER_GATEWAY,
+    ROUTER_INTERFACE,
 };
 pub use requests::{
     FixedIpRequest, FloatingIpCreate, FloatingIpUpdate, GatewayRequest, HostCreate, ListenerCreate,
     ListenerUpdate, LoadBalancerCreate, LoadBalancerUpdate, MemberCreate, MemberUpdate,
     NetworkCreate, NetworkUpdate, PoolCreate, PoolUpdate, PortCreate, PortUpdate, RouterCreate,
-    RouterInterface, RouterUpdate, SubnetCreate, SubnetPoolCreate, SubnetPoolUpdate, SubnetUpdate,
+    RouterInterface, RouterUpdate, SecurityGroupCreate, SecurityGroupRuleCreate,
+    SecurityGroupUpdate, SubnetCreate, SubnetPoolCreate, SubnetPoolUpdate, SubnetUpdate,
 };
 pub use tls::{Credentials, Tls, TlsError};

@@ -13,8 +13,12 @@ pub trait Resource:
 {
     /// The JSON key of one object (`"port"`).
     const SINGULAR: &'static str;
-    /// The JSON key of a list and the path segment (`"ports"`).
+    /// The JSON key of a list (`"ports"`), and the name of the collection in the store
+    /// and in the watch feed.
     const PLURAL: &'static str;
+    /// The collection's path segment: the JSON key, but where Neutron spells it with
+    /// dashes (`"security-groups"`).
+    const COLLECTION: &'static str = Self::PLURAL;
     /// The path prefix the collection lives under (`"/v2.0"`).
     const PREFIX: &'static str = "/v2.0";
     /// The resource's UUID.
@@ -295,9 +299,11 @@ pub struct Port {
     pub binding_vif_details: Value,
     /// Anti-spoofing on or off.
     pub port_security_enabled: bool,
-    /// Security groups (kept for Neutron clients).
+    /// Its security groups: none when port security is off or the port is the network's
+    /// own (`network:*`), the project's default group when a create names none.
     pub security_groups: Vec<String>,
-    /// Extra address pairs the port may use.
+    /// Other addresses it may send from, each `{"ip_address", "mac_address"}` (an address
+    /// or a prefix, and the port's MAC when none was given).
     pub allowed_address_pairs: Vec<Value>,
     /// Kept for Neutron clients.
     pub extra_dhcp_opts: Vec<Value>,
@@ -451,6 +457,139 @@ pub struct Router {
 impl Resource for Router {
     const SINGULAR: &'static str = "router";
     const PLURAL: &'static str = "routers";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// Which traffic a security group rule lets through: what reaches the port, or what
+/// leaves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// To the port.
+    Ingress,
+    /// From the port.
+    Egress,
+}
+
+/// The IP version a security group rule matches, as Neutron spells it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Ethertype {
+    /// IPv4 (the default).
+    #[default]
+    #[serde(rename = "IPv4")]
+    Ipv4,
+    /// IPv6.
+    #[serde(rename = "IPv6")]
+    Ipv6,
+}
+
+impl Ethertype {
+    /// The name the API uses (`IPv4`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ethertype::Ipv4 => "IPv4",
+            Ethertype::Ipv6 => "IPv6",
+        }
+    }
+
+    /// The version of `addr`.
+    pub fn of(addr: IpAddr) -> Ethertype {
+        if addr.is_ipv4() {
+            Ethertype::Ipv4
+        } else {
+            Ethertype::Ipv6
+        }
+    }
+}
+
+impl std::fmt::Display for Ethertype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A named set of rules for what may reach and leave the ports that have it; traffic no
+/// rule allows is dropped.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SecurityGroup {
+    /// UUID; the project's `default` group has one derived from the project.
+    pub id: String,
+    /// Free-form name; `default` only for the group every project gets.
+    pub name: String,
+    /// Free-form description.
+    pub description: String,
+    /// Owning project (older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// Connection tracking: replies to allowed traffic are allowed too (default true).
+    pub stateful: bool,
+    /// Its rules. The store keeps each rule under its own key; the API shows them here.
+    #[serde(default)]
+    pub security_group_rules: Vec<SecurityGroupRule>,
+    /// Tags.
+    pub tags: Vec<String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Bumped on every change, a rule added or removed included.
+    pub revision_number: u64,
+}
+
+impl Resource for SecurityGroup {
+    const SINGULAR: &'static str = "security_group";
+    const PLURAL: &'static str = "security_groups";
+    const COLLECTION: &'static str = "security-groups";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// One rule of a security group: traffic of a direction, version, protocol and ports,
+/// from or to a prefix or the ports of a group.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SecurityGroupRule {
+    /// UUID.
+    pub id: String,
+    /// Its group.
+    pub security_group_id: String,
+    /// To the port or from it.
+    pub direction: Direction,
+    /// IPv4 or IPv6.
+    pub ethertype: Ethertype,
+    /// An IP protocol name (`tcp`) or number (`6`); `None` for any.
+    pub protocol: Option<String>,
+    /// First port of the range (TCP, UDP, SCTP, DCCP, UDP-Lite), or the ICMP type.
+    pub port_range_min: Option<u16>,
+    /// Last port of the range, or the ICMP code.
+    pub port_range_max: Option<u16>,
+    /// The remote addresses, as given (`10.0.0.5/24` stays so); `None` for any.
+    pub remote_ip_prefix: Option<IpNet>,
+    /// `remote_ip_prefix` without host bits (`10.0.0.0/24`): what to match.
+    pub normalized_cidr: Option<IpNet>,
+    /// The remote addresses are those of this group's ports.
+    pub remote_group_id: Option<String>,
+    /// Free-form description.
+    pub description: String,
+    /// Owning project (older name).
+    pub tenant_id: String,
+    /// Owning project.
+    pub project_id: String,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 last update time.
+    pub updated_at: String,
+    /// Revision of the rule itself (rules do not change once made).
+    pub revision_number: u64,
+}
+
+impl Resource for SecurityGroupRule {
+    const SINGULAR: &'static str = "security_group_rule";
+    const PLURAL: &'static str = "security_group_rules";
+    const COLLECTION: &'static str = "security-group-rules";
     fn id(&self) -> &str {
         &self.id
     }

@@ -13,8 +13,9 @@ use serde_json::Value;
 use serde_with::skip_serializing_none;
 
 use crate::model::{
-    AllocationPool, FloatingIp, Host, HostRoute, LbProtocol, Listener, LoadBalancer, Member,
-    Network, Pool, Port, Resource, Router, SessionPersistence, Status, Subnet, SubnetPool,
+    AllocationPool, Direction, Ethertype, FloatingIp, Host, HostRoute, LbProtocol, Listener,
+    LoadBalancer, Member, Network, Pool, Port, Resource, Router, SecurityGroup, SecurityGroupRule,
+    SessionPersistence, Status, Subnet, SubnetPool,
 };
 
 /// A body that creates one `R`.
@@ -32,6 +33,9 @@ macro_rules! bodies {
     )*};
 }
 
+// Rules are made and removed, never changed.
+impl CreateBody<SecurityGroupRule> for SecurityGroupRuleCreate {}
+
 bodies! {
     NetworkCreate, NetworkUpdate => Network;
     SubnetCreate, SubnetUpdate => Subnet;
@@ -40,6 +44,7 @@ bodies! {
     FloatingIpCreate, FloatingIpUpdate => FloatingIp;
     HostCreate, HostCreate => Host;
     RouterCreate, RouterUpdate => Router;
+    SecurityGroupCreate, SecurityGroupUpdate => SecurityGroup;
     LoadBalancerCreate, LoadBalancerUpdate => LoadBalancer;
     ListenerCreate, ListenerUpdate => Listener;
     PoolCreate, PoolUpdate => Pool;
@@ -482,6 +487,80 @@ pub struct RouterInterface {
     pub subnet_id: Option<String>,
     /// The port.
     pub port_id: Option<String>,
+}
+
+neutron_create! {
+    /// A security group to create; it comes with rules letting everything out.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    pub struct SecurityGroupCreate {
+        /// Free-form name; not `default`, the name of the group every project gets.
+        pub name: Option<String>,
+        /// Free-form description.
+        pub description: Option<String>,
+        /// Connection tracking (default true).
+        pub stateful: Option<bool>,
+    }
+}
+
+/// A change to a security group.
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecurityGroupUpdate {
+    /// Free-form name; the `default` group keeps its own.
+    pub name: Option<String>,
+    /// Free-form description.
+    pub description: Option<String>,
+    /// Connection tracking; unchangeable while a port has the group.
+    pub stateful: Option<bool>,
+}
+
+/// A rule to add to a security group. Rules take no tags, unlike other Neutron resources.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecurityGroupRuleCreate {
+    /// Its group.
+    pub security_group_id: String,
+    /// To the port or from it.
+    pub direction: Direction,
+    /// IPv4 or IPv6 (default IPv4).
+    pub ethertype: Option<Ethertype>,
+    /// An IP protocol name (`tcp`) or number (`6`); any when absent.
+    pub protocol: Option<String>,
+    /// First port of the range, or the ICMP type.
+    pub port_range_min: Option<u16>,
+    /// Last port of the range, or the ICMP code.
+    pub port_range_max: Option<u16>,
+    /// The remote addresses; any when absent.
+    pub remote_ip_prefix: Option<IpNet>,
+    /// The remote addresses are those of this group's ports.
+    pub remote_group_id: Option<String>,
+    /// Free-form description.
+    pub description: Option<String>,
+    /// Owning project.
+    pub project_id: Option<String>,
+    /// Owning project (Neutron's older name).
+    pub tenant_id: Option<String>,
+}
+
+impl SecurityGroupRuleCreate {
+    /// A rule of `security_group_id` for `direction`, of any IPv4 traffic until narrowed.
+    pub fn new(security_group_id: &str, direction: Direction) -> Self {
+        SecurityGroupRuleCreate {
+            security_group_id: security_group_id.to_string(),
+            direction,
+            ethertype: None,
+            protocol: None,
+            port_range_min: None,
+            port_range_max: None,
+            remote_ip_prefix: None,
+            remote_group_id: None,
+            description: None,
+            project_id: None,
+            tenant_id: None,
+        }
+    }
 }
 
 /// A host as its agent registers it (a PUT that creates or replaces).

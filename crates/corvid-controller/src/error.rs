@@ -71,7 +71,8 @@ impl From<StoreError> for NeutronError {
         match e {
             StoreError::TooLarge(why) => NeutronError::invalid_input(format!(
                 "the request is too large for one store transaction ({why}); etcd takes at most \
-                 --max-txn-ops compares and writes (128 unless raised), about 32 new ports: \
+                 --max-txn-ops compares and writes (128 unless raised), about 24 new ports with \
+                 security groups, 32 without: \
                  send smaller bulk requests or raise etcd's --max-txn-ops"
             )),
             e => NeutronError::new(

@@ -39,6 +39,16 @@ pub fn network_users(network: &str) -> String {
     format!("{ROOT}netuse/{network}/")
 }
 
+/// A port that has a security group: `/corvid/sguse/<group>/<port>`.
+pub fn group_user(group: &str, port: &str) -> String {
+    format!("{ROOT}sguse/{group}/{port}")
+}
+
+/// Prefix of the ports that have a security group; empty means no port has it.
+pub fn group_users(group: &str) -> String {
+    format!("{ROOT}sguse/{group}/")
+}
+
 /// A VXLAN segment ID taken by a network: `/corvid/vni/<id>` (value: the network's ID).
 pub fn vni(id: u32) -> String {
     format!("{ROOT}vni/{id}")
@@ -91,6 +101,8 @@ mod tests {
             Parsed::Mac("fa:16:3e:00:00:01")
         );
         assert_eq!(parse(&network_user("n", "p")), Parsed::Other);
+        assert_eq!(parse(&group_user("g", "p")), Parsed::Other);
+        assert!(group_user("g", "p").starts_with(&group_users("g")));
         assert_eq!(parse("/elsewhere/x"), Parsed::Other);
     }
 }

@@ -3,11 +3,14 @@
 //! transactions and count only once the view has applied them, so the store stays the
 //! single source of truth even with several controllers on one etcd.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use corvid_api::{EventKind, FloatingIp, Host, Network, Port, Router, Subnet, SubnetPool};
+use corvid_api::{
+    EventKind, FloatingIp, Host, Network, Port, Router, SecurityGroup, SecurityGroupRule, Subnet,
+    SubnetPool,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -178,6 +181,12 @@ pub struct View {
     pub floatingips: Table<FloatingIp>,
     /// Routers.
     pub routers: Table<Router>,
+    /// Security groups, as stored: without their rules.
+    pub security_groups: Table<SecurityGroup>,
+    /// Security group rules.
+    pub security_group_rules: Table<SecurityGroupRule>,
+    /// The rules of each security group by ID, so in creation order (IDs are time-ordered).
+    pub group_rules: HashMap<String, BTreeSet<Arc<str>>>,
     /// Hosts with an agent.
     pub hosts: Table<Host>,
     /// Octavia objects by collection.
@@ -228,10 +237,21 @@ impl View {
             ("ports", self.ports.len()),
             ("floatingips", self.floatingips.len()),
             ("routers", self.routers.len()),
+            ("security_groups", self.security_groups.len()),
+            ("security_group_rules", self.security_group_rules.len()),
             ("hosts", self.hosts.len()),
         ];
         counts.extend(self.lbaas.iter().map(|(kind, t)| (*kind, t.len())));
         counts
+    }
+
+    /// The rules of security group `group`, oldest first.
+    pub fn rules_of<'a>(&'a self, group: &str) -> impl Iterator<Item = &'a Arc<SecurityGroupRule>> {
+        self.group_rules
+            .get(group)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.security_group_rules.get(id).map(|e| &e.obj))
     }
 
     /// A view of a full `range` of the store at `revision`.
@@ -329,6 +349,31 @@ impl View {
             "subnetpools" => plain!(self.subnetpools),
             "floatingips" => plain!(self.floatingips),
             "routers" => plain!(self.routers),
+            "security_groups" => plain!(self.security_groups),
+            "security_group_rules" => {
+                let old = self.security_group_rules.remove(id).map(|e| {
+                    let group = &e.obj.security_group_id;
+                    if let Some(rules) = self.group_rules.get_mut(group.as_str()) {
+                        rules.remove(id);
+                        if rules.is_empty() {
+                            self.group_rules.remove(group.as_str());
+                        }
+                    }
+                    e.obj
+                });
+                if deleted {
+                    return (old.and_then(|o| json(&*o)), Vec::new());
+                }
+                let key: Arc<str> = id.into();
+                let new = put(&mut self.security_group_rules, kv, key.clone());
+                if let Some(r) = &new {
+                    self.group_rules
+                        .entry(r.security_group_id.clone())
+                        .or_default()
+                        .insert(key);
+                }
+                (new.and_then(|_| stored_json(kv)), Vec::new())
+            }
             "hosts" => plain!(self.hosts),
             "ports" => {
                 let mut hosts = Vec::new();

@@ -47,10 +47,17 @@ impl Api {
             json!({"subnet": {"network_id": net_id, "cidr": "10.55.0.0/16", "ip_version": 4}}),
         );
         let port = post("/v2.0/ports", json!({"port": {"network_id": net_id}}));
+        let group = post(
+            "/v2.0/security-groups",
+            json!({"security_group": {"name": "fuzz"}}),
+        );
+        let rule = &group["security_group"]["security_group_rules"][0]["id"];
         let ids = vec![
             net_id,
             subnet["subnet"]["id"].as_str().unwrap().to_string(),
             port["port"]["id"].as_str().unwrap().to_string(),
+            group["security_group"]["id"].as_str().unwrap().to_string(),
+            rule.as_str().unwrap().to_string(),
         ];
         Api {
             base,
@@ -60,12 +67,14 @@ impl Api {
     }
 }
 
-const COLLECTIONS: [&str; 8] = [
+const COLLECTIONS: [&str; 10] = [
     "/v2.0/networks",
     "/v2.0/subnets",
     "/v2.0/subnetpools",
     "/v2.0/ports",
     "/v2.0/floatingips",
+    "/v2.0/security-groups",
+    "/v2.0/security-group-rules",
     "/v2/lbaas/loadbalancers",
     "/v2/lbaas/listeners",
     "/v2/lbaas/pools",
@@ -81,6 +90,10 @@ fn key() -> impl Strategy<Value = String> {
             "binding:host_id", "device_owner", "tags", "protocol", "protocol_port",
             "vip_subnet_id", "loadbalancer_id", "lb_algorithm", "address", "weight",
             "floating_network_id", "port_id", "mtu", "shared", "enable_dhcp",
+            "security_group", "security_group_rule", "security_group_rules", "security_groups",
+            "security_group_id", "remote_group_id", "remote_ip_prefix", "direction",
+            "ethertype", "port_range_min", "port_range_max", "stateful",
+            "port_security_enabled", "allowed_address_pairs",
         ])
         .prop_map(str::to_string),
         1 => "[a-z_:]{0,10}",
@@ -112,6 +125,14 @@ fn value() -> impl Strategy<Value = Value> {
                 "00000000-0000-0000-0000-000000000000",
                 "256.1.1.1",
                 "10.55.0.0/33",
+                "ingress",
+                "egress",
+                "IPv4",
+                "ipv6",
+                "tcp",
+                "icmp",
+                "any",
+                "default",
             ])
             .prop_map(str::to_string),
             "\\PC{0,12}",
@@ -131,7 +152,7 @@ fn value() -> impl Strategy<Value = Value> {
 fn path(ids: Vec<String>) -> impl Strategy<Value = String> {
     (
         prop::sample::select(COLLECTIONS.to_vec()),
-        prop_oneof![Just(None), (0usize..3).prop_map(Some), Just(Some(99)),],
+        prop_oneof![Just(None), (0usize..5).prop_map(Some), Just(Some(99)),],
         prop_oneof![
             Just(""),
             Just(".json"),

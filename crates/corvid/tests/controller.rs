@@ -970,25 +970,36 @@ fn updates_move_addresses_and_reshape_subnets_on_both_ip_versions() {
 
 #[test]
 fn a_bulk_too_large_for_etcd_is_refused_whole_and_redb_takes_it() {
-    let bulk = |c: &Client, net: &str, n: usize| {
-        c.create_bulk::<Port>((0..n).map(|_| json!({"network_id": net})).collect())
+    // A port with a security group takes one more key (its group's use of it) than one
+    // without port security.
+    let bulk = |c: &Client, net: &str, n: usize, secured: bool| {
+        c.create_bulk::<Port>(
+            (0..n)
+                .map(|_| json!({"network_id": net, "port_security_enabled": secured}))
+                .collect(),
+        )
     };
     let (_dir, spec) = redb_store();
     let redb = ControllerProcess::start(&spec, None);
     let c = redb.client();
     let (net, _) = network_with_subnet(&c, "10.8.0.0/16", json!(null));
-    assert_eq!(bulk(&c, &net.id, 300).unwrap().len(), 300);
+    assert_eq!(bulk(&c, &net.id, 300, true).unwrap().len(), 300);
 
     let etcd = Etcd::start();
     let ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
     let c = ctl.client();
     let (net, _) = network_with_subnet(&c, "10.8.0.0/16", json!(null));
     assert_eq!(
-        bulk(&c, &net.id, 32).unwrap().len(),
-        32,
-        "32 ports fit etcd's default --max-txn-ops"
+        bulk(&c, &net.id, 24, true).unwrap().len(),
+        24,
+        "24 ports with the default group, made with them, fit etcd's default --max-txn-ops"
     );
-    match bulk(&c, &net.id, 40) {
+    assert_eq!(
+        bulk(&c, &net.id, 32, false).unwrap().len(),
+        32,
+        "32 ports without port security fit"
+    );
+    match bulk(&c, &net.id, 26, true) {
         Err(corvid_api::ApiError::Neutron {
             status,
             kind,
@@ -1000,7 +1011,7 @@ fn a_bulk_too_large_for_etcd_is_refused_whole_and_redb_takes_it() {
         other => panic!("expected a 400, got {other:?}"),
     }
     let (ports, _) = c.list::<Port>(&[("network_id", &net.id)]).unwrap();
-    assert_eq!(ports.len(), 32, "nothing of the refused bulk was written");
+    assert_eq!(ports.len(), 56, "nothing of the refused bulk was written");
 }
 
 #[test]

@@ -119,10 +119,15 @@ impl Setup {
         let stored = Stored::read(&self.store);
         self.controller = start_controller(&self.host, &self.store);
         self.wait_for_controller();
+        // The project's default security group stays, as in Neutron: it was made for
+        // the project, not for one port.
+        let kept = ["security_groups", "security_group_rules"]
+            .map(|c| corvid_controller::keys::resource(c, ""));
         stored
             .keys
             .into_iter()
             .filter(|k| k != corvid_controller::keys::CLUSTER_ID)
+            .filter(|k| !kept.iter().any(|p| k.starts_with(p.as_str())))
             .collect()
     }
 }

@@ -22,7 +22,7 @@ fn python_neutronclient_works_against_the_controller_on_either_store() {
 }
 
 #[test]
-fn openstacksdk_discovers_and_drives_networks_routers_and_load_balancers() {
+fn openstacksdk_discovers_and_drives_networks_routers_security_groups_and_load_balancers() {
     let (_dir, spec) = support::redb_store();
     run_script(
         "openstacksdk_client.py",

@@ -28,6 +28,8 @@ pub enum Type {
     Object,
     /// A port status name.
     Status,
+    /// One of a closed set of strings (`ingress`, `egress`).
+    Choice(&'static [&'static str]),
 }
 
 impl Type {
@@ -46,6 +48,7 @@ impl Type {
             Type::Objects => json!({"type": "array", "items": {"type": "object"}}),
             Type::Object => json!({"type": "object", "nullable": true}),
             Type::Status => json!({"type": "string", "enum": Status::names()}),
+            Type::Choice(values) => json!({"type": "string", "enum": values}),
         }
     }
 }
@@ -274,7 +277,7 @@ mod tests {
     /// fails here.
     #[test]
     fn each_request_type_of_the_client_carries_exactly_what_its_request_accepts() {
-        use crate::api::{floatingips, hosts, lbaas, networks, ports, routers};
+        use crate::api::{floatingips, hosts, lbaas, networks, ports, routers, security_groups};
         use corvid_api::requests::*;
         use serde_aux::serde_introspection::serde_introspect;
         fn check<T: serde::de::DeserializeOwned>(a: &Attributes, write: Write) {
@@ -297,6 +300,16 @@ mod tests {
         check::<FloatingIpUpdate>(&floatingips::FLOATING_IP, Update);
         check::<RouterCreate>(&routers::ROUTER, Create);
         check::<RouterUpdate>(&routers::ROUTER, Update);
+        check::<SecurityGroupCreate>(&security_groups::SECURITY_GROUP, Create);
+        check::<SecurityGroupUpdate>(&security_groups::SECURITY_GROUP, Update);
+        check::<SecurityGroupRuleCreate>(&security_groups::SECURITY_GROUP_RULE, Create);
+        assert_eq!(
+            security_groups::SECURITY_GROUP_RULE
+                .accepted(Update)
+                .count(),
+            0,
+            "rules never change"
+        );
         check::<HostCreate>(&hosts::HOST, Create);
         check::<HostCreate>(&hosts::HOST, Update);
         check::<LoadBalancerCreate>(&lbaas::LOADBALANCER.attributes, Create);

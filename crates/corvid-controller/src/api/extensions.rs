@@ -110,6 +110,27 @@ const EXTENSIONS: &[(&str, &str, &str)] = &[
         "Floating IP Port Details Extension",
         "Add port_details attribute to Floating IP resource",
     ),
+    (
+        "security-group",
+        "security-group",
+        "The security groups extension.",
+    ),
+    (
+        "stateful-security-group",
+        "Stateful security group",
+        "Indicates if the security group is stateful or not",
+    ),
+    ("port-security", "Port Security", "Provides port security"),
+    (
+        "allowed-address-pairs",
+        "Allowed Address Pairs",
+        "Provides allowed address pairs",
+    ),
+    (
+        "port-security-groups-filtering",
+        "Port filtering on security groups",
+        "Provides security groups filtering when listing ports",
+    ),
 ];
 
 fn extension((alias, name, description): &(&str, &str, &str)) -> Value {

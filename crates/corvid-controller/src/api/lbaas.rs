@@ -411,10 +411,7 @@ fn vip(
                 fixed_ips,
                 ..Default::default()
             };
-            let draft = draft_port(v, pending, &req, headers)?;
-            txn.compares.extend(draft.txn.compares);
-            txn.ops.extend(draft.txn.ops);
-            draft.port
+            draft_port(v, pending, &req, headers, txn)?
         }
     };
     let first = port.fixed_ips.first();

@@ -10,6 +10,7 @@ mod networks;
 mod openapi;
 mod ports;
 mod routers;
+mod security_groups;
 mod watch;
 
 use std::sync::Arc;
@@ -51,10 +52,23 @@ pub trait Kind: Resource {
     const TITLE: &'static str;
     /// Its table in the view.
     fn table(v: &View) -> &Table<Self>;
-    /// Its tags.
-    fn tags_mut(&mut self) -> &mut Vec<String>;
     /// Its revision number and update time.
     fn stamps(&mut self) -> (&mut u64, &mut String);
+    /// The 404 of an ID no object has, in Neutron's words for the kind.
+    fn missing(id: &str) -> NeutronError {
+        NeutronError::not_found(Self::TITLE, id)
+    }
+    /// The object as the API shows it, from what the view holds of it: a security group
+    /// shows its rules, which the store keeps apart.
+    fn shown(_v: &View, obj: &Arc<Self>) -> Arc<Self> {
+        obj.clone()
+    }
+}
+
+/// A kind whose objects take tags (`/tags` routes, `tags` filters).
+pub trait Tagged: Kind {
+    /// Its tags.
+    fn tags_mut(&mut self) -> &mut Vec<String>;
 }
 
 macro_rules! kind {
@@ -64,11 +78,13 @@ macro_rules! kind {
             fn table(v: &View) -> &Table<Self> {
                 &v.$field
             }
-            fn tags_mut(&mut self) -> &mut Vec<String> {
-                &mut self.tags
-            }
             fn stamps(&mut self) -> (&mut u64, &mut String) {
                 (&mut self.revision_number, &mut self.updated_at)
+            }
+        }
+        impl Tagged for $t {
+            fn tags_mut(&mut self) -> &mut Vec<String> {
+                &mut self.tags
             }
         }
     };
@@ -96,6 +112,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .merge(ports::routes())
         .merge(floatingips::routes())
         .merge(routers::routes())
+        .merge(security_groups::routes())
         .merge(hosts::routes())
         .merge(lbaas::routes())
         .merge(tag_routes::<Network>())
@@ -104,6 +121,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .merge(tag_routes::<Port>())
         .merge(tag_routes::<FloatingIp>())
         .merge(tag_routes::<corvid_api::Router>())
+        .merge(tag_routes::<corvid_api::SecurityGroup>())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     let api = api
@@ -272,18 +290,20 @@ async fn versions(headers: HeaderMap) -> Json<Value> {
 /// `GET /v2.0/`: Neutron's list of collections.
 async fn resources(headers: HeaderMap) -> Json<Value> {
     let base = base_url(&headers);
-    let collections = [
-        "networks",
-        "subnets",
-        "subnetpools",
-        "ports",
-        "floatingips",
-        "routers",
-    ];
-    Json(json!({"resources": collections.iter().map(|c| json!({
-        "name": c.trim_end_matches('s'), "collection": c,
-        "links": [{"rel": "self", "href": format!("{base}/v2.0/{c}")}],
-    })).collect::<Vec<_>>()}))
+    fn entry<R: Resource>(base: &str) -> Value {
+        json!({"name": R::SINGULAR, "collection": R::PLURAL,
+            "links": [{"rel": "self", "href": format!("{base}/v2.0/{}", R::COLLECTION)}]})
+    }
+    Json(json!({"resources": [
+        entry::<Network>(&base),
+        entry::<Subnet>(&base),
+        entry::<SubnetPool>(&base),
+        entry::<Port>(&base),
+        entry::<FloatingIp>(&base),
+        entry::<corvid_api::Router>(&base),
+        entry::<corvid_api::SecurityGroup>(&base),
+        entry::<corvid_api::SecurityGroupRule>(&base),
+    ]}))
 }
 
 /// `GET /v2`: the load-balancer API's version, where Octavia clients discover it.
@@ -379,11 +399,19 @@ pub fn project_of(
     tenant_id: Option<&str>,
     headers: &HeaderMap,
 ) -> String {
+    named_project(project_id, tenant_id, headers).unwrap_or_else(|| DEFAULT_PROJECT.into())
+}
+
+/// The project a request names, in the body or in `X-Project-Id`, if it names one.
+pub fn named_project(
+    project_id: Option<&str>,
+    tenant_id: Option<&str>,
+    headers: &HeaderMap,
+) -> Option<String> {
     project_id
         .or(tenant_id)
         .or_else(|| headers.get("X-Project-Id").and_then(|v| v.to_str().ok()))
-        .unwrap_or(DEFAULT_PROJECT)
-        .to_string()
+        .map(str::to_string)
 }
 
 /// Serializes a resource for the store.
@@ -412,10 +440,7 @@ pub fn read_at(mut resp: Response, revision: i64) -> Response {
 
 /// The entry of `id`, or the kind's 404.
 pub fn lookup<K: Kind>(v: &View, id: &str) -> Result<Entry<K>, NeutronError> {
-    K::table(v)
-        .get(id)
-        .cloned()
-        .ok_or_else(|| NeutronError::not_found(K::TITLE, id))
+    K::table(v).get(id).cloned().ok_or_else(|| K::missing(id))
 }
 
 /// GET of one object, with `fields=`.
@@ -424,11 +449,11 @@ pub fn show<K: Kind>(
     id: &str,
     query: Option<&str>,
 ) -> Result<Response, NeutronError> {
-    let (entry, revision) = {
+    let (obj, revision) = {
         let v = ctl.view();
-        (lookup::<K>(&v, id)?, v.revision)
+        (K::shown(&v, &lookup::<K>(&v, id)?.obj), v.revision)
     };
-    let mut v = serde_json::to_value(&*entry.obj).unwrap_or(Value::Null);
+    let mut v = serde_json::to_value(&*obj).unwrap_or(Value::Null);
     let fields = fields_of(query);
     if !fields.is_empty() {
         v = project(v, &fields);
@@ -450,7 +475,10 @@ pub fn list<K: Kind>(
     let (objs, revision) = candidates.unwrap_or_else(|| {
         let v = ctl.view();
         (
-            K::table(&v).values().map(|e| e.obj.clone()).collect(),
+            K::table(&v)
+                .values()
+                .map(|e| K::shown(&v, &e.obj))
+                .collect(),
             v.revision,
         )
     });
@@ -459,7 +487,7 @@ pub fn list<K: Kind>(
         .filter_map(|o| serde_json::to_value(&**o).ok())
         .filter(|o| q.matches(o))
         .collect();
-    let path = format!("{}/{}", K::PREFIX, K::PLURAL);
+    let path = format!("{}/{}", K::PREFIX, K::COLLECTION);
     Ok(read_at(
         answer(StatusCode::OK, q.answer(kept, K::PLURAL, &path)),
         revision,
@@ -557,8 +585,8 @@ pub fn item_routes<K: Kind>(attributes: &'static Attributes) -> MethodRouter<Arc
     )
 }
 
-fn tag_routes<K: Kind>() -> Router<Arc<Controller>> {
-    let base = format!("{}/{}/{{id}}/tags", K::PREFIX, K::PLURAL);
+fn tag_routes<K: Tagged>() -> Router<Arc<Controller>> {
+    let base = format!("{}/{}/{{id}}/tags", K::PREFIX, K::COLLECTION);
     Router::new()
         .route(
             &base,

@@ -4,16 +4,22 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 
 use super::attributes::{Attributes, Type, Write};
-use super::{floatingips, lbaas, networks, ports, routers};
+use super::{floatingips, lbaas, networks, ports, routers, security_groups};
 
-/// Collections with the standard list/create/show/update/delete operations.
-const COLLECTIONS: [(&str, &Attributes); 10] = [
+/// Collections with the standard list/create/show/delete operations, and update where
+/// the collection takes any attribute on update.
+const COLLECTIONS: [(&str, &Attributes); 12] = [
     ("/v2.0/networks", &networks::NETWORK),
     ("/v2.0/subnets", &networks::SUBNET),
     ("/v2.0/subnetpools", &networks::SUBNET_POOL),
     ("/v2.0/ports", &ports::PORT),
     ("/v2.0/floatingips", &floatingips::FLOATING_IP),
     ("/v2.0/routers", &routers::ROUTER),
+    ("/v2.0/security-groups", &security_groups::SECURITY_GROUP),
+    (
+        "/v2.0/security-group-rules",
+        &security_groups::SECURITY_GROUP_RULE,
+    ),
     ("/v2/lbaas/loadbalancers", &lbaas::LOADBALANCER.attributes),
     ("/v2/lbaas/listeners", &lbaas::LISTENER.attributes),
     ("/v2/lbaas/pools", &lbaas::POOL.attributes),
@@ -61,13 +67,21 @@ pub async fn document() -> Json<Value> {
         }));
         let mut item_params = params.clone();
         item_params.push(id_param("id"));
-        paths.insert(format!("{path}/{{id}}"), json!({
+        let mut item = json!({
             "parameters": item_params,
             "get": op(format!("Show a {singular}"), "200", None),
-            "put": op(format!("Update a {singular} (If-Match: revision_number=N guards it)"), "200", Some(attributes.schema(Write::Update))),
             "delete": op(format!("Delete a {singular}"), "204", None),
-        }));
-        if path.starts_with("/v2.0/") {
+        });
+        if attributes.accepted(Write::Update).next().is_some() {
+            item["put"] = op(
+                format!("Update a {singular} (If-Match: revision_number=N guards it)"),
+                "200",
+                Some(attributes.schema(Write::Update)),
+            );
+        }
+        paths.insert(format!("{path}/{{id}}"), item);
+        let tagged = attributes.all().any(|a| a.name == "tags");
+        if path.starts_with("/v2.0/") && tagged {
             paths.insert(
                 format!("{path}/{{id}}/tags"),
                 json!({

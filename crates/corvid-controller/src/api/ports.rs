@@ -3,6 +3,7 @@
 //! `/v2.0/ports` and the Mizar-MP agreement's `/project/{project}/ports`.
 
 use std::collections::HashSet;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -15,18 +16,20 @@ use corvid_api::{
     FixedIp, Network, Port, PortCreate, PortUpdate, Status, Subnet, ROUTER_GATEWAY,
     ROUTER_INTERFACE,
 };
+use ipnet::IpNet;
 use serde_json::{json, Map, Value};
 
 use super::attributes::{
     Attribute, Attributes, Type, Write, ADMIN_STATE_UP, DESCRIPTION, NAME, NEUTRON,
 };
+use super::security_groups::{ensure_default, port_groups};
 use super::{
     answer, answer_as, body, if_match, list, lookup, merge, project_of, read_at, request, show,
     show_route, to_stored, update_with, Ctl, Query,
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
-use crate::ipam::fixed_ips::{assign_fixed_ips, change_mac, take_mac, FixedIpRequest};
+use crate::ipam::fixed_ips::{assign_fixed_ips, change_mac, mac_valid, take_mac, FixedIpRequest};
 use crate::ipam::Pending;
 use crate::keys;
 use crate::query::ListQuery;
@@ -153,12 +156,6 @@ async fn list_ports(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronE
     list::<Port>(&c, q.as_deref(), candidates)
 }
 
-/// A port about to be written, with the compares and ops that make it consistent.
-pub(super) struct PortDraft {
-    pub port: Port,
-    pub txn: Txn,
-}
-
 /// The addresses a request asks for, in IPAM's terms.
 fn fixed_ip_requests(asked: &[corvid_api::FixedIpRequest]) -> Vec<FixedIpRequest> {
     asked
@@ -170,22 +167,159 @@ fn fixed_ip_requests(asked: &[corvid_api::FixedIpRequest]) -> Vec<FixedIpRequest
         .collect()
 }
 
+/// The port attributes where Neutron takes `null` as an empty list.
+const NULL_IS_EMPTY: [&str; 2] = ["security_groups", "allowed_address_pairs"];
+
+/// `obj` with `null` as `[]` where Neutron reads it so.
+fn nulls_as_empty(mut obj: Map<String, Value>) -> Map<String, Value> {
+    for name in NULL_IS_EMPTY {
+        if let Some(v) = obj.get_mut(name).filter(|v| v.is_null()) {
+            *v = json!([]);
+        }
+    }
+    obj
+}
+
 /// The port a create body's object asks for.
 fn port_request(obj: &Map<String, Value>) -> Result<PortCreate, NeutronError> {
     if !obj.contains_key("network_id") {
         return Err(NeutronError::bad_request("Missing network_id"));
     }
     // The project and the DNS attributes (kept for Neutron's clients) take null as unset.
-    request(obj, &["project_id", "tenant_id", "dns_name", "dns_domain"])
+    request(
+        &nulls_as_empty(obj.clone()),
+        &["project_id", "tenant_id", "dns_name", "dns_domain"],
+    )
 }
 
-/// Resolves one port request against the view; picks addresses and a MAC.
+/// Neutron's `max_allowed_address_pair`: the most allowed address pairs one port has.
+const MAX_ADDRESS_PAIRS: usize = 10;
+
+/// An allowed address pair as asked for: an address or a prefix in its canonical text,
+/// and the MAC if one was given.
+type AskedPair = (String, Option<String>);
+
+/// Allowed address pairs checked as Neutron checks them. An empty object is dropped, as
+/// the Mizar-MP plugin sends `[{}]` for none.
+fn address_pairs(given: &[Value]) -> Result<Vec<AskedPair>, NeutronError> {
+    let given: Vec<&Value> = given
+        .iter()
+        .filter(|p| !p.as_object().is_some_and(Map::is_empty))
+        .collect();
+    if given.len() > MAX_ADDRESS_PAIRS {
+        return Err(NeutronError::new(
+            StatusCode::BAD_REQUEST,
+            "AllowedAddressPairExhausted",
+            format!("The number of allowed address pair exceeds the maximum {MAX_ADDRESS_PAIRS}."),
+        ));
+    }
+    let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    let mut pairs: Vec<AskedPair> = Vec::new();
+    for pair in given {
+        let Some(o) = pair.as_object() else {
+            return Err(NeutronError::bad_request(format!(
+                "Invalid input for allowed_address_pairs. Reason: '{}' is not a dictionary.",
+                text(pair)
+            )));
+        };
+        let mac = match o.get("mac_address") {
+            Some(m) => match m.as_str().map(str::to_ascii_lowercase) {
+                Some(m) if mac_valid(&m) => Some(m),
+                _ => {
+                    return Err(NeutronError::bad_request(format!(
+                        "'{}' is not a valid MAC address",
+                        text(m)
+                    )))
+                }
+            },
+            None => None,
+        };
+        let Some(ip) = o.get("ip_address") else {
+            return Err(NeutronError::new(
+                StatusCode::BAD_REQUEST,
+                "AllowedAddressPairsMissingIP",
+                "AllowedAddressPair must contain ip_address",
+            ));
+        };
+        let ip = text(ip);
+        let unknown: Vec<&str> = o
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !["mac_address", "ip_address"].contains(k))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(NeutronError::bad_request(format!(
+                "Unrecognized attribute(s) '{}'",
+                unknown.join(", ")
+            )));
+        }
+        let canonical = if ip.contains('/') {
+            ip.parse::<IpNet>().map(|n| n.to_string()).map_err(|_| {
+                NeutronError::bad_request(format!("'{ip}' is not a valid IP subnet"))
+            })?
+        } else {
+            ip.parse::<IpAddr>().map(|a| a.to_string()).map_err(|_| {
+                NeutronError::bad_request(format!("'{ip}' is not a valid IP address"))
+            })?
+        };
+        let pair = (canonical, mac);
+        if pairs.contains(&pair) {
+            return Err(NeutronError::new(
+                StatusCode::BAD_REQUEST,
+                "DuplicateAddressPairInRequest",
+                format!(
+                    "Request contains duplicate address pair: mac_address {} ip_address {ip}.",
+                    pair.1.as_deref().unwrap_or("None")
+                ),
+            ));
+        }
+        pairs.push(pair);
+    }
+    Ok(pairs)
+}
+
+/// The pairs as a port stores them: each with a MAC, the port's when none was given.
+fn stored_pairs(pairs: &[AskedPair], port_mac: &str) -> Vec<Value> {
+    pairs
+        .iter()
+        .map(|(ip, mac)| json!({"ip_address": ip, "mac_address": mac.as_deref().unwrap_or(port_mac)}))
+        .collect()
+}
+
+/// The network's own ports (a router's, DHCP's, a floating IP's) are trusted: Neutron gives
+/// them no security groups.
+fn trusted(device_owner: &str) -> bool {
+    device_owner.starts_with("network:")
+}
+
+/// Neutron's 409 for allowed address pairs on a port without port security.
+fn pairs_need_port_security() -> NeutronError {
+    NeutronError::conflict(
+        "AddressPairAndPortSecurityRequired",
+        "Port Security must be enabled in order to have allowed address pairs on a port.",
+    )
+}
+
+/// Neutron's 400 for security groups on a port without port security.
+fn groups_need_port_security() -> NeutronError {
+    NeutronError::new(
+        StatusCode::BAD_REQUEST,
+        "PortSecurityAndIPRequiredForSecurityGroups",
+        "Port security must be enabled and port must have an IP address in order to use security groups.",
+    )
+}
+
+/// Resolves one port request against the view; picks addresses and a MAC, and gives the
+/// port its security groups (the project's default group, made if need be, when it names
+/// none). Writes what makes it consistent into `txn`.
 pub(super) fn draft_port(
     v: &View,
     pending: &mut Pending,
     req: &PortCreate,
     headers: &HeaderMap,
-) -> Result<PortDraft, NeutronError> {
+    txn: &mut Txn,
+) -> Result<Port, NeutronError> {
+    let pairs = address_pairs(req.allowed_address_pairs.as_deref().unwrap_or_default())?;
     let mut network_id = req.network_id.clone();
     let mut requests = req.fixed_ips.as_deref().map(fixed_ip_requests);
     // The Mizar-MP plugin sends its configured subnet as network_id.
@@ -209,25 +343,44 @@ pub(super) fn draft_port(
         ));
     }
     let port_key = keys::resource("ports", &id);
-    let mut txn = Txn {
-        compares: vec![
-            Compare::CreateRevision(keys::resource("networks", &network_id), net.create_revision),
-            Compare::CreateRevision(port_key.clone(), 0),
-        ],
-        ops: Vec::new(),
-    };
-    let fixed_ips = assign_fixed_ips(v, pending, &net.obj, requests, &id, &[], &mut txn)?;
-    let mac = take_mac(
-        v,
-        pending,
-        req.mac_address.clone(),
-        &network_id,
-        &id,
-        &mut txn,
-    )?;
+    txn.compares.extend([
+        Compare::CreateRevision(keys::resource("networks", &network_id), net.create_revision),
+        Compare::CreateRevision(port_key.clone(), 0),
+    ]);
+    let fixed_ips = assign_fixed_ips(v, pending, &net.obj, requests, &id, &[], txn)?;
+    let mac = take_mac(v, pending, req.mac_address.clone(), &network_id, &id, txn)?;
     txn.ops
         .push(Op::Put(keys::network_user(&network_id, &id), Vec::new()));
     let project = project_of(req.project_id.as_deref(), req.tenant_id.as_deref(), headers);
+    let device_owner = req.device_owner.clone().unwrap_or_default();
+    let port_security = req
+        .port_security_enabled
+        .unwrap_or(net.obj.port_security_enabled);
+    if !port_security && !pairs.is_empty() {
+        return Err(pairs_need_port_security());
+    }
+    let named = req.security_groups.as_deref();
+    let security_groups = if !port_security {
+        if named.is_some_and(|g| !g.is_empty()) {
+            return Err(groups_need_port_security());
+        }
+        Vec::new()
+    } else if trusted(&device_owner) {
+        Vec::new()
+    } else {
+        let default;
+        let named = match named {
+            Some(g) => g,
+            None => {
+                default = [ensure_default(v, &project, txn)];
+                &default
+            }
+        };
+        port_groups(v, named, txn)?
+    };
+    for g in &security_groups {
+        txn.ops.push(Op::Put(keys::group_user(g, &id), Vec::new()));
+    }
     let host = req.host_id.clone().unwrap_or_default();
     let t = now();
     let port = Port {
@@ -236,28 +389,20 @@ pub(super) fn draft_port(
         network_id,
         tenant_id: project.clone(),
         project_id: project,
-        mac_address: mac,
         admin_state_up: req.admin_state_up.unwrap_or(true),
         status: Status::Down,
         device_id: req.device_id.clone().unwrap_or_default(),
-        device_owner: req.device_owner.clone().unwrap_or_default(),
+        device_owner,
         fixed_ips,
         binding_vif_type: vif_type(&host).into(),
         binding_host_id: host,
         binding_profile: req.profile.clone().unwrap_or_else(|| json!({})),
         binding_vnic_type: req.vnic_type.clone().unwrap_or_else(|| "normal".into()),
         binding_vif_details: json!({}),
-        port_security_enabled: req
-            .port_security_enabled
-            .unwrap_or(net.obj.port_security_enabled),
-        security_groups: req.security_groups.clone().unwrap_or_default(),
-        allowed_address_pairs: req
-            .allowed_address_pairs
-            .iter()
-            .flatten()
-            .filter(|p| p.as_object().is_some_and(|o| !o.is_empty()))
-            .cloned()
-            .collect(),
+        port_security_enabled: port_security,
+        security_groups,
+        allowed_address_pairs: stored_pairs(&pairs, &mac),
+        mac_address: mac,
         extra_dhcp_opts: req.extra_dhcp_opts.clone().unwrap_or_default(),
         ip_allocation: "immediate".into(),
         description: req.description.clone().unwrap_or_default(),
@@ -273,7 +418,7 @@ pub(super) fn draft_port(
         revision_number: 1,
     };
     txn.ops.push(Op::Put(port_key, to_stored(&port)));
-    Ok(PortDraft { port, txn })
+    Ok(port)
 }
 
 fn vif_type(host: &str) -> &'static str {
@@ -325,10 +470,7 @@ async fn create_port_objects(
             let mut ports = Vec::new();
             let mut txn = Txn::default();
             for req in reqs {
-                let draft = draft_port(view, &mut pending, req, headers)?;
-                txn.compares.extend(draft.txn.compares);
-                txn.ops.extend(draft.txn.ops);
-                ports.push(draft.port);
+                ports.push(draft_port(view, &mut pending, req, headers, &mut txn)?);
             }
             // Every port of a bulk checks its network and subnet: once is enough, and
             // etcd counts compares against --max-txn-ops.
@@ -347,13 +489,20 @@ async fn update_port(
     b: Bytes,
 ) -> Result<Response, NeutronError> {
     let mut attrs = PORT.object(&body(&b)?, Write::Update)?;
-    // The addresses are assigned rather than merged into the port, which checks the rest of
-    // the attributes as they merge.
-    let addresses: Map<String, Value> = attrs.remove_entry("fixed_ips").into_iter().collect();
-    let requests = request::<PortUpdate>(&addresses, &[])?
-        .fixed_ips
+    // The addresses, security groups and address pairs are assigned rather than merged
+    // into the port, which checks the rest of the attributes as they merge.
+    let assigned: Map<String, Value> = ["fixed_ips", NULL_IS_EMPTY[0], NULL_IS_EMPTY[1]]
+        .iter()
+        .filter_map(|name| attrs.remove_entry(*name))
+        .collect();
+    let assigned = request::<PortUpdate>(&nulls_as_empty(assigned), &[])?;
+    let requests = assigned.fixed_ips.as_deref().map(fixed_ip_requests);
+    let pairs = assigned
+        .allowed_address_pairs
         .as_deref()
-        .map(fixed_ip_requests);
+        .map(address_pairs)
+        .transpose()?;
+    let groups = assigned.security_groups;
     if let Some(s) = attrs.get("status") {
         let all = Status::names();
         if !s.as_str().is_some_and(|s| all.contains(&s)) {
@@ -365,6 +514,7 @@ async fn update_port(
     }
     let port = update_with::<Port>(&c, &id, if_match(&headers), |v, p, txn| {
         let old_host = p.binding_host_id.clone();
+        let was_secure = p.port_security_enabled;
         let old_mac = p.mac_address.clone();
         merge(p, &attrs)?;
         p.mac_address = p.mac_address.to_ascii_lowercase();
@@ -395,10 +545,63 @@ async fn update_port(
         if p.binding_profile.is_null() {
             p.binding_profile = json!({});
         }
-        Ok(())
+        secure(v, p, was_secure, groups.as_deref(), pairs.as_deref(), txn)
     })
     .await?;
     Ok(answer_as(StatusCode::OK, "port", &port))
+}
+
+/// Applies an update's security groups and address pairs (`None`: not in the update) to a
+/// port whose port security the update has set, as Neutron does: a port without port
+/// security can neither keep nor get either. What it keeps is checked only when the update
+/// turns port security off, so that a port stored before these checks (off, and with
+/// groups) still takes its agent's status reports.
+fn secure(
+    v: &View,
+    p: &mut Port,
+    was_secure: bool,
+    groups: Option<&[String]>,
+    pairs: Option<&[AskedPair]>,
+    txn: &mut Txn,
+) -> Result<(), NeutronError> {
+    if !p.port_security_enabled {
+        match pairs {
+            Some(asked) if !asked.is_empty() => return Err(pairs_need_port_security()),
+            None if was_secure && !p.allowed_address_pairs.is_empty() => {
+                return Err(pairs_need_port_security())
+            }
+            _ => {}
+        }
+        match groups {
+            Some(asked) if !asked.is_empty() => return Err(groups_need_port_security()),
+            None if was_secure && !p.security_groups.is_empty() => {
+                return Err(NeutronError::conflict(
+                    "PortSecurityPortHasSecurityGroup",
+                    "Port has security group associated. Cannot disable port security or IP address until security group is removed.",
+                ))
+            }
+            _ => {}
+        }
+    }
+    if let Some(pairs) = pairs {
+        p.allowed_address_pairs = stored_pairs(pairs, &p.mac_address);
+    }
+    if let Some(asked) = groups {
+        let now = if trusted(&p.device_owner) {
+            Vec::new()
+        } else {
+            port_groups(v, asked, txn)?
+        };
+        for g in p.security_groups.iter().filter(|g| !now.contains(g)) {
+            txn.ops.push(Op::Delete(keys::group_user(g, &p.id)));
+        }
+        for g in now.iter().filter(|g| !p.security_groups.contains(g)) {
+            txn.ops
+                .push(Op::Put(keys::group_user(g, &p.id), Vec::new()));
+        }
+        p.security_groups = now;
+    }
+    Ok(())
 }
 
 /// A port's address that a floating IP points at cannot go away under it.
@@ -433,6 +636,9 @@ pub(super) fn port_removal(e: &Entry<Port>) -> Txn {
     for f in &p.fixed_ips {
         txn.ops
             .push(Op::Delete(keys::ip(&f.subnet_id, f.ip_address)));
+    }
+    for g in &p.security_groups {
+        txn.ops.push(Op::Delete(keys::group_user(g, &p.id)));
     }
     txn
 }

@@ -191,13 +191,11 @@ fn draft_gateway(
         fixed_ips: want.external_fixed_ips.clone(),
         ..Default::default()
     };
-    let draft = draft_port(v, pending, &port, &HeaderMap::new())?;
-    txn.compares.extend(draft.txn.compares);
-    txn.ops.extend(draft.txn.ops);
+    let port = draft_port(v, pending, &port, &HeaderMap::new(), txn)?;
     Ok(ExternalGatewayInfo {
         network_id: want.network_id.clone(),
         enable_snat: want.enable_snat.unwrap_or(true),
-        external_fixed_ips: draft.port.fixed_ips,
+        external_fixed_ips: port.fixed_ips,
     })
 }
 
@@ -524,10 +522,7 @@ async fn add_interface(c: &Controller, id: &str, b: &Bytes) -> Result<Response, 
                     project_id: Some(r.project_id.clone()),
                     ..Default::default()
                 };
-                let draft = draft_port(v, &mut c.pending(), &interface, &HeaderMap::new())?;
-                txn.compares.extend(draft.txn.compares);
-                txn.ops.extend(draft.txn.ops);
-                draft.port
+                draft_port(v, &mut c.pending(), &interface, &HeaderMap::new(), txn)?
             }
             Which::Port(pid) => {
                 let e = lookup::<Port>(v, pid)?;

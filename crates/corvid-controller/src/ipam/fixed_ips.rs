@@ -26,7 +26,7 @@ pub struct FixedIpRequest {
 }
 
 /// A unicast MAC in the usual colon form.
-fn mac_valid(mac: &str) -> bool {
+pub fn mac_valid(mac: &str) -> bool {
     let parts: Vec<&str> = mac.split(':').collect();
     parts.len() == 6
         && parts

@@ -128,6 +128,61 @@ for s in nc.list_subnets(network_id=public["id"])["subnets"]:
     nc.delete_subnet(s["id"])
 nc.delete_network(public["id"])
 
+# Security groups: the project's default group, a group of its own with rules, ports with
+# and without port security.
+aliases = {e["alias"] for e in nc.list_extensions()["extensions"]}
+assert {"security-group", "port-security", "allowed-address-pairs"} <= aliases, aliases
+default = [g for g in nc.list_security_groups()["security_groups"] if g["name"] == "default"]
+assert len(default) == 1 and len(default[0]["security_group_rules"]) == 4, default
+default = default[0]
+sg = nc.create_security_group({"security_group": {"name": "nc-web", "description": "web"}})[
+    "security_group"]
+assert sg["stateful"] is True and len(sg["security_group_rules"]) == 2, sg
+nc.update_security_group(sg["id"], {"security_group": {"name": "nc-www"}})
+assert nc.show_security_group(sg["id"])["security_group"]["name"] == "nc-www"
+refused(lambda: nc.create_security_group({"security_group": {"name": "default"}}),
+        nexc.Conflict, "Default security group already exists.")
+http = {"security_group_id": sg["id"], "direction": "ingress", "protocol": "tcp",
+        "port_range_min": 80, "port_range_max": 80, "remote_ip_prefix": "192.0.2.0/24"}
+rule = nc.create_security_group_rule({"security_group_rule": http})["security_group_rule"]
+assert (rule["protocol"], rule["remote_ip_prefix"], rule["ethertype"]) == (
+    "tcp", "192.0.2.0/24", "IPv4"), rule
+peer = nc.create_security_group_rule({"security_group_rule": {
+    "security_group_id": sg["id"], "direction": "ingress", "protocol": "udp",
+    "port_range_min": 53, "port_range_max": 53, "remote_group_id": default["id"]}})[
+    "security_group_rule"]
+assert peer["remote_group_id"] == default["id"], peer
+refused(lambda: nc.create_security_group_rule({"security_group_rule": http}), nexc.Conflict,
+        "Security group rule already exists. Rule id is %s." % rule["id"])
+refused(lambda: nc.create_security_group_rule({"security_group_rule": dict(
+    http, port_range_min=90)}), nexc.BadRequest, "port_range_min must be <= port_range_max")
+refused(lambda: nc.show_security_group("00000000-0000-0000-0000-000000000000"),
+        nexc.NotFound, "does not exist")
+rules = nc.list_security_group_rules(security_group_id=sg["id"])["security_group_rules"]
+assert len(rules) == 4, rules
+assert len(nc.show_security_group(sg["id"])["security_group"]["security_group_rules"]) == 4
+secured = nc.create_port({"port": {"network_id": net["id"], "security_groups": [sg["id"]]}})[
+    "port"]
+assert secured["security_groups"] == [sg["id"]], secured
+plain = nc.create_port({"port": {"network_id": net["id"]}})["port"]
+assert plain["security_groups"] == [default["id"]], plain
+unsecured = nc.create_port({"port": {"network_id": net["id"], "port_security_enabled": False}})[
+    "port"]
+assert (unsecured["port_security_enabled"], unsecured["security_groups"]) == (False, [])
+refused(lambda: nc.create_port({"port": {"network_id": net["id"], "port_security_enabled": False,
+                                         "security_groups": [sg["id"]]}}),
+        nexc.BadRequest, "Port security must be enabled")
+refused(lambda: nc.delete_security_group(sg["id"]), nexc.Conflict, "in use")
+unused = nc.list_security_groups(project_id="nc-other")["security_groups"]
+assert [g["name"] for g in unused] == ["default"], unused
+refused(lambda: nc.delete_security_group(unused[0]["id"]), nexc.Conflict,
+        "Insufficient rights for removing default security group.")
+nc.update_port(secured["id"], {"port": {"port_security_enabled": False, "security_groups": []}})
+nc.delete_security_group_rule(rule["id"])
+nc.delete_security_group(sg["id"])
+assert [g["name"] for g in nc.list_security_groups(project_id="corvid")["security_groups"]] == [
+    "default"]
+
 for p in nc.list_ports(network_id=net["id"])["ports"]:
     nc.delete_port(p["id"])
 nc.delete_subnet(sub["id"])

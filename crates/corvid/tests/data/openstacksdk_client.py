@@ -61,6 +61,46 @@ for s in conn.network.subnets(network_id=public.id):
     conn.network.delete_subnet(s)
 conn.network.delete_network(public)
 
+# Security groups: the default group, one of its own with rules, ports with and without.
+import openstack.exceptions as sdk_exc  # noqa: E402
+
+default = [g for g in conn.network.security_groups() if g.name == "default"]
+assert len(default) == 1 and len(default[0].security_group_rules) == 4, default
+default = default[0]
+assert port.security_group_ids == [default.id], port
+sg = conn.network.create_security_group(name="sdk-web", description="web")
+assert sg.stateful and len(sg.security_group_rules) == 2, sg
+conn.network.update_security_group(sg, description="front")
+assert conn.network.get_security_group(sg.id).description == "front"
+http = dict(security_group_id=sg.id, direction="ingress", protocol="tcp", port_range_min=80,
+            port_range_max=80, remote_ip_prefix="10.0.0.0/8", ether_type="IPv4")
+rule = conn.network.create_security_group_rule(**http)
+assert (rule.protocol, rule.remote_ip_prefix, rule.port_range_min) == ("tcp", "10.0.0.0/8", 80)
+peer = conn.network.create_security_group_rule(
+    security_group_id=sg.id, direction="ingress", ether_type="IPv6", remote_group_id=default.id)
+assert peer.remote_group_id == default.id, peer
+try:
+    conn.network.create_security_group_rule(**http)
+    raise AssertionError("a rule was made twice")
+except sdk_exc.ConflictException as e:
+    assert "already exists" in str(e), e
+assert len(list(conn.network.security_group_rules(security_group_id=sg.id))) == 4
+secured = conn.network.create_port(network_id=net.id, security_group_ids=[sg.id])
+assert secured.security_group_ids == [sg.id], secured
+unsecured = conn.network.create_port(network_id=net.id, is_port_security_enabled=False)
+assert (unsecured.is_port_security_enabled, unsecured.security_group_ids) == (False, [])
+try:
+    conn.network.delete_security_group(sg)
+    raise AssertionError("a group a port has was deleted")
+except sdk_exc.ConflictException as e:
+    assert "in use" in str(e), e
+conn.network.update_port(secured, security_group_ids=[default.id])
+conn.network.delete_security_group_rule(rule)
+conn.network.delete_security_group(sg)
+assert [g.name for g in conn.network.security_groups()] == ["default"]
+for p in (secured, unsecured):
+    conn.network.delete_port(p)
+
 conn.network.delete_port(port)
 conn.network.delete_subnet(sub)
 conn.network.delete_network(net)
