@@ -122,6 +122,9 @@ pub struct Dirty {
     pub ports: BTreeSet<String>,
     /// Routers whose interfaces or routes changed: their networks are looked at again.
     pub routers: BTreeSet<String>,
+    /// The network each changed port was on before the change, for those the cache
+    /// knew: where a deleted port is found without looking through every plan.
+    pub was_on: HashMap<String, String>,
 }
 
 impl Dirty {
@@ -144,6 +147,9 @@ impl Dirty {
         self.networks.extend(other.networks);
         self.ports.extend(other.ports);
         self.routers.extend(other.routers);
+        for (port, network) in other.was_on {
+            self.was_on.entry(port).or_insert(network);
+        }
         self
     }
 }
@@ -253,6 +259,9 @@ impl Cache {
                     dirty
                         .routers
                         .extend([was, is].into_iter().flatten().map(str::to_string));
+                    if let Some(old) = old {
+                        dirty.was_on.entry(e.id.clone()).or_insert(old.network_id);
+                    }
                     dirty.ports.insert(e.id.clone());
                 }
                 "routers" => {

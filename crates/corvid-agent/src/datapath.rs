@@ -28,7 +28,7 @@ pub struct Datapath {
     /// with it (or with no mark, from an older corvid) are this agent's to remove.
     cluster: String,
     local: IpAddr,
-    masquerade: Option<BTreeSet<(String, Vec<IpNet>)>>,
+    masquerade: Option<BTreeMap<String, Vec<IpNet>>>,
     services: Option<Services>,
     /// Which bridges may forward to which, opened at the first sync.
     routing: Option<Routing>,
@@ -325,22 +325,32 @@ impl Datapath {
         )
     }
 
-    /// Lets the bridges of `plans` forward to each other as their routers say; `full`
-    /// writes the whole filter anew (and puts every bridge in its group again).
+    /// Lets the bridges of `plans` forward to each other as their routers say: those of
+    /// the networks in `changed` alone, or all of them when `full` (which also writes
+    /// the whole filter anew and puts every bridge in its group again) or when the
+    /// filter was not made whole last time.
     pub fn sync_routing(
         &mut self,
         plans: &BTreeMap<String, NetworkPlan>,
+        changed: &BTreeSet<String>,
         full: bool,
     ) -> Result<()> {
         if full || self.routing.is_none() {
             self.routing = Some(Routing::open()?);
         }
-        let want = plans
-            .values()
-            .map(|n| (n.bridge.clone(), n.router.clone()))
-            .collect();
         let routing = self.routing.as_mut().expect("opened above");
-        routing.sync(&mut self.nl, &want)
+        if !routing.is_started() {
+            let want = plans
+                .values()
+                .map(|n| (n.bridge.clone(), n.router.clone()))
+                .collect();
+            return routing.sync(&mut self.nl, &want);
+        }
+        let changes = changed.iter().map(|id| match plans.get(id) {
+            Some(n) => (n.bridge.clone(), Some(n.router.clone())),
+            None => (names::bridge(id), None),
+        });
+        routing.update(&mut self.nl, changes)
     }
 
     /// Whether the routing filter and the extra routes were last made whole: after a
@@ -401,22 +411,48 @@ impl Datapath {
         Ok(())
     }
 
-    /// Writes the masquerade rules of every network that asks for one, when they changed,
-    /// after the rule that gives what this host sends into its bridges its own address.
-    pub fn sync_masquerade(&mut self, plans: &[&NetworkPlan]) -> Result<()> {
-        let want: BTreeSet<(String, Vec<IpNet>)> = plans
-            .iter()
-            .filter(|n| !n.masquerade.is_empty())
-            .map(|n| (n.id.clone(), n.masquerade.clone()))
-            .collect();
-        if self.masquerade.as_ref() == Some(&want) {
-            return Ok(());
+    /// Masquerades what leaves the networks that ask for it: the networks in `changed`
+    /// are looked at, or all of `plans` when `full` (or after a failed write); the
+    /// chain is written anew only when what it holds changes.
+    pub fn sync_masquerade(
+        &mut self,
+        plans: &BTreeMap<String, NetworkPlan>,
+        changed: &BTreeSet<String>,
+        full: bool,
+    ) -> Result<()> {
+        let asked = |n: &NetworkPlan| (!n.masquerade.is_empty()).then(|| n.masquerade.clone());
+        let (want, moved) = match self.masquerade.take() {
+            Some(mut held) if !full => {
+                let mut moved = false;
+                for id in changed {
+                    let now = plans.get(id).and_then(asked);
+                    if held.get(id) != now.as_ref() {
+                        moved = true;
+                        match now {
+                            Some(subnets) => held.insert(id.clone(), subnets),
+                            None => held.remove(id),
+                        };
+                    }
+                }
+                (held, moved)
+            }
+            before => {
+                let want: BTreeMap<String, Vec<IpNet>> = plans
+                    .iter()
+                    .filter_map(|(id, n)| Some((id.clone(), asked(n)?)))
+                    .collect();
+                let moved = before.as_ref() != Some(&want);
+                (want, moved)
+            }
+        };
+        if moved {
+            let networks: Vec<(&str, &[IpNet])> = want
+                .iter()
+                .map(|(id, subnets)| (id.as_str(), subnets.as_slice()))
+                .collect();
+            // On failure nothing is held: the next pass writes the whole chain.
+            masquerade::set_network_masquerade(&networks, Some(self.local))?;
         }
-        let networks: Vec<(&str, &[IpNet])> = want
-            .iter()
-            .map(|(id, subnets)| (id.as_str(), subnets.as_slice()))
-            .collect();
-        masquerade::set_network_masquerade(&networks, Some(self.local))?;
         self.masquerade = Some(want);
         Ok(())
     }

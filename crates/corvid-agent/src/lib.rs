@@ -9,6 +9,7 @@ pub mod cache;
 pub mod datapath;
 pub mod metrics;
 pub mod plan;
+mod presence;
 pub mod services;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -20,6 +21,7 @@ use corvid_api::{ApiError, Client, Status, WatchFilter};
 use crate::cache::{Cache, Changed, Dirty};
 use crate::datapath::{Datapath, Held};
 use crate::metrics::{failed, ErrorKind, Health, Object, Pass};
+use crate::presence::Presence;
 use corvid_net::binding::Plugged;
 use corvid_net::link::Link;
 use corvid_net::names::{self, BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
@@ -81,6 +83,8 @@ pub struct Agent {
     plans: BTreeMap<String, NetworkPlan>,
     /// The links the agent owns as last seen (a full pass lists them again).
     links: HashMap<String, Link>,
+    /// Which routers are here, kept up with `plans`.
+    presence: Presence,
     /// Whether it is registered and following the controller, for `/readyz`.
     health: std::sync::Arc<Health>,
 }
@@ -137,6 +141,7 @@ impl Agent {
             services: Default::default(),
             plans: BTreeMap::new(),
             links: HashMap::new(),
+            presence: Presence::default(),
             health: Default::default(),
         })
     }
@@ -320,7 +325,7 @@ impl Agent {
     pub fn reconcile(&mut self, dirty: Dirty) {
         let started = Instant::now();
         let kind = if dirty.all { Pass::Full } else { Pass::Changes };
-        let networks: Vec<String> = self.plans.keys().cloned().collect();
+        let had_networks = !self.plans.is_empty();
         let mut reports = Vec::new();
         let done = if dirty.all {
             self.full_pass(&mut reports)
@@ -334,28 +339,25 @@ impl Agent {
         }
         // The allowance names every corvid bridge at once: it changes only when the first
         // comes or the last goes.
-        if dirty.all || self.plans.is_empty() != networks.is_empty() {
+        if dirty.all || self.plans.is_empty() == had_networks {
             self.sync_forwarding();
         }
-        // Which networks are here and their routers change only with networks, routers
-        // and a network's first or last port: a pod's own change leaves both alone.
-        let routed = dirty.all
-            || !dirty.routers.is_empty()
-            || !dirty.networks.is_empty()
-            || !self.plans.keys().eq(networks.iter());
+        // Which networks are here and their routers change only with routers and the
+        // networks whose plans were set: a pod's own change leaves both alone.
+        let changed = self.presence.take_changed();
+        let routed = dirty.all || !dirty.routers.is_empty() || !changed.is_empty();
         if routed || !self.dp.routing_settled() {
-            if let Err(e) = self.dp.sync_routing(&self.plans, dirty.all) {
+            if let Err(e) = self.dp.sync_routing(&self.plans, &changed, dirty.all) {
                 failed(ErrorKind::Routing);
                 tracing::error!("routing between networks: {e}");
             }
-            let routes = plan::extra_routes(&self.cache, &self.plans);
+            let routes = plan::extra_routes(&self.cache, &self.plans, self.presence.routers());
             if let Err(e) = self.dp.sync_extra_routes(&routes, dirty.all) {
                 failed(ErrorKind::Routing);
                 tracing::error!("routers' extra routes: {e}");
             }
         }
-        let all: Vec<_> = self.plans.values().collect();
-        if let Err(e) = self.dp.sync_masquerade(&all) {
+        if let Err(e) = self.dp.sync_masquerade(&self.plans, &changed, dirty.all) {
             failed(ErrorKind::Masquerade);
             tracing::error!("masquerade: {e}");
         }
@@ -440,6 +442,7 @@ impl Agent {
         }
         self.links = links;
         self.plans = plans;
+        self.presence.reset(&self.plans);
         let mut entries = self.dp.overlay_entries()?;
         let ids: Vec<String> = self.plans.keys().cloned().collect();
         for id in ids {
@@ -549,32 +552,49 @@ impl Agent {
 
     /// Whether router `r` has a network with a port bound here.
     fn router_here(&self, r: &str) -> bool {
-        self.cache
-            .router_networks(r)
-            .into_iter()
-            .any(|id| self.plans.get(id).is_some_and(NetworkPlan::is_local))
+        self.presence.is_here(r)
     }
 
-    /// Brings the networks of `routers` here or takes them away, as whether the router
-    /// has a local network says: one look at each of a router's networks.
-    fn replan_routers(&mut self, routers: &BTreeSet<String>, reports: &mut Vec<Report>) {
-        for r in routers {
-            let networks: Vec<String> = self
-                .cache
-                .router_networks(r)
-                .into_iter()
-                .map(str::to_string)
-                .collect();
-            let present = self.router_here(r);
-            for id in networks {
-                let wrong = match self.plans.get(&id) {
-                    Some(n) => {
-                        n.router.as_deref() != Some(r.as_str()) || !(present || n.is_local())
+    /// Whether network `id`'s plan is here when it should not be, or the other way
+    /// round, or is on another router than the cache says.
+    fn misplanned(&self, id: &str) -> bool {
+        let router = self.cache.network_router(id);
+        match self.plans.get(id) {
+            Some(n) => n.router.as_deref() != router || !self.needed(n),
+            None => {
+                self.cache.networks.contains_key(id) && router.is_some_and(|r| self.router_here(r))
+            }
+        }
+    }
+
+    /// Brings networks here or takes them away as they are now needed: those a change
+    /// touched whose plan is no longer needed, and every network of a router that came
+    /// here or left, which is the one time a router's networks are all looked at. (A
+    /// network's router changes only with an interface port, whose network is then
+    /// planned whole, and a network with no plan here is needed only through a local
+    /// port or a router that came.)
+    fn replan_routers(&mut self, touched: &BTreeSet<String>, reports: &mut Vec<Report>) {
+        for id in touched {
+            if self.plans.get(id).is_some_and(|n| !self.needed(n)) {
+                self.replan_network(id, reports);
+            }
+        }
+        loop {
+            let flips = self.presence.take_flips();
+            if flips.is_empty() {
+                return;
+            }
+            for r in flips {
+                let networks: Vec<String> = self
+                    .cache
+                    .router_networks(&r)
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect();
+                for id in networks {
+                    if self.misplanned(&id) {
+                        self.replan_network(&id, reports);
                     }
-                    None => present,
-                };
-                if wrong {
-                    self.replan_network(&id, reports);
                 }
             }
         }
@@ -583,27 +603,18 @@ impl Agent {
     /// Applies changed networks (planned whole) and changed ports (one by one), then
     /// the networks of routers those touched.
     fn apply_changes(&mut self, dirty: &Dirty, reports: &mut Vec<Report>) {
-        let mut routers = dirty.routers.clone();
-        let router_of = |agent: &Agent, net: &str| {
-            agent
-                .plans
-                .get(net)
-                .and_then(|n| n.router.clone())
-                .or_else(|| agent.cache.network_router(net).map(str::to_string))
-        };
         for id in &dirty.networks {
-            routers.extend(router_of(self, id));
             self.replan_network(id, reports);
-            routers.extend(router_of(self, id));
         }
-        let mut touched = Vec::new();
+        let mut touched = dirty.networks.clone();
         for id in &dirty.ports {
             let now = self.cache.ports.get(id).map(|p| p.network_id.clone());
-            let was = self
-                .plans
-                .iter()
-                .find(|(_, n)| n.holds(id))
-                .map(|(net, _)| net.clone());
+            // Where the plan holds it: the network the port was on before this change.
+            let was = dirty
+                .was_on
+                .get(id)
+                .filter(|net| self.plans.get(*net).is_some_and(|n| n.holds(id)))
+                .cloned();
             touched.extend(was.iter().chain(&now).cloned());
             if let Some(was) = was.filter(|w| Some(w) != now.as_ref()) {
                 self.move_port(&was, id, None, reports);
@@ -628,10 +639,7 @@ impl Agent {
                 self.replan_network(&net, reports);
             }
         }
-        for net in touched {
-            routers.extend(router_of(self, &net));
-        }
-        self.replan_routers(&routers, reports);
+        self.replan_routers(&touched, reports);
     }
 
     /// Plans network `id` again from the cache and applies it: brought up when a port
@@ -647,6 +655,7 @@ impl Agent {
             Some(plan) => self.plans.insert(id.to_string(), plan),
             None => self.plans.remove(id),
         };
+        self.presence.note(id, self.plans.get(id));
         if let Some(old) = &old {
             for p in old.ports.values() {
                 if !self
@@ -678,11 +687,13 @@ impl Agent {
             return;
         };
         let old = n.place(id, role.clone());
+        self.presence.note(net, self.plans.get(net));
         let needed = self.plans.get(net).is_some_and(|n| self.needed(n));
         if !needed {
             // The network's last port here went, and no network of its router is here:
             // its devices go too.
             let n = self.plans.remove(net).expect("the plan was just changed");
+            self.presence.note(net, None);
             if let Some(PortRole::Local(p)) = &old {
                 self.unlink(&p.host_veth);
             }

@@ -157,25 +157,29 @@ pub struct ExtraRoute {
     pub bridge: String,
 }
 
-/// The extra routes of the routers that have a network with a port here, each through
-/// the bridge whose gateway's subnet holds its next hop (a route whose next hop is on
-/// none of them is left out: the controller refuses those).
-pub fn extra_routes(cache: &Cache, plans: &BTreeMap<String, NetworkPlan>) -> BTreeSet<ExtraRoute> {
-    let routers: BTreeSet<&str> = plans
-        .values()
-        .filter(|n| n.is_local())
-        .filter_map(|n| n.router.as_deref())
-        .collect();
+/// The extra routes of `routers` (those present here), each through the bridge of the
+/// router's network whose subnet holds its next hop; a router without routes costs one
+/// lookup, however many networks it has.
+pub fn extra_routes<'a>(
+    cache: &Cache,
+    plans: &BTreeMap<String, NetworkPlan>,
+    routers: impl Iterator<Item = &'a str>,
+) -> BTreeSet<ExtraRoute> {
     let mut out = BTreeSet::new();
     for r in routers {
-        let Some(router) = cache.routers.get(r) else {
+        let Some(router) = cache.routers.get(r).filter(|r| !r.routes.is_empty()) else {
             continue;
         };
+        let networks: Vec<&NetworkPlan> = cache
+            .router_networks(r)
+            .into_iter()
+            .filter_map(|id| plans.get(id))
+            .filter(|n| n.router.as_deref() == Some(r))
+            .collect();
         for route in &router.routes {
-            let bridge = plans.values().find(|n| {
-                n.router.as_deref() == Some(r)
-                    && n.gateways.iter().any(|g| g.contains(&route.nexthop))
-            });
+            let bridge = networks
+                .iter()
+                .find(|n| n.gateways.iter().any(|g| g.contains(&route.nexthop)));
             if let Some(n) = bridge {
                 out.insert(ExtraRoute {
                     destination: route.destination.trunc(),

@@ -73,29 +73,46 @@ impl Routing {
     /// Makes the filter hold exactly `want` (bridge to router), sending what changed and
     /// putting each bridge that `nl` finds in its domain's group.
     pub fn sync(&mut self, nl: &mut Netlink, want: &BTreeMap<String, Router>) -> Result<()> {
+        if !self.started {
+            return self.update(nl, want.iter().map(|(b, r)| (b.clone(), Some(r.clone()))));
+        }
+        let gone = self
+            .bridges
+            .keys()
+            .filter(|b| !want.contains_key(*b))
+            .map(|b| (b.clone(), None));
+        let changes: Vec<_> = gone
+            .chain(want.iter().map(|(b, r)| (b.clone(), Some(r.clone()))))
+            .collect();
+        self.update(nl, changes)
+    }
+
+    /// Applies changes to some bridges alone: each to its router (`Some`), or out of the
+    /// filter (`None`); a bridge already as asked costs nothing. Before the first sync
+    /// (or after a failed one) the filter is made anew holding just these, so a caller
+    /// that knows only changes calls [`Routing::sync`] then.
+    pub fn update(
+        &mut self,
+        nl: &mut Netlink,
+        changes: impl IntoIterator<Item = (String, Option<Router>)>,
+    ) -> Result<()> {
         let mut batch = Batch::new();
         if !self.started {
             self.rebuild(&mut batch)?;
         }
-        let gone: Vec<String> = self
-            .bridges
-            .keys()
-            .filter(|b| !want.contains_key(*b))
-            .cloned()
-            .collect();
         let mut regroup = Vec::new();
-        for bridge in gone {
-            self.remove(&mut batch, &bridge);
-            regroup.push((bridge, 0));
-        }
-        for (bridge, router) in want {
-            match self.bridges.get(bridge) {
-                Some((r, _)) if r == router => continue,
-                Some(_) => self.remove(&mut batch, bridge),
-                None => {}
+        for (bridge, want) in changes {
+            match (self.bridges.get(&bridge), &want) {
+                (Some((r, _)), Some(w)) if r == w => continue,
+                (None, None) => continue,
+                (Some(_), _) => self.remove(&mut batch, &bridge),
+                (None, Some(_)) => {}
             }
-            let group = self.add(&mut batch, bridge, router);
-            regroup.push((bridge.clone(), group));
+            let group = match &want {
+                Some(router) => self.add(&mut batch, &bridge, router),
+                None => 0,
+            };
+            regroup.push((bridge, group));
         }
         if !batch.is_empty() {
             let _lock = super::lock()?;
