@@ -265,10 +265,14 @@ impl Cache {
                     dirty.ports.insert(e.id.clone());
                 }
                 "routers" => {
-                    upsert(&mut self.routers, e);
+                    let old = upsert(&mut self.routers, e);
                     dirty.routers.insert(e.id.clone());
-                    // Its gateway may have changed: the SNAT of its subnets with it.
-                    self.services_changed = Changed::All;
+                    // A new gateway moves the SNAT of its subnets; an interface change
+                    // bumps the router's revision and leaves services alone.
+                    let gateway = |r: Option<&Router>| r.map(|r| r.external_gateway_info.clone());
+                    if gateway(old.as_ref()) != gateway(self.routers.get(&e.id)) {
+                        self.services_changed = Changed::All;
+                    }
                 }
                 "hosts" => {
                     upsert(&mut self.hosts, e);
