@@ -228,17 +228,8 @@ impl Datapath {
         let (fdb, neighbours) = match held {
             _ if fresh => Default::default(),
             Held::Planned(old) => (old.fdb(), old.neighbours()),
-            Held::Dumped(all) => (
-                all.fdb.remove(&vxlan.index).unwrap_or_default(),
-                all.neighbours.remove(&vxlan.index).unwrap_or_default(),
-            ),
-            Held::Unknown => {
-                let mut all = self.nl.overlay_entries()?;
-                (
-                    all.fdb.remove(&vxlan.index).unwrap_or_default(),
-                    all.neighbours.remove(&vxlan.index).unwrap_or_default(),
-                )
-            }
+            Held::Dumped(all) => all.take(vxlan.index),
+            Held::Unknown => self.nl.overlay_entries()?.take(vxlan.index),
         };
         for e in fdb.difference(&want_fdb) {
             self.nl.delete_fdb(&vxlan, e)?;

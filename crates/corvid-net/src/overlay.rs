@@ -168,8 +168,7 @@ impl Netlink {
     /// The static FDB entries of a vxlan device (those with a remote destination).
     pub fn fdb(&mut self, vxlan: &Link) -> Result<BTreeSet<FdbEntry>> {
         Ok(self
-            .overlay_entries()?
-            .fdb
+            .fdb_by_device()?
             .remove(&vxlan.index)
             .unwrap_or_default())
     }
@@ -178,7 +177,15 @@ impl Netlink {
     /// table: what a pass over many devices reads, as a dump walks the whole namespace
     /// whichever device it is for.
     pub fn overlay_entries(&mut self) -> Result<OverlayEntries> {
-        let mut out = OverlayEntries::default();
+        Ok(OverlayEntries {
+            fdb: self.fdb_by_device()?,
+            neighbours: self.neighbours_by_device()?,
+        })
+    }
+
+    /// The static FDB entries with a remote destination, by device, from one dump.
+    fn fdb_by_device(&mut self) -> Result<HashMap<u32, BTreeSet<FdbEntry>>> {
+        let mut out: HashMap<u32, BTreeSet<FdbEntry>> = HashMap::new();
         let mut m = NeighbourMessage::default();
         m.header.family = AddressFamily::Bridge;
         let replies = self
@@ -186,12 +193,15 @@ impl Netlink {
             .map_err(netlink_err("list the fdb".to_string()))?;
         for (index, mac, dst) in permanent(replies) {
             if let Some(dst) = dst {
-                out.fdb
-                    .entry(index)
-                    .or_default()
-                    .insert(FdbEntry { mac, dst });
+                out.entry(index).or_default().insert(FdbEntry { mac, dst });
             }
         }
+        Ok(out)
+    }
+
+    /// The permanent neighbour entries (IPv4 and IPv6) by device, from one dump of each.
+    fn neighbours_by_device(&mut self) -> Result<HashMap<u32, BTreeSet<NeighbourEntry>>> {
+        let mut out: HashMap<u32, BTreeSet<NeighbourEntry>> = HashMap::new();
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
             let mut m = NeighbourMessage::default();
             m.header.family = family;
@@ -200,8 +210,9 @@ impl Netlink {
                 .map_err(netlink_err("list the neighbours".to_string()))?;
             for (index, mac, ip) in permanent(replies) {
                 if let Some(ip) = ip {
-                    let entries = out.neighbours.entry(index).or_default();
-                    entries.insert(NeighbourEntry { ip, mac });
+                    out.entry(index)
+                        .or_default()
+                        .insert(NeighbourEntry { ip, mac });
                 }
             }
         }
@@ -253,8 +264,7 @@ impl Netlink {
     /// The permanent neighbour entries of a device.
     pub fn neighbours(&mut self, link: &Link) -> Result<BTreeSet<NeighbourEntry>> {
         Ok(self
-            .overlay_entries()?
-            .neighbours
+            .neighbours_by_device()?
             .remove(&link.index)
             .unwrap_or_default())
     }
@@ -267,6 +277,16 @@ pub struct OverlayEntries {
     pub fdb: HashMap<u32, BTreeSet<FdbEntry>>,
     /// Neighbour entries.
     pub neighbours: HashMap<u32, BTreeSet<NeighbourEntry>>,
+}
+
+impl OverlayEntries {
+    /// Takes out device `index`'s FDB and neighbour entries.
+    pub fn take(&mut self, index: u32) -> (BTreeSet<FdbEntry>, BTreeSet<NeighbourEntry>) {
+        (
+            self.fdb.remove(&index).unwrap_or_default(),
+            self.neighbours.remove(&index).unwrap_or_default(),
+        )
+    }
 }
 
 /// (device index, MAC, address) of the permanent entries in a neighbour dump.
