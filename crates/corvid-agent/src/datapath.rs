@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use corvid_net::announce::Announcer;
 use corvid_net::binding::{
     ensure_bridge, ensure_gateway, ensure_plugged, BridgeSpec, Plugged, VethSpec,
 };
@@ -36,6 +37,9 @@ pub struct Datapath {
     extra_routes: Option<BTreeSet<ExtraRoute>>,
     /// The interface floating IPs are answered on, and the ones it was given.
     public: Option<(String, BTreeSet<IpAddr>)>,
+    /// Tells local ports where a remote port's address now is; none when no packet
+    /// socket could be opened (announcing is best effort).
+    announcer: Option<Announcer>,
 }
 
 fn missing(what: String) -> Error {
@@ -68,7 +72,30 @@ impl Datapath {
             routing: None,
             extra_routes: None,
             public: public_interface.map(|i| (i, BTreeSet::new())),
+            announcer: Announcer::open()
+                .inspect_err(|e| tracing::warn!("remote ports will not be announced: {e}"))
+                .ok(),
         })
+    }
+
+    /// Announces remote neighbour entries just added into the bridge `bridge`, so that
+    /// a local port that knew one of the addresses under an older MAC (a deleted port's,
+    /// whose address went to a new one) follows at once.
+    fn announce<'a>(
+        &self,
+        bridge: Option<u32>,
+        added: impl IntoIterator<Item = &'a NeighbourEntry>,
+    ) {
+        let (Some(announcer), Some(bridge)) = (&self.announcer, bridge) else {
+            return;
+        };
+        for e in added {
+            if let IpAddr::V4(ip) = e.ip {
+                if let Err(e) = announcer.gratuitous_arp(bridge, &e.mac, ip) {
+                    tracing::debug!("{e}");
+                }
+            }
+        }
     }
 
     /// Makes the services' table serve `plan`, sending only what changed since the last
@@ -243,6 +270,7 @@ impl Datapath {
         for e in want_neighbours.difference(&neighbours) {
             self.nl.set_neighbour(&vxlan, e)?;
         }
+        self.announce(Some(bridge.index), want_neighbours.difference(&neighbours));
         for gw in &n.gateways {
             ensure_gateway(&mut self.nl, &bridge, *gw, true)?;
         }
@@ -279,6 +307,10 @@ impl Datapath {
             for e in neighbours {
                 self.nl.set_neighbour(vxlan, e)?;
             }
+            let added = neighbours
+                .iter()
+                .filter(|e| old.is_none_or(|(_, n)| !n.contains(e)));
+            self.announce(vxlan.master, added);
         }
         Ok(())
     }

@@ -132,7 +132,11 @@ fn agents_follow_a_restarted_controller_without_spinning() {
         );
 
         // A DEL after the restart takes the devices with it; what stays keeps working.
-        assert!(pod.ping(&keep_ip), "round {round}: {ip} to {keep_ip}");
+        assert!(
+            pod.ping(&keep_ip),
+            "round {round}: {ip} to {keep_ip}\n{}",
+            cluster.overlay_state()
+        );
         let out = cluster.del(0, "blue", &pod);
         assert!(out.status.success(), "DEL: {out:?}");
         wait_until(
@@ -159,8 +163,8 @@ fn agents_follow_a_restarted_controller_without_spinning() {
     assert_eq!(status, 200, "{why}");
     let late = cluster.pod("late");
     let late_ip = result_ip(&cni_result(&cluster.add(0, "blue", &late)));
-    assert!(late.ping(&keep_ip));
-    assert!(keep.ping(&late_ip));
+    assert!(late.ping(&keep_ip), "{}", cluster.overlay_state());
+    assert!(keep.ping(&late_ip), "{}", cluster.overlay_state());
     let rate = quiet_rate(&cluster);
     assert!(rate < 30.0, "{rate} requests in 3 s of quiet");
 }

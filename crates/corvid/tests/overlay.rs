@@ -255,6 +255,75 @@ fn agents_and_the_controller_restart_without_losing_pods() {
     assert!(!a3.ping(&ip_b2));
 }
 
+/// A port made through the API on host `host` with address `ip`, plugged into `pod` by
+/// the host's agent: its ID once it is ACTIVE.
+fn api_port(
+    cluster: &Cluster,
+    host: usize,
+    subnet: &corvid_api::Subnet,
+    ip: &str,
+    pod: &Ns,
+) -> String {
+    let port: Port = cluster
+        .api(|c| {
+            c.create(
+                json!({"network_id": subnet.network_id, "port_security_enabled": false,
+                "fixed_ips": [{"subnet_id": subnet.id, "ip_address": ip}],
+                "binding:host_id": format!("h{}", host + 1),
+                "veth_name": "eth0", "network_ns": pod.path.display().to_string()}),
+            )
+        })
+        .unwrap();
+    wait_until("the port to be plugged", Duration::from_secs(10), || {
+        cluster.api(|c| c.get::<Port>(&port.id)).unwrap().status == Status::Active
+    });
+    port.id
+}
+
+/// The MAC pod `pod` has for `ip` in its neighbour table, if any.
+fn neighbour_mac(pod: &Ns, ip: &str) -> Option<String> {
+    let out = pod
+        .command("ip")
+        .args(["neigh", "show", ip])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "lladdr")?;
+    words.get(at + 1).map(|m| m.to_string())
+}
+
+#[test]
+fn an_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
+    let cluster = Cluster::new("ra");
+    let (_net, subnet) = cluster.network("gold", "10.53.0.0/24", false);
+    let a = cluster.pod("a");
+    cni_result(&cluster.add(0, "gold", &a));
+    let old = cluster.pod("old");
+    let old_port = api_port(&cluster, 1, &subnet, "10.53.0.50", &old);
+    assert!(a.ping("10.53.0.50"));
+    let old_mac = mac_in(&old, "eth0").unwrap();
+    assert_eq!(neighbour_mac(&a, "10.53.0.50"), Some(old_mac.clone()));
+
+    // The port goes and its address comes back at once with another port, MAC and pod
+    // on the same host: a's neighbour entry, still fresh, names the old MAC.
+    cluster.api(|c| c.delete::<Port>(&old_port)).unwrap();
+    wait_until(
+        "the old port to be unplugged",
+        Duration::from_secs(10),
+        || mac_in(&old, "eth0").is_none(),
+    );
+    let new = cluster.pod("new");
+    api_port(&cluster, 1, &subnet, "10.53.0.50", &new);
+    let new_mac = mac_in(&new, "eth0").unwrap();
+    assert_ne!(new_mac, old_mac);
+    // h1's agent announced the new MAC to its local ports when it learned the port.
+    wait_until("a to learn the new MAC", Duration::from_secs(5), || {
+        neighbour_mac(&a, "10.53.0.50").as_deref() == Some(new_mac.as_str())
+    });
+    assert!(a.ping("10.53.0.50"), "{}", cluster.overlay_state());
+}
+
 #[test]
 fn bad_configurations_and_a_missing_agent_are_clear_cni_errors() {
     let cluster = Cluster::new("er");

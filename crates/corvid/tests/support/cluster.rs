@@ -179,6 +179,11 @@ impl Cluster {
         self.agents[i] = Some(Proc(child));
     }
 
+    /// Every host's links, addresses, FDB and neighbours, for a failed assertion.
+    pub fn overlay_state(&self) -> String {
+        self.hosts.iter().map(Ns::overlay_state).collect()
+    }
+
     /// Runs `f` with a client whose sockets live in the lan namespace.
     pub fn api<T>(&self, f: impl FnOnce(&Client) -> T) -> T {
         let client = Client::new(&url());

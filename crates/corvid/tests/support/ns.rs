@@ -96,6 +96,28 @@ impl Ns {
             .collect()
     }
 
+    /// The namespace's links, addresses, FDB and neighbours, as `ip` and `bridge` print
+    /// them: for a failed assertion to say what the datapath held.
+    pub fn overlay_state(&self) -> String {
+        let name = self.name();
+        let mut out = format!("--- {name}\n");
+        for (tool, args) in [
+            ("ip", "-br link"),
+            ("ip", "-br addr"),
+            ("ip", "neigh show"),
+            ("bridge", "fdb show"),
+        ] {
+            let o = Command::new(tool)
+                .arg("-n")
+                .arg(&name)
+                .args(args.split_whitespace())
+                .output()
+                .unwrap();
+            out += &format!("$ {tool} {args}\n{}", String::from_utf8_lossy(&o.stdout));
+        }
+        out
+    }
+
     /// Names of the links in the namespace that start with `prefix`.
     pub fn links(&self, prefix: &str) -> Vec<String> {
         self.netlink()
