@@ -216,6 +216,13 @@ impl Batch {
             attributes.push(SetAttribute::DataType(data.id));
             attributes.push(SetAttribute::DataLen(data.len));
         }
+        if set.key == DataType::IFNAME {
+            // nft reads a plain key as big-endian unless told, and prints a name
+            // read that way as "" (NFTNL_UDATA_SET_KEYBYTEORDER: BYTEORDER_HOST_ENDIAN).
+            let mut udata = vec![0, 4];
+            udata.extend(1u32.to_ne_bytes());
+            attributes.push(SetAttribute::UserData(udata));
+        }
         if let Some(timeout) = set.timeout {
             flags |= SetFlags::Timeout | SetFlags::Eval;
             attributes.push(SetAttribute::Timeout(timeout.as_millis() as u64));
@@ -239,7 +246,7 @@ impl Batch {
             element.push(SetElementAttribute::Data(DataAttribute::Value(value)));
         }
         self.push(
-            NfTablesMessage::NewSetElement(element_message(set, element)),
+            NfTablesMessage::NewSetElement(element_message(self.table.name, set, element)),
             NLM_F_CREATE,
             format!("add an element to {set}"),
         );
@@ -254,7 +261,7 @@ impl Batch {
             )),
         ];
         self.push(
-            NfTablesMessage::NewSetElement(element_message(set, element)),
+            NfTablesMessage::NewSetElement(element_message(self.table.name, set, element)),
             NLM_F_CREATE,
             format!("add an element to {set}"),
         );
@@ -265,7 +272,7 @@ impl Batch {
         self.push(
             NfTablesMessage::DeleteSetElement(SetElementMessage {
                 attributes: vec![
-                    SetElementList::Table(TABLE.into()),
+                    SetElementList::Table(self.table.name.into()),
                     SetElementList::Set(set.into()),
                 ],
             }),
@@ -317,6 +324,7 @@ impl Batch {
     pub fn delete_element(&mut self, set: &str, key: &[u8]) {
         self.push(
             NfTablesMessage::DeleteSetElement(element_message(
+                self.table.name,
                 set,
                 vec![SetElementAttribute::Key(DataAttribute::Value(key.to_vec()))],
             )),
@@ -326,10 +334,14 @@ impl Batch {
     }
 }
 
-pub(super) fn element_message(set: &str, element: Vec<SetElementAttribute>) -> SetElementMessage {
+pub(super) fn element_message(
+    table: &str,
+    set: &str,
+    element: Vec<SetElementAttribute>,
+) -> SetElementMessage {
     SetElementMessage {
         attributes: vec![
-            SetElementList::Table(TABLE.into()),
+            SetElementList::Table(table.into()),
             SetElementList::Set(set.into()),
             SetElementList::Elements(vec![ListAttribute::Element(element)]),
         ],

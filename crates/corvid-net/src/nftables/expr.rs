@@ -415,3 +415,118 @@ pub fn update_set(set: &str, key: Register) -> Expressions {
         ],
     )
 }
+
+const PAYLOAD_LINK: u32 = 0;
+
+/// The input interface is Ethernet (`meta iiftype ether`): the dependency nft wants
+/// before it prints a link-layer load in an inet table as `ether saddr`.
+pub fn iif_ethernet() -> Vec<Expressions> {
+    // NFT_META_IIFTYPE, ARPHRD_ETHER
+    vec![
+        meta(MetaKey::Other(8), Register::Reg1),
+        cmp(Register::Reg1, true, &1u16.to_ne_bytes()),
+    ]
+}
+
+/// Loads the Ethernet source (`src` true) or destination address into `reg`.
+pub fn load_ether(src: bool, reg: Register) -> Expressions {
+    payload(PAYLOAD_LINK, if src { 6 } else { 0 }, 6, reg)
+}
+
+fn payload(base: u32, offset: u32, len: u32, reg: Register) -> Expressions {
+    Expressions::Payload(vec![
+        Payload::DestinationRegister(reg),
+        Payload::Base(base),
+        Payload::Offset(offset),
+        Payload::Len(len),
+    ])
+}
+
+/// The frame carries `ethertype` (`meta protocol`, as the bridge family reads it).
+pub fn ethertype(ethertype: u16) -> Vec<Expressions> {
+    vec![
+        meta(MetaKey::EtherTypeProtocol, Register::Reg1),
+        cmp(Register::Reg1, true, &ethertype.to_be_bytes()),
+    ]
+}
+
+/// IPv4's, IPv6's and ARP's Ethernet types.
+pub mod ethertypes {
+    /// IPv4.
+    pub const IPV4: u16 = 0x0800;
+    /// ARP.
+    pub const ARP: u16 = 0x0806;
+    /// IPv6.
+    pub const IPV6: u16 = 0x86dd;
+}
+
+/// The frame's Ethernet source is `mac` (or with `equal` false, is not).
+pub fn ether_source(mac: [u8; 6], equal: bool) -> Vec<Expressions> {
+    vec![
+        load_ether(true, Register::Reg1),
+        cmp(Register::Reg1, equal, &mac),
+    ]
+}
+
+/// An ARP packet's sender address (Ethernet over IPv4) is inside `net`.
+pub fn arp_sender_in(net: IpNet) -> Vec<Expressions> {
+    let mut out = vec![payload(PAYLOAD_NETWORK, 14, 4, Register::Reg1)];
+    if net.prefix_len() < 32 {
+        out.push(bitwise(
+            Register::Reg1,
+            addr_bytes(net.netmask()),
+            vec![0; 4],
+        ));
+    }
+    out.push(cmp(Register::Reg1, true, &addr_bytes(net.network())));
+    out
+}
+
+/// The transport protocol is `proto`.
+pub fn l4proto(proto: u8) -> Vec<Expressions> {
+    vec![
+        load_l4proto(Register::Reg1),
+        cmp(Register::Reg1, true, &[proto]),
+    ]
+}
+
+/// The destination port (TCP, UDP, SCTP) is from `min` to `max`.
+pub fn dport_range(min: u16, max: u16) -> Vec<Expressions> {
+    let mut out = vec![load(Field::DstPort, false, Register::Reg1)];
+    if min == max {
+        out.push(cmp(Register::Reg1, true, &min.to_be_bytes()));
+    } else {
+        out.push(cmp_op(
+            Register::Reg1,
+            Operator::GreatherThanEqual,
+            &min.to_be_bytes(),
+        ));
+        out.push(cmp_op(
+            Register::Reg1,
+            Operator::LessThanEqual,
+            &max.to_be_bytes(),
+        ));
+    }
+    out
+}
+
+/// An ICMP or ICMPv6 message of `kind`, and of `code` when given.
+pub fn icmp(kind: u8, code: Option<u8>) -> Vec<Expressions> {
+    let mut out = vec![
+        payload(PAYLOAD_TRANSPORT, 0, 1, Register::Reg1),
+        cmp(Register::Reg1, true, &[kind]),
+    ];
+    if let Some(code) = code {
+        out.push(payload(PAYLOAD_TRANSPORT, 1, 1, Register::Reg1));
+        out.push(cmp(Register::Reg1, true, &[code]));
+    }
+    out
+}
+
+fn cmp_op(reg: Register, op: Operator, bytes: &[u8]) -> Expressions {
+    Expressions::Cmp(vec![
+        Cmp::SourceRegister(reg),
+        Cmp::Op(op),
+        Cmp::Data(DataAttribute::Value(bytes.to_vec())),
+    ])
+}

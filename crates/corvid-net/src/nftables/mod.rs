@@ -17,6 +17,7 @@ pub mod firewall;
 pub mod masquerade;
 pub mod portmap;
 pub mod routing;
+pub mod security_groups;
 pub mod services;
 mod socket;
 mod tags;
@@ -78,6 +79,20 @@ impl TableRef {
     pub const CORVID: TableRef = TableRef {
         family: NetfilterProtoFamily::Inet,
         name: TABLE,
+    };
+
+    /// The security groups' bridge-family table, `bridge corvid-sg`: what enters a port
+    /// and what a port may send as, by the port's own interface.
+    pub const SG_BRIDGE: TableRef = TableRef {
+        family: NetfilterProtoFamily::Bridge,
+        name: security_groups::TABLE,
+    };
+
+    /// The security groups' inet table, `inet corvid-sg`: connection state, and what a
+    /// port may start.
+    pub const SG_INET: TableRef = TableRef {
+        family: NetfilterProtoFamily::Inet,
+        name: security_groups::TABLE,
     };
 
     /// iptables' `filter` table of one family, as iptables-nft keeps it in nftables.
@@ -147,6 +162,8 @@ impl DataType {
     pub const INET_PROTO: DataType = DataType { id: 12, len: 1 };
     /// A transport port (two bytes, network order).
     pub const INET_SERVICE: DataType = DataType { id: 13, len: 2 };
+    /// An Ethernet address.
+    pub const ETHER: DataType = DataType { id: 9, len: 6 };
     /// An interface name (16 bytes, zero-padded).
     pub const IFNAME: DataType = DataType { id: 41, len: 16 };
     /// A 32-bit number (host order), as nft's `mark` type: nft cannot print its plain

@@ -208,6 +208,7 @@ impl Nftables {
     /// missing.
     pub fn element(&mut self, set: &str, key: &[u8]) -> Result<Option<Element>> {
         let message = NfTablesMessage::GetSetElement(element_message(
+            TABLE,
             set,
             vec![SetElementAttribute::Key(DataAttribute::Value(key.to_vec()))],
         ));
