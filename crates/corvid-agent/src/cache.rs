@@ -1,12 +1,12 @@
 //! The agent's copy of what the controller knows and this host needs: networks, subnets,
-//! ports, hosts, load balancers and floating IPs, loaded by listing and kept current by the
-//! watch feed.
+//! ports, hosts, load balancers, floating IPs, routers and security groups, loaded by
+//! listing and kept current by the watch feed.
 
 use std::collections::{BTreeSet, HashMap};
 
 use corvid_api::{
     ApiError, Client, EventKind, FloatingIp, Host, Listener, LoadBalancer, Member, Network, Pool,
-    Port, Resource, Router, Subnet, WatchEvent, ROUTER_INTERFACE,
+    Port, Resource, Router, SecurityGroup, SecurityGroupRule, Subnet, WatchEvent, ROUTER_INTERFACE,
 };
 use serde_json::Value;
 
@@ -35,6 +35,15 @@ pub struct Cache {
     pub floatingips: HashMap<String, FloatingIp>,
     /// Routers.
     pub routers: HashMap<String, Router>,
+    /// Security groups (without their rules, which come one by one).
+    pub security_groups: HashMap<String, SecurityGroup>,
+    /// Security group rules.
+    pub security_group_rules: HashMap<String, SecurityGroupRule>,
+    /// Rule IDs by group, and port IDs by group: a group's rules and members without a
+    /// scan.
+    pub group_rules: HashMap<String, BTreeSet<String>>,
+    /// Port IDs by the security groups they are in.
+    pub group_ports: HashMap<String, BTreeSet<String>>,
     /// Which listeners (services) changed since the last look.
     pub services_changed: Changed,
     /// Listeners by load balancer, pools by listener, members by pool.
@@ -122,6 +131,8 @@ pub struct Dirty {
     pub ports: BTreeSet<String>,
     /// Routers whose interfaces or routes changed: their networks are looked at again.
     pub routers: BTreeSet<String>,
+    /// A security group or rule changed (ports that changed are in `ports`).
+    pub security: bool,
     /// The network each changed port was on before the change, for those the cache
     /// knew: where a deleted port is found without looking through every plan.
     pub was_on: HashMap<String, String>,
@@ -138,12 +149,17 @@ impl Dirty {
 
     /// Nothing this host cares about.
     pub fn is_empty(&self) -> bool {
-        !self.all && self.networks.is_empty() && self.ports.is_empty() && self.routers.is_empty()
+        !self.all
+            && !self.security
+            && self.networks.is_empty()
+            && self.ports.is_empty()
+            && self.routers.is_empty()
     }
 
     /// What either touched.
     pub fn merge(mut self, other: Dirty) -> Dirty {
         self.all |= other.all;
+        self.security |= other.security;
         self.networks.extend(other.networks);
         self.ports.extend(other.ports);
         self.routers.extend(other.routers);
@@ -190,8 +206,10 @@ impl Cache {
         let (members, r8) = list(client)?;
         let (floatingips, r9) = list(client)?;
         let (routers, r10) = list(client)?;
+        let (security_groups, r11) = list(client)?;
+        let (security_group_rules, r12) = list(client)?;
         let mut cache = Cache {
-            revision: [r1, r2, r3, r4, r5, r6, r7, r8, r9, r10]
+            revision: [r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12]
                 .into_iter()
                 .min()
                 .unwrap_or(0),
@@ -205,6 +223,10 @@ impl Cache {
             members,
             floatingips,
             routers,
+            security_groups,
+            security_group_rules,
+            group_rules: HashMap::new(),
+            group_ports: HashMap::new(),
             services_changed: Changed::All,
             index: ServiceIndex::default(),
             network_ports: HashMap::new(),
@@ -243,6 +265,13 @@ impl Cache {
                     );
                     let (was, is) = (old.as_ref().and_then(router_of), new.and_then(router_of));
                     reindex(&mut self.router_ports, &e.id, was, is);
+                    let groups = |p: Option<&Port>| p.map(|p| p.security_groups.clone());
+                    for g in groups(old.as_ref()).unwrap_or_default() {
+                        reindex(&mut self.group_ports, &e.id, Some(&g), None);
+                    }
+                    for g in groups(new).unwrap_or_default() {
+                        reindex(&mut self.group_ports, &e.id, None, Some(&g));
+                    }
                     let snat = |r: Option<&str>| {
                         r.and_then(|r| self.routers.get(r))
                             .is_some_and(|r| r.external_gateway_info.is_some())
@@ -277,6 +306,21 @@ impl Cache {
                 "hosts" => {
                     upsert(&mut self.hosts, e);
                     dirty.all = true;
+                }
+                "security_groups" => {
+                    upsert(&mut self.security_groups, e);
+                    dirty.security = true;
+                }
+                "security_group_rules" => {
+                    let old = upsert(&mut self.security_group_rules, e);
+                    let new = self.security_group_rules.get(&e.id);
+                    reindex(
+                        &mut self.group_rules,
+                        &e.id,
+                        old.as_ref().map(|r| r.security_group_id.as_str()),
+                        new.map(|r| r.security_group_id.as_str()),
+                    );
+                    dirty.security = true;
                 }
                 "loadbalancers" => {
                     upsert(&mut self.loadbalancers, e);
@@ -384,9 +428,22 @@ impl Cache {
     pub fn reindex(&mut self) {
         self.network_ports = HashMap::new();
         self.router_ports = HashMap::new();
+        self.group_ports = HashMap::new();
         for p in self.ports.values() {
             reindex(&mut self.network_ports, &p.id, None, Some(&p.network_id));
             reindex(&mut self.router_ports, &p.id, None, router_of(p));
+            for g in &p.security_groups {
+                reindex(&mut self.group_ports, &p.id, None, Some(g));
+            }
+        }
+        self.group_rules = HashMap::new();
+        for r in self.security_group_rules.values() {
+            reindex(
+                &mut self.group_rules,
+                &r.id,
+                None,
+                Some(&r.security_group_id),
+            );
         }
         self.index = ServiceIndex::default();
         for l in self.listeners.values() {

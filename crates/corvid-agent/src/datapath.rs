@@ -11,6 +11,7 @@ use corvid_net::binding::{
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
 use corvid_net::nftables::routing::Routing;
+use corvid_net::nftables::security_groups::{Report, SecurityGroups, Want};
 use corvid_net::nftables::services::{Services, SyncReport};
 use corvid_net::overlay::{FdbEntry, NeighbourEntry, OverlayEntries, VxlanSpec};
 use corvid_net::route::RouteSpec;
@@ -37,6 +38,9 @@ pub struct Datapath {
     extra_routes: Option<BTreeSet<ExtraRoute>>,
     /// The interface floating IPs are answered on, and the ones it was given.
     public: Option<(String, BTreeSet<IpAddr>)>,
+    /// The security groups' filter: opened at the first sync when the agent filters,
+    /// and `Removed` once a filter an earlier agent left is gone when it does not.
+    security: SecurityState,
     /// Tells local ports where a remote port's address now is; none when no packet
     /// socket could be opened (announcing is best effort).
     announcer: Option<Announcer>,
@@ -47,6 +51,16 @@ fn missing(what: String) -> Error {
         op: what,
         source: std::io::Error::from_raw_os_error(libc::ENODEV),
     }
+}
+
+/// The security groups' filter as this agent found or made it.
+enum SecurityState {
+    /// Not looked at yet.
+    Unknown,
+    /// Filtering, with what was committed.
+    Filtering(SecurityGroups),
+    /// Not filtering, and no filter left behind.
+    Removed,
 }
 
 /// What a network's existing vxlan device holds, as [`Datapath::sync_network`] is told.
@@ -72,6 +86,7 @@ impl Datapath {
             routing: None,
             extra_routes: None,
             public: public_interface.map(|i| (i, BTreeSet::new())),
+            security: SecurityState::Unknown,
             announcer: Announcer::open()
                 .inspect_err(|e| tracing::warn!("remote ports will not be announced: {e}"))
                 .ok(),
@@ -159,6 +174,27 @@ impl Datapath {
             *given = want;
         }
         Ok(report)
+    }
+
+    /// Makes the security groups' filter hold `want` when `enabled`, sending what
+    /// changed; when not, removes the filter once (an earlier agent's). The report is
+    /// none when nothing was synced.
+    pub fn sync_security_groups(&mut self, want: &Want, enabled: bool) -> Result<Option<Report>> {
+        if !enabled {
+            if matches!(self.security, SecurityState::Removed) {
+                return Ok(None);
+            }
+            // Tried once: a kernel without the bridge family's tables has none to remove.
+            self.security = SecurityState::Removed;
+            return SecurityGroups::open()?.remove().map(|_| None);
+        }
+        if !matches!(self.security, SecurityState::Filtering(_)) {
+            self.security = SecurityState::Filtering(SecurityGroups::open()?);
+        }
+        let SecurityState::Filtering(sg) = &mut self.security else {
+            unreachable!("set above");
+        };
+        sg.sync(want).map(Some)
     }
 
     /// Sets the cluster whose devices this datapath makes and owns.
@@ -342,6 +378,7 @@ impl Datapath {
                 mac: Some(&p.mac),
                 host_name: Some(&p.host_veth),
                 alias: Some(&names::owner_mark(&self.cluster, &p.id)),
+                kept: &p.kept,
             },
             &p.addrs,
             &p.routes,

@@ -10,6 +10,7 @@ pub mod datapath;
 pub mod metrics;
 pub mod plan;
 mod presence;
+pub mod security_groups;
 pub mod services;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -44,6 +45,8 @@ pub struct Config {
     /// answers ARP for them) and what leaves through it from a port with a floating IP
     /// leaves from that address.
     pub public_interface: Option<String>,
+    /// Whether ports are filtered by their security groups.
+    pub security_groups: bool,
 }
 
 /// Why the agent stopped.
@@ -362,6 +365,10 @@ impl Agent {
             tracing::error!("masquerade: {e}");
         }
         self.sync_services(dirty.all);
+        // Before the reports: a port is ACTIVE, and its CNI ADD returns, once filtered.
+        if dirty.all || dirty.security || !dirty.ports.is_empty() || !dirty.networks.is_empty() {
+            self.sync_security_groups();
+        }
         self.report(reports);
         metrics::objects(Object::Networks, self.plans.len());
         metrics::objects(
@@ -371,6 +378,32 @@ impl Agent {
         metrics::objects(Object::Links, self.links.len());
         metrics::objects(Object::Services, self.services.services.len());
         metrics::pass(kind, started);
+    }
+
+    /// Makes the security groups' filter hold the ports plugged here and their groups,
+    /// or, when the agent filters nothing, removes a filter an earlier agent left.
+    fn sync_security_groups(&mut self) {
+        let want = if self.cfg.security_groups {
+            security_groups::plan(&self.cache, &self.plans)
+        } else {
+            Default::default()
+        };
+        match self
+            .dp
+            .sync_security_groups(&want, self.cfg.security_groups)
+        {
+            Ok(Some(r)) if r != Default::default() => tracing::info!(
+                ports = r.ports,
+                groups = r.groups,
+                members = r.members,
+                "security groups"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                failed(ErrorKind::SecurityGroups);
+                tracing::error!("security groups: {e}");
+            }
+        }
     }
 
     /// Lets bridged traffic through iptables' FORWARD while any corvid bridge is here:

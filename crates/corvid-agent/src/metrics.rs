@@ -48,6 +48,8 @@ pub enum ErrorKind {
     Routing,
     /// Service VIPs and floating IPs.
     Services,
+    /// The security groups' filter.
+    SecurityGroups,
     /// Reporting a port's status.
     Report,
     /// Listing the host's links.
@@ -221,6 +223,6 @@ pub fn endpoints(health: Arc<Health>) -> Endpoints {
 
 corvid_metrics::label_values!(Pass { Full => "full", Changes => "changes" });
 
-corvid_metrics::label_values!(ErrorKind { Controller => "controller", Watch => "watch", FeedStart => "feed_start", Network => "network", Plug => "plug", Unlink => "unlink", Overlay => "overlay", Masquerade => "masquerade", Forwarding => "forwarding", Routing => "routing", Services => "services", Report => "report", Datapath => "datapath" });
+corvid_metrics::label_values!(ErrorKind { Controller => "controller", Watch => "watch", FeedStart => "feed_start", Network => "network", Plug => "plug", Unlink => "unlink", Overlay => "overlay", Masquerade => "masquerade", Forwarding => "forwarding", Routing => "routing", Services => "services", SecurityGroups => "security_groups", Report => "report", Datapath => "datapath" });
 
 corvid_metrics::label_values!(Object { Networks => "networks", Ports => "ports", Links => "links", Services => "services" });

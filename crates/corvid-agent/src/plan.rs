@@ -28,6 +28,9 @@ pub struct PortPlan {
     pub mac: String,
     /// Addresses with their subnet's prefix.
     pub addrs: Vec<IpNet>,
+    /// Its allowed address pairs' prefixes: what the namespace may hold besides (a
+    /// keepalived VIP), which a check leaves alone.
+    pub kept: Vec<IpNet>,
     /// Routes: the default via the gateway, then the subnets' host routes.
     pub routes: Vec<(IpNet, Option<IpAddr>)>,
     /// The status the controller shows.
@@ -283,6 +286,7 @@ pub fn port_role(cache: &Cache, p: &Port, host: &str) -> Option<PortRole> {
         netns: netns.clone(),
         mac: p.mac_address.to_ascii_lowercase(),
         addrs,
+        kept: p.address_pairs().into_iter().map(|(_, net)| net).collect(),
         routes,
         status: p.status,
     }))

@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod model;
+pub mod protocols;
 pub mod requests;
 pub mod tls;
 

@@ -330,6 +330,28 @@ pub struct Port {
     pub revision_number: u64,
 }
 
+impl Port {
+    /// Its allowed address pairs: each prefix with its MAC (the port's own when the pair
+    /// names none); a pair that does not parse is left out.
+    pub fn address_pairs(&self) -> Vec<(&str, IpNet)> {
+        self.allowed_address_pairs
+            .iter()
+            .filter_map(|pair| {
+                let ip = pair.get("ip_address")?.as_str()?;
+                let net = ip
+                    .parse::<IpNet>()
+                    .ok()
+                    .or_else(|| ip.parse::<IpAddr>().ok().map(IpNet::from))?;
+                let mac = pair
+                    .get("mac_address")
+                    .and_then(Value::as_str)
+                    .unwrap_or(&self.mac_address);
+                Some((mac, net))
+            })
+            .collect()
+    }
+}
+
 impl Resource for Port {
     const SINGULAR: &'static str = "port";
     const PLURAL: &'static str = "ports";

@@ -402,6 +402,7 @@ impl Driver {
                 mac: Some(&port.mac_address),
                 host_name: Some(&host_name),
                 alias: Some(&corvid_net::names::owner_mark(cluster, &port.id)),
+                kept: &[],
             },
             &[],
             &[],

@@ -146,6 +146,9 @@ pub struct VethSpec<'a> {
     pub host_name: Option<&'a str>,
     /// The owner mark to give the host end as its alias ([`crate::names::owner_mark`]).
     pub alias: Option<&'a str>,
+    /// Prefixes the container may hold addresses in besides its own (allowed address
+    /// pairs: a keepalived VIP); a check removes other addresses, never these.
+    pub kept: &'a [IpNet],
 }
 
 /// Gives `link` the alias `alias`, if one is asked and it has another.
@@ -459,7 +462,7 @@ pub fn ensure_plugged(
                 host.set_hairpin(&h, true)?;
             }
             enable_ipv6_for(netns, &c, addrs)?;
-            let readdressed = sync_addresses(container, &c, addrs)?;
+            let readdressed = sync_addresses(container, &c, addrs, spec.kept)?;
             if !readdressed.is_empty() {
                 crate::announce::announce(container, netns, &c, addrs);
             }
@@ -516,8 +519,14 @@ fn is_link_local(a: &IpNet) -> bool {
     matches!(a.addr(), IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
-/// Adds the missing addresses and removes the others (IPv6 link-local ones stay).
-fn sync_addresses(nl: &mut Netlink, link: &Link, want: &[IpNet]) -> Result<Vec<String>> {
+/// Adds the missing addresses and removes the others, but for IPv6 link-local ones and
+/// those inside `kept`.
+fn sync_addresses(
+    nl: &mut Netlink,
+    link: &Link,
+    want: &[IpNet],
+    kept: &[IpNet],
+) -> Result<Vec<String>> {
     let have: Vec<IpNet> = nl
         .addresses(Some(link.index))?
         .into_iter()
@@ -529,6 +538,7 @@ fn sync_addresses(nl: &mut Netlink, link: &Link, want: &[IpNet]) -> Result<Vec<S
     for a in have
         .iter()
         .filter(|a| !want.contains(a) && !is_link_local(a))
+        .filter(|a| !kept.iter().any(|k| k.contains(&a.addr())))
     {
         nl.delete_address(link.index, a)?;
         done.push(format!("address {a} removed from {}", link.name));

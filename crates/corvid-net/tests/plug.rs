@@ -59,6 +59,7 @@ impl Setup {
             mac: Some(MAC),
             host_name: Some(HOST_END),
             alias: None,
+            kept: &[],
         }
     }
 

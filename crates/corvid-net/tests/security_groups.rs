@@ -141,16 +141,6 @@ fn sync(s: &Site, sg: &mut SecurityGroups, w: &Want) -> Report {
     s.host.open().run(|| sg.sync(w)).unwrap().unwrap()
 }
 
-/// A ping from `pod` sent from its address `source`.
-fn ping_from(pod: &Ns, source: &str, to: &str) -> bool {
-    pod.command("ping")
-        .args(["-c1", "-W2", "-I", source, to])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap()
-        .success()
-}
-
 fn ping(s: &Site, from: usize, to: usize) -> bool {
     s.pods[from].ping(&pod_ip(to))
 }
@@ -240,7 +230,7 @@ fn a_port_sends_only_as_itself() {
     assert!(ping(&s, 0, 2));
     // Another address on the same interface: what it sends from there goes nowhere.
     s.pods[0].ip("addr add 10.230.0.99/24 dev eth0");
-    assert!(!ping_from(&s.pods[0], "10.230.0.99", &pod_ip(2)));
+    assert!(!s.pods[0].ping_from("10.230.0.99", &pod_ip(2)));
     // Unless it is an allowed address pair.
     w.ports
         .get_mut("port0")
@@ -248,14 +238,14 @@ fn a_port_sends_only_as_itself() {
         .sources
         .push((mac(0), "10.230.0.96/29".parse().unwrap()));
     sync(&s, &mut sg, &w);
-    assert!(ping_from(&s.pods[0], "10.230.0.99", &pod_ip(2)));
+    assert!(s.pods[0].ping_from("10.230.0.99", &pod_ip(2)));
     // Another MAC: nothing at all.
     s.pods[0].ip("link set eth0 address 02:00:00:00:00:99");
     s.pods[0].ip("neigh flush dev eth0");
     assert!(!ping(&s, 0, 2));
     // An unfiltered port sends as it likes.
     s.pods[2].ip("addr add 10.230.0.98/24 dev eth0");
-    assert!(ping_from(&s.pods[2], "10.230.0.98", &pod_ip(3)));
+    assert!(s.pods[2].ping_from("10.230.0.98", &pod_ip(3)));
 }
 
 #[test]

@@ -122,6 +122,7 @@ impl Floor {
             mac: None,
             host_name: None,
             alias: None,
+            kept: &[],
         };
         let start = Instant::now();
         for i in range {

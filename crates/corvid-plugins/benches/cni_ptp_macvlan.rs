@@ -217,6 +217,7 @@ fn kernel_floors(tag: &str, host: &Netns, n: usize) -> (Phase, Phase) {
             mac: None,
             host_name: None,
             alias: None,
+            kept: &[],
         };
         let p = pair(&mut host_nl, &mut container, ns, &spec).unwrap();
         made.push((container, p.container));

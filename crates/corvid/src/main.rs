@@ -199,6 +199,11 @@ struct AgentArgs {
     /// The interface on the public network: this host answers for floating IPs there.
     #[arg(long, env = "CORVID_PUBLIC_INTERFACE")]
     public_interface: Option<String>,
+    /// Filter the ports plugged here by their security groups (ports with port security
+    /// on, which API ports have by default). Off: no port is filtered, and the filter an
+    /// earlier agent left is removed.
+    #[arg(long, env = "CORVID_SECURITY_GROUPS")]
+    security_groups: bool,
     #[command(flatten)]
     metrics: MetricsArgs,
 }
@@ -308,6 +313,7 @@ fn agent(a: AgentArgs) -> anyhow::Result<()> {
         underlay_ip: a.underlay_ip,
         resync: std::time::Duration::from_secs(a.resync.max(1)),
         public_interface: a.public_interface,
+        security_groups: a.security_groups,
     };
     let mut agent = corvid_agent::Agent::new(config)?;
     let health = agent.health();

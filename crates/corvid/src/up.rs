@@ -114,6 +114,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         underlay_ip: None,
         resync: Duration::from_secs(a.resync.max(1)),
         public_interface: None,
+        security_groups: false,
     })
     .context("agent")?;
     corvid_metrics::serve(

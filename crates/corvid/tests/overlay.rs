@@ -255,8 +255,7 @@ fn agents_and_the_controller_restart_without_losing_pods() {
     assert!(!a3.ping(&ip_b2));
 }
 
-/// A port made through the API on host `host` with address `ip`, plugged into `pod` by
-/// the host's agent: its ID once it is ACTIVE.
+/// A port with address `ip` and no filter, plugged into `pod` on host `host`.
 fn api_port(
     cluster: &Cluster,
     host: usize,
@@ -264,20 +263,9 @@ fn api_port(
     ip: &str,
     pod: &Ns,
 ) -> String {
-    let port: Port = cluster
-        .api(|c| {
-            c.create(
-                json!({"network_id": subnet.network_id, "port_security_enabled": false,
-                "fixed_ips": [{"subnet_id": subnet.id, "ip_address": ip}],
-                "binding:host_id": format!("h{}", host + 1),
-                "veth_name": "eth0", "network_ns": pod.path.display().to_string()}),
-            )
-        })
-        .unwrap();
-    wait_until("the port to be plugged", Duration::from_secs(10), || {
-        cluster.api(|c| c.get::<Port>(&port.id)).unwrap().status == Status::Active
-    });
-    port.id
+    let extra = json!({"port_security_enabled": false,
+        "fixed_ips": [{"subnet_id": subnet.id, "ip_address": ip}]});
+    cluster.api_port(host, subnet, pod, extra).id
 }
 
 /// The MAC pod `pod` has for `ip` in its neighbour table, if any.

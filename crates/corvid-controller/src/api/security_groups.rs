@@ -15,6 +15,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
+use corvid_api::protocols::{
+    number as protocol_number, ICMP_PROTOCOLS, IPV6_PROTOCOLS, PORT_PROTOCOLS, PROTOCOLS,
+};
 use corvid_api::{
     Direction, Ethertype, Resource, SecurityGroup, SecurityGroupCreate, SecurityGroupRule,
     SecurityGroupRuleCreate, SecurityGroupUpdate,
@@ -70,45 +73,6 @@ const DEFAULT: &str = "default";
 /// Where default groups' IDs are derived from the project's name. Fixed for ever: another
 /// would give every project a second default group.
 const DEFAULT_GROUPS: Uuid = Uuid::from_u128(0x5c1d_0b8e_4f3a_4e7b_9a51_2d6c_8e0f_a713);
-
-/// Neutron's IP protocol names and numbers, in its order (`IP_PROTOCOL_MAP`), which its
-/// error message lists.
-const PROTOCOLS: [(&str, u8); 25] = [
-    ("ah", 51),
-    ("dccp", 33),
-    ("egp", 8),
-    ("esp", 50),
-    ("gre", 47),
-    ("hopopt", 0),
-    ("icmp", 1),
-    ("igmp", 2),
-    ("ip", 0),
-    ("ipip", 4),
-    ("ipv6-encap", 41),
-    ("ipv6-frag", 44),
-    ("ipv6-icmp", 58),
-    ("icmpv6", 58),
-    ("ipv6-nonxt", 59),
-    ("ipv6-opts", 60),
-    ("ipv6-route", 43),
-    ("ospf", 89),
-    ("pgm", 113),
-    ("rsvp", 46),
-    ("sctp", 132),
-    ("tcp", 6),
-    ("udp", 17),
-    ("udplite", 136),
-    ("vrrp", 112),
-];
-
-/// The protocols whose rules take a port range: DCCP, SCTP, TCP, UDP, UDP-Lite.
-const PORT_PROTOCOLS: [u8; 5] = [33, 132, 6, 17, 136];
-
-/// ICMP and IPv6-ICMP, whose rules take a type and a code in the port range.
-const ICMP_PROTOCOLS: [u8; 2] = [1, 58];
-
-/// Protocols of IPv6 only, which an IPv4 rule cannot name.
-const IPV6_PROTOCOLS: [u8; 6] = [41, 44, 58, 59, 60, 43];
 
 /// The routes of both collections; rules have no update.
 pub fn routes() -> Router<Arc<Controller>> {
@@ -579,15 +543,6 @@ async fn delete_rule(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCode
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The number of a protocol name or number, as the rule stores it.
-fn protocol_number(p: &str) -> Option<u8> {
-    PROTOCOLS
-        .iter()
-        .find(|(name, _)| *name == p)
-        .map(|(_, n)| *n)
-        .or_else(|| p.parse().ok())
 }
 
 /// Neutron's `convert_protocol`: `null` and `any` are any protocol, a number must be one

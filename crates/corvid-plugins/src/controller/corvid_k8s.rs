@@ -207,6 +207,7 @@ fn plug(a: &PortAnnotation, args: &CmdArgs, netns: &Netns) -> Result<bool, Error
             mac: Some(&a.mac),
             host_name: Some(&names::host_veth(&a.port_id)),
             alias: mark(&a.port_id).as_deref(),
+            kept: &[],
         },
         &a.addresses,
         &routes,

@@ -212,6 +212,7 @@ fn ensure_bridge_and_plug(
             mac: None,
             host_name: None,
             alias: None,
+            kept: &[],
         },
     )
     .map_err(errors::net)?;

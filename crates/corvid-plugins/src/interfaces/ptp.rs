@@ -130,6 +130,7 @@ fn add(args: &CmdArgs, conf: &PtpConf) -> Result<CniResult, Error> {
                 mac: None,
                 host_name: None,
                 alias: None,
+                kept: &[],
             },
         )
         .map_err(errors::net)?;

@@ -315,4 +315,21 @@ impl Cluster {
     pub fn ports(&self) -> Vec<Port> {
         self.api(|c| c.list::<Port>(&[])).unwrap().0
     }
+
+    /// A port on `subnet` made through the API for host `host` and plugged into `pod`
+    /// (as `eth0`) by that host's agent, with `extra` attributes (addresses, groups,
+    /// port security): the port once it is ACTIVE.
+    pub fn api_port(&self, host: usize, subnet: &Subnet, pod: &Ns, extra: Value) -> Port {
+        let mut body = json!({"network_id": subnet.network_id,
+            "binding:host_id": format!("h{}", host + 1),
+            "veth_name": "eth0", "network_ns": pod.path.display().to_string()});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let port: Port = self.api(|c| c.create(body)).unwrap();
+        wait_until("the port to be plugged", Duration::from_secs(10), || {
+            self.api(|c| c.get::<Port>(&port.id)).unwrap().status == corvid_api::Status::Active
+        });
+        self.api(|c| c.get::<Port>(&port.id)).unwrap()
+    }
 }

@@ -64,6 +64,17 @@ impl Ns {
             .success()
     }
 
+    /// A ping sent from the namespace's address `source`.
+    pub fn ping_from(&self, source: &str, addr: &str) -> bool {
+        self.command("ping")
+            .args(["-c", "1", "-W", "2", "-I", source, addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
     pub fn netlink(&self) -> Netlink {
         Netlink::open_in(&self.open()).unwrap()
     }
