@@ -88,6 +88,8 @@ pub struct Agent {
     links: HashMap<String, Link>,
     /// Which routers are here, kept up with `plans`.
     presence: Presence,
+    /// The security groups' filter as planned, kept up with `plans` and the cache.
+    security: security_groups::Planner,
     /// Whether it is registered and following the controller, for `/readyz`.
     health: std::sync::Arc<Health>,
 }
@@ -145,6 +147,7 @@ impl Agent {
             plans: BTreeMap::new(),
             links: HashMap::new(),
             presence: Presence::default(),
+            security: Default::default(),
             health: Default::default(),
         })
     }
@@ -367,7 +370,7 @@ impl Agent {
         self.sync_services(dirty.all);
         // Before the reports: a port is ACTIVE, and its CNI ADD returns, once filtered.
         if dirty.all || dirty.security || !dirty.ports.is_empty() || !dirty.networks.is_empty() {
-            self.sync_security_groups();
+            self.sync_security_groups(&dirty);
         }
         self.report(reports);
         metrics::objects(Object::Networks, self.plans.len());
@@ -382,15 +385,17 @@ impl Agent {
 
     /// Makes the security groups' filter hold the ports plugged here and their groups,
     /// or, when the agent filters nothing, removes a filter an earlier agent left.
-    fn sync_security_groups(&mut self) {
-        let want = if self.cfg.security_groups {
-            security_groups::plan(&self.cache, &self.plans)
-        } else {
-            Default::default()
-        };
+    fn sync_security_groups(&mut self, dirty: &Dirty) {
+        if self.cfg.security_groups {
+            if dirty.all || dirty.security || !dirty.networks.is_empty() {
+                self.security.full(&self.cache, &self.plans);
+            } else {
+                self.security.ports(&self.cache, &self.plans, &dirty.ports);
+            }
+        }
         match self
             .dp
-            .sync_security_groups(&want, self.cfg.security_groups)
+            .sync_security_groups(self.security.want(), self.cfg.security_groups)
         {
             Ok(Some(r)) if r != Default::default() => tracing::info!(
                 ports = r.ports,

@@ -293,12 +293,13 @@ pub fn port_role(cache: &Cache, p: &Port, host: &str) -> Option<PortRole> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use corvid_api::{FixedIp, Host, Subnet};
     use serde_json::json;
 
-    fn port(id: &str, host: &str, ip: &str, ns: Option<&str>) -> Port {
+    /// Port `id` on network n1 bound to `host`, plugged into `ns` when given.
+    pub(crate) fn port(id: &str, host: &str, ip: &str, ns: Option<&str>) -> Port {
         serde_json::from_value(json!({
             "id": id, "name": "", "network_id": "n1", "tenant_id": "p", "project_id": "p",
             "mac_address": format!("FA:16:3E:00:00:{}", &id[1..]), "admin_state_up": true,
@@ -314,7 +315,10 @@ mod tests {
         .unwrap()
     }
 
-    fn cache() -> Cache {
+    /// Network n1 (subnet s1, 10.1.0.0/24), hosts h1 and h2, and five ports: p01 plugged
+    /// on h1, p02 on h2, p03 bound to h1 with no namespace, p04 on an unknown host, p05
+    /// unbound.
+    pub(crate) fn cache() -> Cache {
         let mut c = Cache::default();
         let net: Network = serde_json::from_value(json!({
             "id": "n1", "name": "", "tenant_id": "p", "project_id": "p", "admin_state_up": true,

@@ -17,47 +17,20 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use cluster::ns::{wait_until, Ns, Proc};
+use cluster::ns::{median, wait_until, Ns, Proc};
 use cluster::{cni_result, result_ip, Cluster};
 use corvid_api::requests::RouterInterface;
 use corvid_api::{Network, Router, Subnet};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const SAMPLES: usize = 15;
 const METRICS: &str = "127.0.0.1:9697";
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn on(subnet: &str) -> RouterInterface {
     RouterInterface {
         subnet_id: Some(subnet.to_string()),
         port_id: None,
     }
-}
-
-/// iperf3 from `from` to `to` for two seconds: received Gbit/s.
-fn iperf(from: &Ns, to: &str) -> f64 {
-    let out = from
-        .command("iperf3")
-        .args(["-c", to, "-t", "2", "-J"])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("iperf3 to {to}: {v}"))
-        / 1e9
-}
-
-/// TCP connections per second from `from` to `to`:8080, 200 one after the other.
-fn connection_rate(from: &Ns, to: &str) -> f64 {
-    let start = Instant::now();
-    let answers = from.connect(to, 8080, 200, false);
-    assert!(answers.iter().all(|a| a != "timeout"), "{answers:?}");
-    200.0 / start.elapsed().as_secs_f64()
 }
 
 fn epoch() -> f64 {
@@ -176,13 +149,7 @@ fn main() {
     for pod in [&r2, &g2, &b2] {
         servers.push(pod.serve_name("s", 8080));
         servers.push(pod.serve_name("s", 5353));
-        let iperf = pod
-            .command("iperf3")
-            .args(["-s"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        servers.push(Proc(iperf));
+        servers.push(pod.serve_iperf());
     }
     wait_until("red to reach green", Duration::from_secs(20), || {
         r1.connect(&ip_g2, 8080, 1, false) == ["s"]
@@ -194,12 +161,12 @@ fn main() {
     let (mut same_rate, mut routed_rate) = (Vec::new(), Vec::new());
     let (mut bridged, mut forwarded) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        same.push(iperf(&r1, &ip_r2));
-        routed.push(iperf(&r1, &ip_g2));
-        same_rate.push(connection_rate(&r1, &ip_r2));
-        routed_rate.push(connection_rate(&r1, &ip_g2));
-        bridged.push(iperf(&floor.pods[0], BareKernel::SAME));
-        forwarded.push(iperf(&floor.pods[0], BareKernel::ROUTED));
+        same.push(r1.iperf(&ip_r2));
+        routed.push(r1.iperf(&ip_g2));
+        same_rate.push(r1.connection_rate(&ip_r2));
+        routed_rate.push(r1.connection_rate(&ip_g2));
+        bridged.push(floor.pods[0].iperf(BareKernel::SAME));
+        forwarded.push(floor.pods[0].iperf(BareKernel::ROUTED));
     }
     let (bridged, forwarded) = (median(bridged), median(forwarded));
     let (same, routed) = (median(same), median(routed));

@@ -129,6 +129,41 @@ impl Ns {
         out
     }
 
+    /// An iperf3 server, until dropped.
+    pub fn serve_iperf(&self) -> Proc {
+        let iperf = self
+            .command("iperf3")
+            .args(["-s"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        Proc(iperf)
+    }
+
+    /// iperf3 to `to` for two seconds (an iperf3 server listening there): received
+    /// Gbit/s.
+    pub fn iperf(&self, to: &str) -> f64 {
+        let out = self
+            .command("iperf3")
+            .args(["-c", to, "-t", "2", "-J"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("iperf3 to {to}: {v}"))
+            / 1e9
+    }
+
+    /// TCP connections per second to `to`:8080 ([`Ns::serve_name`] there), 200 one
+    /// after the other.
+    pub fn connection_rate(&self, to: &str) -> f64 {
+        let start = Instant::now();
+        let answers = self.connect(to, 8080, 200, false);
+        assert!(answers.iter().all(|a| a != "timeout"), "{answers:?}");
+        200.0 / start.elapsed().as_secs_f64()
+    }
+
     /// Names of the links in the namespace that start with `prefix`.
     pub fn links(&self, prefix: &str) -> Vec<String> {
         self.netlink()
@@ -149,6 +184,12 @@ impl Drop for Ns {
             panic!("{p}");
         }
     }
+}
+
+/// The median of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// `scripts/testing/serve_name.py` run by `python3` (a command already placed in its
