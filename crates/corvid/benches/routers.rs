@@ -13,12 +13,12 @@
 #[path = "../tests/support/cluster.rs"]
 mod cluster;
 
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::process::Stdio;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use cluster::ns::{median, wait_until, Ns, Proc};
-use cluster::{cni_result, result_ip, Cluster};
+use cluster::{agent_work, cni_result, epoch, prober, result_ip, Cluster};
 use corvid_api::requests::RouterInterface;
 use corvid_api::{Network, Router, Subnet};
 use serde_json::json;
@@ -31,67 +31,6 @@ fn on(subnet: &str) -> RouterInterface {
         subnet_id: Some(subnet.to_string()),
         port_id: None,
     }
-}
-
-fn epoch() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-/// A prober in `pod` sending a UDP datagram to `to`:5353 every millisecond; it prints
-/// the wall-clock time of the first answer.
-fn prober(pod: &Ns, to: &str) -> (Proc, BufReader<std::process::ChildStdout>) {
-    let script = format!(
-        "import socket, time\n\
-         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-         s.settimeout(0.001)\n\
-         print('ready', flush=True)\n\
-         while True:\n\
-         \x20   s.sendto(b'x', ('{to}', 5353))\n\
-         \x20   try:\n\
-         \x20       s.recv(100)\n\
-         \x20       print(repr(time.time()), flush=True)\n\
-         \x20       break\n\
-         \x20   except OSError:\n\
-         \x20       time.sleep(0.001)\n"
-    );
-    let mut child = pod
-        .command("python3")
-        .args(["-c", &script])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    (Proc(child), out)
-}
-
-/// The agent's reconcile time so far on `host`: (seconds, passes) of change passes.
-fn agent_work(host: &Ns) -> (f64, f64) {
-    let text = host
-        .open()
-        .run(|| {
-            ureq::get(&format!("http://{METRICS}/metrics"))
-                .call()
-                .unwrap()
-                .into_string()
-                .unwrap()
-        })
-        .unwrap();
-    let sample = |name: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(name) && l.contains("kind=\"changes\""))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    };
-    (
-        sample("corvid_agent_reconcile_duration_seconds_sum"),
-        sample("corvid_agent_reconcile_duration_seconds_count"),
-    )
 }
 
 /// A network with a /24 subnet (no CNI configuration); its subnet.
@@ -254,7 +193,7 @@ fn main() {
         let (mut bare_add, mut bare_remove) = (Vec::new(), Vec::new());
         for _ in 0..SAMPLES {
             for adding in [true, false] {
-                let before = agent_work(&cluster.hosts[0]);
+                let before = agent_work(METRICS, &cluster.hosts[0]);
                 cluster.api(|c| {
                     if adding {
                         c.add_router_interface(&router.id, &on(&probe.id)).map(drop)
@@ -270,7 +209,7 @@ fn main() {
                 });
                 // The passes of the change: the interface port, then the router's revision.
                 std::thread::sleep(Duration::from_millis(300));
-                let after = agent_work(&cluster.hosts[0]);
+                let after = agent_work(METRICS, &cluster.hosts[0]);
                 let ms = (after.0 - before.0) * 1e3;
                 if adding {
                     add.push(ms);

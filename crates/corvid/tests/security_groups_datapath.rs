@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use cluster::ns::{wait_until, Ns};
 use cluster::{cni_result, result_ip, Cluster};
-use corvid_api::{Port, SecurityGroup, Subnet};
+use corvid_api::{Port, Subnet};
 use serde_json::{json, Value};
 
 const FLAG: &str = "--security-groups";
@@ -34,36 +34,13 @@ fn address(p: &Port) -> String {
     p.fixed_ips[0].ip_address.to_string()
 }
 
-/// A request's status and body, asserted to be a success.
-fn call(cluster: &Cluster, method: &str, path: &str, body: Value) -> Value {
-    let (status, v, _) = cluster
-        .api(|c| c.request(method, path, Some(&body)))
-        .unwrap();
-    assert!(
-        (200..300).contains(&status),
-        "{method} {path}: {status} {v}"
-    );
-    v
-}
-
-fn group(cluster: &Cluster, name: &str) -> SecurityGroup {
-    let v = call(
-        cluster,
-        "POST",
-        "/v2.0/security-groups",
-        json!({"security_group": {"name": name}}),
-    );
-    serde_json::from_value(v["security_group"].clone()).unwrap()
-}
-
 fn rule(cluster: &Cluster, group: &str, rule: Value) {
     let mut body = json!({"security_group_id": group, "direction": "ingress",
         "ethertype": "IPv4"});
     body.as_object_mut()
         .unwrap()
         .extend(rule.as_object().unwrap().clone());
-    call(
-        cluster,
+    cluster.call(
         "POST",
         "/v2.0/security-group-rules",
         json!({ "security_group_rule": body }),
@@ -71,12 +48,7 @@ fn rule(cluster: &Cluster, group: &str, rule: Value) {
 }
 
 fn update_port(cluster: &Cluster, id: &str, port: Value) {
-    call(
-        cluster,
-        "PUT",
-        &format!("/v2.0/ports/{id}"),
-        json!({ "port": port }),
-    );
+    cluster.call("PUT", &format!("/v2.0/ports/{id}"), json!({ "port": port }));
 }
 
 /// Whether `pod` gets an answer from `addr` within a few tries (a change reaches the
@@ -137,7 +109,7 @@ fn the_default_group_and_rules_decide_who_reaches_a_port_across_hosts() {
     assert!(p.a.ping(&p.c_ip));
 
     // A group with TCP 80 from the subnet, added to b: c reaches b on 80, and only there.
-    let web = group(&cluster, "web");
+    let web = cluster.security_group("web");
     rule(
         &cluster,
         &web.id,
@@ -156,8 +128,8 @@ fn the_default_group_and_rules_decide_who_reaches_a_port_across_hosts() {
     assert!(!p.c.ping(&ip_b));
 
     // A rule that names another group: its members get in, and stop when they leave.
-    let clients = group(&cluster, "clients");
-    let servers = group(&cluster, "servers");
+    let clients = cluster.security_group("clients");
+    let servers = cluster.security_group("servers");
     rule(
         &cluster,
         &servers.id,

@@ -316,6 +316,26 @@ impl Cluster {
         self.api(|c| c.list::<Port>(&[])).unwrap().0
     }
 
+    /// `method path` with `body` through the API, asserted to succeed: the answer.
+    pub fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let (status, v, _) = self.api(|c| c.request(method, path, Some(&body))).unwrap();
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {v}"
+        );
+        v
+    }
+
+    /// A new security group named `name` (with Neutron's egress rules).
+    pub fn security_group(&self, name: &str) -> corvid_api::SecurityGroup {
+        let v = self.call(
+            "POST",
+            "/v2.0/security-groups",
+            json!({"security_group": {"name": name}}),
+        );
+        serde_json::from_value(v["security_group"].clone()).unwrap()
+    }
+
     /// A port on `subnet` made through the API for host `host` and plugged into `pod`
     /// (as `eth0`) by that host's agent, with `extra` attributes (addresses, groups,
     /// port security): the port once it is ACTIVE.
@@ -332,4 +352,68 @@ impl Cluster {
         });
         self.api(|c| c.get::<Port>(&port.id)).unwrap()
     }
+}
+
+/// Seconds since the epoch, as a prober prints them.
+pub fn epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A prober in `pod` sending a UDP datagram to `to`:5353 every millisecond; it prints
+/// the wall-clock time of the first answer.
+pub fn prober(pod: &Ns, to: &str) -> (Proc, std::io::BufReader<std::process::ChildStdout>) {
+    use std::io::BufRead;
+    let script = format!(
+        "import socket, time\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.settimeout(0.001)\n\
+         print('ready', flush=True)\n\
+         while True:\n\
+         \x20   s.sendto(b'x', ('{to}', 5353))\n\
+         \x20   try:\n\
+         \x20       s.recv(100)\n\
+         \x20       print(repr(time.time()), flush=True)\n\
+         \x20       break\n\
+         \x20   except OSError:\n\
+         \x20       time.sleep(0.001)\n"
+    );
+    let mut child = pod
+        .command("python3")
+        .args(["-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    (Proc(child), out)
+}
+
+/// The reconcile time so far of the agent on `host` serving metrics at `metrics`:
+/// (seconds, passes) of change passes.
+pub fn agent_work(metrics: &str, host: &Ns) -> (f64, f64) {
+    let text = host
+        .open()
+        .run(|| {
+            ureq::get(&format!("http://{metrics}/metrics"))
+                .call()
+                .unwrap()
+                .into_string()
+                .unwrap()
+        })
+        .unwrap();
+    let sample = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains("kind=\"changes\""))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    (
+        sample("corvid_agent_reconcile_duration_seconds_sum"),
+        sample("corvid_agent_reconcile_duration_seconds_count"),
+    )
 }
