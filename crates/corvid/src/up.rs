@@ -39,6 +39,11 @@ pub struct UpArgs {
     /// Where the CNI configuration list is written.
     #[arg(long, env = "NETCONFPATH", default_value = "/etc/cni/net.d")]
     conf_dir: PathBuf,
+    /// Have the agent filter ports by their security groups (as `corvid agent
+    /// --security-groups`): the ports the API and the Docker driver make; the CNI
+    /// plugin's have port security off.
+    #[arg(long, env = "CORVID_SECURITY_GROUPS")]
+    security_groups: bool,
 }
 
 /// The default network and its subnet, created on the first run and found afterwards.
@@ -114,7 +119,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         underlay_ip: None,
         resync: Duration::from_secs(a.resync.max(1)),
         public_interface: None,
-        security_groups: false,
+        security_groups: a.security_groups,
     })
     .context("agent")?;
     corvid_metrics::serve(

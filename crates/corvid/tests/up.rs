@@ -42,9 +42,10 @@ fn up_then_two_namespaces_ping_each_other() {
 
     // One Ctrl-C stops it at once: the agent's open watch request does not hold it.
     stop(&mut running, libc::SIGINT, Duration::from_secs(5));
-    // Started again on the same state: the containers keep working, the agent is ready
-    // and serves its metrics, a new attach works and a DEL removes its devices.
-    running = stack.start(&host, &[]);
+    // Started again on the same state, filtering by security groups this time: the
+    // containers keep working (the plugin's ports have port security off), the agent is
+    // ready and serves its metrics, a new attach works and a DEL removes its devices.
+    running = stack.start(&host, &["--security-groups"]);
     let agent_ready = || {
         host.open()
             .run(|| ureq::get("http://127.0.0.1:9697/readyz").call().is_ok())
@@ -56,6 +57,15 @@ fn up_then_two_namespaces_ping_each_other() {
         agent_ready,
     );
     assert!(a.ping(&ip_b));
+    let tables = host
+        .command("nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&tables.stdout).contains("bridge corvid-sg"),
+        "{tables:?}"
+    );
     let c = Ns::new(&tag, "c");
     let ip_c = stack.add(&host, &c);
     assert!(c.ping(&ip_a));
