@@ -27,6 +27,15 @@ fn pod_ip(i: usize) -> String {
     }
 }
 
+/// Pod `i`'s IPv6 address: fd00:230::/64 on bridge a, fd00:231::/64 on b.
+fn pod_ip6(i: usize) -> String {
+    if i < 3 {
+        format!("fd00:230::1{i}")
+    } else {
+        "fd00:231::10".into()
+    }
+}
+
 fn mac(i: usize) -> [u8; 6] {
     [2, 0, 0, 0, 0, 0x10 + i as u8]
 }
@@ -46,12 +55,18 @@ fn site(name: &str) -> Site {
     host.open()
         .run(|| {
             corvid_net::sysctl::set("net/ipv4/ip_forward", "1").unwrap();
+            corvid_net::sysctl::set("net/ipv6/conf/all/forwarding", "1").unwrap();
             corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", "1").unwrap();
+            corvid_net::sysctl::set("net/bridge/bridge-nf-call-ip6tables", "1").unwrap();
         })
         .unwrap();
-    for (b, net) in [("cvbsga", "10.230.0.1/24"), ("cvbsgb", "10.231.0.1/24")] {
+    for (b, net, net6) in [
+        ("cvbsga", "10.230.0.1/24", "fd00:230::1/64"),
+        ("cvbsgb", "10.231.0.1/24", "fd00:231::1/64"),
+    ] {
         host.ip(&format!("link add {b} type bridge"));
         host.ip(&format!("addr add {net} dev {b}"));
+        host.ip(&format!("addr add {net6} dev {b} nodad"));
         host.ip(&format!("link set {b} up"));
     }
     let pods = (0..4)
@@ -65,10 +80,16 @@ fn site(name: &str) -> Site {
             let m = mac(i).map(|b| format!("{b:02x}")).join(":");
             pod.ip(&format!("link set eth0 address {m}"));
             pod.ip(&format!("addr add {}/24 dev eth0", pod_ip(i)));
+            pod.ip(&format!("addr add {}/64 dev eth0 nodad", pod_ip6(i)));
             pod.ip("link set eth0 up");
             pod.ip("link set lo up");
-            let gw = if i < 3 { "10.230.0.1" } else { "10.231.0.1" };
+            let (gw, gw6) = if i < 3 {
+                ("10.230.0.1", "fd00:230::1")
+            } else {
+                ("10.231.0.1", "fd00:231::1")
+            };
             pod.ip(&format!("route add default via {gw}"));
+            pod.ip(&format!("-6 route add default via {gw6}"));
             pod
         })
         .collect();
@@ -214,6 +235,41 @@ fn groups_let_members_and_their_rules_through_and_nothing_else() {
     assert_eq!((report.ports, report.groups), (1, 1));
     assert_eq!(s.pods[3].connect(&pod_ip(1), 80, 1, false), ["timeout"]);
     assert!(ping(&s, 0, 1));
+}
+
+#[test]
+fn ipv6_is_filtered_as_ipv4_is() {
+    let s = site("s6");
+    let mut sg = s.host.open().run(SecurityGroups::open).unwrap().unwrap();
+    let mut w = Want::default();
+    for i in [0, 1] {
+        let (id, mut p) = port(i, &["default"]);
+        p.sources
+            .push((mac(i), format!("{}/128", pod_ip6(i)).parse().unwrap()));
+        w.ports.insert(id, p);
+    }
+    w.groups.insert(
+        "default".into(),
+        Group {
+            ingress: vec![any(true, Remote::Group("default".into()))],
+            egress: vec![any(true, Remote::Any)],
+        },
+    );
+    let v6 = |i: usize| pod_ip6(i).parse::<IpAddr>().unwrap();
+    w.members
+        .insert("default".into(), [v6(0), v6(1)].into_iter().collect());
+    sync(&s, &mut sg, &w);
+    let ping6 = |from: usize, to: usize| s.pods[from].ping(&pod_ip6(to));
+    // Neighbour discovery passes both ways; members reach each other, bridged.
+    assert!(ping6(0, 1));
+    assert!(ping6(1, 0));
+    // Outsiders, bridged and routed, do not get in; what a member starts comes back.
+    assert!(!ping6(2, 1));
+    assert!(!ping6(3, 1));
+    assert!(ping6(1, 2));
+    assert!(ping6(1, 3));
+    // IPv4 has no rule in this group: nothing of it gets in.
+    assert!(!ping(&s, 0, 1));
 }
 
 #[test]
