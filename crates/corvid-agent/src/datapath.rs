@@ -177,9 +177,15 @@ impl Datapath {
     }
 
     /// Makes the security groups' filter hold `want` when `enabled`, sending what
-    /// changed; when not, removes the filter once (an earlier agent's). The report is
-    /// none when nothing was synced.
-    pub fn sync_security_groups(&mut self, want: &Want, enabled: bool) -> Result<Option<Report>> {
+    /// changed (and, when `full`, starting over if the tables lost what was committed);
+    /// when not, removes the filter once (an earlier agent's). The report is none when
+    /// nothing was synced.
+    pub fn sync_security_groups(
+        &mut self,
+        want: &Want,
+        enabled: bool,
+        full: bool,
+    ) -> Result<Option<Report>> {
         if !enabled {
             if matches!(self.security, SecurityState::Removed) {
                 return Ok(None);
@@ -194,6 +200,9 @@ impl Datapath {
         let SecurityState::Filtering(sg) = &mut self.security else {
             unreachable!("set above");
         };
+        if full {
+            sg.check()?;
+        }
         sg.sync(want).map(Some)
     }
 

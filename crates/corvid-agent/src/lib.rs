@@ -369,8 +369,16 @@ impl Agent {
         }
         self.sync_services(dirty.all);
         // Before the reports: a port is ACTIVE, and its CNI ADD returns, once filtered.
-        if dirty.all || dirty.security || !dirty.ports.is_empty() || !dirty.networks.is_empty() {
-            self.sync_security_groups(&dirty);
+        let touched =
+            dirty.all || dirty.security || !dirty.ports.is_empty() || !dirty.networks.is_empty();
+        if touched && !self.sync_security_groups(&dirty) {
+            // Not filtered as planned: a port the filter should hold is not reported
+            // ACTIVE (its CNI ADD waits) until a pass gets the filter through.
+            let held = &self.security.want().ports;
+            reports.retain(|(id, _, status)| *status != Status::Active || !held.contains_key(id));
+            for id in held.keys() {
+                self.checked.remove(id);
+            }
         }
         self.report(reports);
         metrics::objects(Object::Networks, self.plans.len());
@@ -384,8 +392,9 @@ impl Agent {
     }
 
     /// Makes the security groups' filter hold the ports plugged here and their groups,
-    /// or, when the agent filters nothing, removes a filter an earlier agent left.
-    fn sync_security_groups(&mut self, dirty: &Dirty) {
+    /// or, when the agent filters nothing, removes a filter an earlier agent left;
+    /// false when the filter could not be made so.
+    fn sync_security_groups(&mut self, dirty: &Dirty) -> bool {
         if self.cfg.security_groups {
             if dirty.all || dirty.security || !dirty.networks.is_empty() {
                 self.security.full(&self.cache, &self.plans);
@@ -393,20 +402,25 @@ impl Agent {
                 self.security.ports(&self.cache, &self.plans, &dirty.ports);
             }
         }
-        match self
-            .dp
-            .sync_security_groups(self.security.want(), self.cfg.security_groups)
-        {
-            Ok(Some(r)) if r != Default::default() => tracing::info!(
-                ports = r.ports,
-                groups = r.groups,
-                members = r.members,
-                "security groups"
-            ),
-            Ok(_) => {}
+        match self.dp.sync_security_groups(
+            self.security.want(),
+            self.cfg.security_groups,
+            dirty.all,
+        ) {
+            Ok(Some(r)) if r != Default::default() => {
+                tracing::info!(
+                    ports = r.ports,
+                    groups = r.groups,
+                    members = r.members,
+                    "security groups"
+                );
+                true
+            }
+            Ok(_) => true,
             Err(e) => {
                 failed(ErrorKind::SecurityGroups);
                 tracing::error!("security groups: {e}");
+                false
             }
         }
     }

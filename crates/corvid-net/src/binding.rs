@@ -146,8 +146,9 @@ pub struct VethSpec<'a> {
     pub host_name: Option<&'a str>,
     /// The owner mark to give the host end as its alias ([`crate::names::owner_mark`]).
     pub alias: Option<&'a str>,
-    /// Prefixes the container may hold addresses in besides its own (allowed address
-    /// pairs: a keepalived VIP); a check removes other addresses, never these.
+    /// Allowed address pairs: an address a pair names alone (a keepalived VIP) may stay
+    /// in the container besides its own; a check removes any other. (A wider pair keeps
+    /// nothing, or a former address of the port inside it would stay.)
     pub kept: &'a [IpNet],
 }
 
@@ -515,12 +516,16 @@ fn is_pair(h: &Link, c: &Link, bridge: &Link, spec: &VethSpec) -> bool {
         && spec.mac.is_none_or(|m| m.eq_ignore_ascii_case(&c.mac))
 }
 
+fn is_host(net: &IpNet) -> bool {
+    net.prefix_len() == net.max_prefix_len()
+}
+
 fn is_link_local(a: &IpNet) -> bool {
     matches!(a.addr(), IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
 /// Adds the missing addresses and removes the others, but for IPv6 link-local ones and
-/// those inside `kept`.
+/// those `kept` names alone.
 fn sync_addresses(
     nl: &mut Netlink,
     link: &Link,
@@ -538,7 +543,7 @@ fn sync_addresses(
     for a in have
         .iter()
         .filter(|a| !want.contains(a) && !is_link_local(a))
-        .filter(|a| !kept.iter().any(|k| k.contains(&a.addr())))
+        .filter(|a| !kept.iter().any(|k| k.addr() == a.addr() && is_host(k)))
     {
         nl.delete_address(link.index, a)?;
         done.push(format!("address {a} removed from {}", link.name));

@@ -305,6 +305,40 @@ fn a_port_sends_only_as_itself() {
 }
 
 #[test]
+fn a_pairs_mac_is_held_to_the_ports_egress_rules() {
+    let s = site("sp");
+    let mut sg = s.host.open().run(SecurityGroups::open).unwrap().unwrap();
+    let mut w = Want::default();
+    let (id, mut p) = port(0, &["narrow"]);
+    let pair_mac = [2, 0, 0, 0, 0, 0x97];
+    p.sources
+        .push((pair_mac, "10.230.0.97/32".parse().unwrap()));
+    w.ports.insert(id, p);
+    // Egress to TCP 443 alone.
+    w.groups.insert(
+        "narrow".into(),
+        Group {
+            ingress: vec![],
+            egress: vec![tcp(443, Remote::Any)],
+        },
+    );
+    sync(&s, &mut sg, &w);
+    assert!(!ping(&s, 0, 2));
+    // Sent from the pair's MAC and address: the same rules, not none.
+    s.pods[0].ip("link set eth0 address 02:00:00:00:00:97");
+    s.pods[0].ip("addr add 10.230.0.97/24 dev eth0");
+    assert!(!s.pods[0].ping_from("10.230.0.97", &pod_ip(2)));
+    // And when the rules allow it, it passes: the pair is the port's own.
+    w.groups
+        .get_mut("narrow")
+        .unwrap()
+        .egress
+        .push(any(false, Remote::Any));
+    sync(&s, &mut sg, &w);
+    assert!(s.pods[0].ping_from("10.230.0.97", &pod_ip(2)));
+}
+
+#[test]
 fn stateless_groups_need_both_directions() {
     let s = site("sl");
     let mut sg = s.host.open().run(SecurityGroups::open).unwrap().unwrap();
@@ -355,6 +389,19 @@ fn a_new_owner_starts_over_and_a_failed_sync_changes_nothing() {
     // The next sync starts again from nothing and holds what it is given.
     sync(&s, &mut sg, &two_members());
     assert!(ping(&s, 0, 1));
+    // Tables flushed by someone else (`nft flush ruleset`): the check sees it and the
+    // same sync makes them again.
+    let out = s
+        .host
+        .command("nft")
+        .args(["delete", "table", "bridge", "corvid-sg"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(ping(&s, 2, 1));
+    s.host.open().run(|| sg.check()).unwrap().unwrap();
+    sync(&s, &mut sg, &two_members());
+    assert!(!ping(&s, 2, 1));
     // A restarted agent's first sync replaces what the last one left.
     let mut fresh = s.host.open().run(SecurityGroups::open).unwrap().unwrap();
     sync(&s, &mut fresh, &Want::default());

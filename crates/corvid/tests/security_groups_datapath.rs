@@ -213,14 +213,33 @@ fn restarted_agents_filter_as_before_and_one_that_does_not_filter_cleans_up() {
     let (ip_a, ip_b) = (address(&p.a_port), address(&p.b_port));
     assert!(reaches(&p.a, &ip_b));
     assert!(!p.c.ping(&ip_a));
-    // Killed and started again: the filter is made anew from the controller's state.
-    cluster.agents[0].take().unwrap().kill9();
-    cluster.start_agent_with(0, &[FLAG]);
     let c = &p.c;
-    wait_until("h1's agent to be back", Duration::from_secs(10), || {
-        p.a.ping(&ip_b)
+    let flush = |host: &Ns| {
+        let out = host
+            .command("nft")
+            .args(["delete", "table", "bridge", "corvid-sg"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    // Killed, its filter flushed meanwhile, and started again: the filter is made anew
+    // from the controller's state.
+    cluster.agents[0].take().unwrap().kill9();
+    flush(&cluster.hosts[0]);
+    assert!(c.ping(&ip_a), "the filter is gone");
+    cluster.start_agent_with(0, &[FLAG, "--resync", "1"]);
+    wait_until(
+        "the restarted agent to filter",
+        Duration::from_secs(10),
+        || !c.ping(&ip_a),
+    );
+    assert!(p.a.ping(&ip_b));
+    assert!(p.b.ping(&ip_a));
+    // Flushed under a running agent: its next full pass sees it and makes it again.
+    flush(&cluster.hosts[0]);
+    wait_until("the agent to filter again", Duration::from_secs(10), || {
+        !c.ping(&ip_a)
     });
-    assert!(!c.ping(&ip_a));
     assert!(p.b.ping(&ip_a));
     // An agent that does not filter removes the filter: everyone reaches a.
     cluster.agents[0].take().unwrap().kill9();

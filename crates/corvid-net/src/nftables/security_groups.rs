@@ -13,13 +13,15 @@
 //!   chain sg-prerouting  { hook prerouting priority -300; iifname vmap @sg-spoof }
 //!   chain sg-postrouting { hook postrouting priority 0; arp and neighbour discovery
 //!       accept; oifname vmap @sg-to }
-//!   chain sg-s-<port> { ether saddr <mac> ip saddr <addr> accept ...; drop }
+//!   chain sg-s-<port> { router advertisements drop; ether saddr <mac> ip saddr <addr>
+//!       accept ...; drop }
 //!   chain sg-i-<port> { meta mark & EST != 0 accept (stateful); jump sg-gi-<group> ...;
 //!       drop }
 //!   chain sg-gi-<group> { one rule per ingress rule: ... accept }
 //! }
 //! table inet corvid-sg {
-//!   map sg-from { type ifname . ether_addr : verdict }  bridge . port's MAC -> sg-e-<port>
+//!   map sg-from { type ifname . ether_addr : verdict }  bridge . a MAC the port may send
+//!                                                       from (its own, its pairs') -> sg-e-<port>
 //!   chain sg-forward { hook forward priority 0; ct state established,related
 //!       meta mark set mark | EST; neighbour discovery accept;
 //!       iifname . ether saddr vmap @sg-from }           (sg-input alike)
@@ -62,6 +64,8 @@ const ND_OUT: [u8; 3] = [133, 135, 136];
 /// Router advertisement, neighbour solicitation and advertisement: what it receives.
 const ND_IN: [u8; 3] = [134, 135, 136];
 const ICMPV6: u8 = 58;
+/// ICMPv6's router advertisement.
+const ROUTER_ADVERT: u8 = 134;
 
 /// Where a rule's remote end is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +147,8 @@ pub struct SecurityGroups {
     nft: Nftables,
     started: bool,
     held: Want,
+    /// The `sg-from` keys committed (bridge . MAC), each with the port it sends to.
+    claims: BTreeMap<Vec<u8>, String>,
 }
 
 fn spoof_chain(port: &str) -> String {
@@ -161,10 +167,29 @@ fn members_set(group: &str, v6: bool) -> String {
     format!("sg-m{}-{group}", if v6 { 6 } else { 4 })
 }
 
-fn from_key(p: &PortFilter) -> Vec<u8> {
-    let mut key = expr::ifname_bytes(&p.bridge).to_vec();
-    key.extend(padded(&p.mac));
-    key
+/// The `sg-from` keys of a port: its bridge with each MAC it may send from (its own and
+/// its allowed pairs'), so that no MAC it is let send from skips its egress rules.
+fn from_keys(p: &PortFilter) -> BTreeSet<Vec<u8>> {
+    std::iter::once(p.mac)
+        .chain(p.sources.iter().map(|(mac, _)| *mac))
+        .map(|mac| {
+            let mut key = expr::ifname_bytes(&p.bridge).to_vec();
+            key.extend(padded(&mac));
+            key
+        })
+        .collect()
+}
+
+/// Which port each `sg-from` key sends to: the first port by ID that has it (two ports
+/// of one bridge may share a pair's MAC, VRRP's).
+fn claims(want: &Want) -> BTreeMap<Vec<u8>, String> {
+    let mut out = BTreeMap::new();
+    for (id, p) in &want.ports {
+        for key in from_keys(p) {
+            out.entry(key).or_insert_with(|| id.clone());
+        }
+    }
+    out
 }
 
 fn ifname_key(name: &str) -> Vec<u8> {
@@ -179,7 +204,23 @@ impl SecurityGroups {
             nft: Nftables::open()?,
             started: false,
             held: Want::default(),
+            claims: BTreeMap::new(),
         })
+    }
+
+    /// Starts over at the next sync when either table lost its base chains (a
+    /// `nft flush ruleset`, a firewall's reload): what was committed is not there to diff
+    /// against.
+    pub fn check(&mut self) -> Result<()> {
+        if self.started
+            && !(self
+                .nft
+                .has_chain_in(TableRef::SG_BRIDGE, "sg-postrouting")?
+                && self.nft.has_chain_in(TableRef::SG_INET, "sg-forward")?)
+        {
+            self.started = false;
+        }
+        Ok(())
     }
 
     /// What the last sync committed.
@@ -195,7 +236,9 @@ impl SecurityGroups {
         if !self.started {
             rebuild(&mut b);
             self.held = Want::default();
+            self.claims.clear();
         }
+        let claims = claims(want);
         let held = std::mem::take(&mut self.held);
         for (g, members) in &want.members {
             let old = held.members.get(g);
@@ -244,22 +287,37 @@ impl SecurityGroups {
                 }
             }
         }
-        for (id, p) in &held.ports {
-            if !want.ports.contains_key(id) {
-                report.ports += 1;
-                unplug(&mut b, id, p, true);
+        // Elements that jump to a port's chains go before the chains; all of a sync's
+        // removals before its additions, so a key a port gives up is free for another.
+        b.in_table(TableRef::SG_INET);
+        for (key, port) in &self.claims {
+            if claims.get(key) != Some(port) {
+                b.delete_element(FROM, key);
             }
+        }
+        for (id, p) in &held.ports {
+            match want.ports.get(id) {
+                None => unplug(&mut b, id, p, true),
+                Some(new) if new != p => unplug(&mut b, id, p, false),
+                Some(_) => continue,
+            }
+            report.ports += 1;
         }
         for (id, p) in &want.ports {
             let old = held.ports.get(id);
             if old == Some(p) {
                 continue;
             }
-            report.ports += 1;
-            if let Some(old) = old {
-                unplug(&mut b, id, old, false);
+            if old.is_none() {
+                report.ports += 1;
             }
             plug(&mut b, id, p, old.is_some());
+        }
+        b.in_table(TableRef::SG_INET);
+        for (key, port) in &claims {
+            if self.claims.get(key) != Some(port) {
+                b.add_jump_element(FROM, key, &egress_chain(port));
+            }
         }
         for g in held.groups.keys() {
             if !want.groups.contains_key(g) {
@@ -290,6 +348,7 @@ impl SecurityGroups {
         }
         self.started = true;
         self.held = want.clone();
+        self.claims = claims;
         Ok(report)
     }
 
@@ -304,6 +363,7 @@ impl SecurityGroups {
         self.nft.commit(b)?;
         self.started = false;
         self.held = Want::default();
+        self.claims.clear();
         Ok(())
     }
 }
@@ -453,6 +513,12 @@ fn plug(b: &mut Batch, id: &str, p: &PortFilter, existing: bool) {
         b.add_chain(&spoof, None);
         b.add_chain(&ingress, None);
     }
+    // A port is no router: its router advertisements go nowhere.
+    let mut advert = expr::ethertype(ethertypes::IPV6);
+    advert.extend(expr::l4proto(ICMPV6));
+    advert.extend(expr::icmp(ROUTER_ADVERT, None));
+    advert.push(expr::verdict(Verdict::Drop));
+    b.add_rule(&spoof, advert, None);
     for rule in sources(p) {
         b.add_rule(&spoof, rule, None);
     }
@@ -465,7 +531,6 @@ fn plug(b: &mut Batch, id: &str, p: &PortFilter, existing: bool) {
         b.add_chain(&egress, None);
     }
     verdicts(b, &egress, p, false);
-    b.add_jump_element(FROM, &from_key(p), &egress);
 }
 
 /// A port chain of one direction: replies, then each group's rules, then drop.
@@ -498,7 +563,6 @@ fn unplug(b: &mut Batch, id: &str, p: &PortFilter, gone: bool) {
         }
     }
     b.in_table(TableRef::SG_INET);
-    b.delete_element(FROM, &from_key(p));
     let chain = egress_chain(id);
     b.flush_chain(&chain);
     if gone {
