@@ -1,6 +1,7 @@
 """A controller with the bug an agent must survive: its lists carry revision 5, but its
 watch feed answers 410 for every revision (as a restarted controller once did for lists
-read without the revision header). Every request's line is appended to LOG.
+read without the revision header). Like a controller from before security groups, it
+has no such collections (404). Every request's line is appended to LOG.
 
 usage: feed_gone.py LOG; listens on 127.0.0.1:9696, prints "ready" once listening.
 """
@@ -36,7 +37,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.answer(410, {"NeutronError": {"type": "WatchRevisionCompacted",
                                                "message": "list again", "detail": ""}})
             return
-        plural = path.rstrip("/").rsplit("/", 1)[-1]
+        plural = path.rstrip("/").rsplit("/", 1)[-1].replace("-", "_")
+        if plural.startswith("security_group"):
+            self.answer(404, {"NeutronError": {"type": "HTTPNotFound",
+                                               "message": "no such collection", "detail": ""}})
+            return
         self.answer(200, {plural: [HOST] if plural == "hosts" else []})
 
     def do_PUT(self):

@@ -178,6 +178,15 @@ fn list<R: Resource>(client: &Client) -> Result<(HashMap<String, R>, i64), ApiEr
     ))
 }
 
+/// A list a controller from before the collection existed does not serve (404): none,
+/// at a revision that leaves the others' the oldest.
+fn list_if_served<R: Resource>(client: &Client) -> Result<(HashMap<String, R>, i64), ApiError> {
+    match list(client) {
+        Err(ApiError::Neutron { status: 404, .. }) => Ok((HashMap::new(), i64::MAX)),
+        r => r,
+    }
+}
+
 fn upsert<R: Resource>(table: &mut HashMap<String, R>, e: &WatchEvent) -> Option<R> {
     if e.kind == EventKind::Delete {
         return table.remove(&e.id);
@@ -206,8 +215,8 @@ impl Cache {
         let (members, r8) = list(client)?;
         let (floatingips, r9) = list(client)?;
         let (routers, r10) = list(client)?;
-        let (security_groups, r11) = list(client)?;
-        let (security_group_rules, r12) = list(client)?;
+        let (security_groups, r11) = list_if_served(client)?;
+        let (security_group_rules, r12) = list_if_served(client)?;
         let mut cache = Cache {
             revision: [r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12]
                 .into_iter()
