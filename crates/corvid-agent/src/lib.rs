@@ -396,10 +396,11 @@ impl Agent {
     /// false when the filter could not be made so.
     fn sync_security_groups(&mut self, dirty: &Dirty) -> bool {
         if self.cfg.security_groups {
-            if dirty.all || dirty.security || !dirty.networks.is_empty() {
+            if dirty.all || dirty.security {
                 self.security.full(&self.cache, &self.plans);
             } else {
-                self.security.ports(&self.cache, &self.plans, &dirty.ports);
+                self.security
+                    .changes(&self.cache, &self.plans, &dirty.ports, &dirty.networks);
             }
         }
         match self.dp.sync_security_groups(

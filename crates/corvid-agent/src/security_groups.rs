@@ -4,8 +4,9 @@
 //!
 //! A port's change costs the same however many ports the cluster holds: the planner
 //! keeps what it planned, with each port's addresses as counted into the member sets,
-//! and looks at the changed port, this host's ports' groups, and nothing else. A group
-//! or rule change, or a network replanned, plans everything anew.
+//! and looks at the changed port, this host's ports' groups, and nothing else (for a
+//! network planned again, the ports on it). A group or rule change plans everything
+//! anew.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -36,6 +37,28 @@ impl Planner {
     /// The filter as last planned.
     pub fn want(&self) -> &Want {
         &self.want
+    }
+
+    /// Plans again what changed ports and networks touch. A network planned again (an
+    /// interface of its router, a subnet) may have gained or lost its local ports: those
+    /// are looked at, not all.
+    pub fn changes(
+        &mut self,
+        cache: &Cache,
+        plans: &BTreeMap<String, NetworkPlan>,
+        ports: &BTreeSet<String>,
+        networks: &BTreeSet<String>,
+    ) {
+        let mut ids = ports.clone();
+        for net in networks {
+            if let Some(n) = plans.get(net) {
+                ids.extend(n.ports.keys().chain(n.external.keys()).cloned());
+            }
+            let bridge = corvid_net::names::bridge(net);
+            let on = self.want.ports.iter().filter(|(_, p)| p.bridge == bridge);
+            ids.extend(on.map(|(id, _)| id.clone()));
+        }
+        self.ports(cache, plans, &ids);
     }
 
     /// Plans everything anew: the filtered ports of `plans`.
@@ -368,7 +391,19 @@ mod tests {
             }
             let dirty = c.apply(&[e]);
             let plans = crate::plan::plan(&c, "h1");
-            planner.ports(&c, &plans, &dirty.ports);
+            if next(5) == 0 {
+                // The network planned again, with no port named: its ports are found.
+                let n1 = BTreeSet::from(["n1".to_string()]);
+                let skipped: BTreeSet<String> = dirty
+                    .ports
+                    .iter()
+                    .filter(|p| *p != "p01" && *p != "p03")
+                    .cloned()
+                    .collect();
+                planner.changes(&c, &plans, &skipped, &n1);
+            } else {
+                planner.changes(&c, &plans, &dirty.ports, &BTreeSet::new());
+            }
             let mut full = Planner::default();
             full.full(&c, &plans);
             assert_eq!(planner.want(), full.want(), "step {step}: {id}");
