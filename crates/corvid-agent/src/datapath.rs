@@ -11,7 +11,7 @@ use corvid_net::binding::{
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
 use corvid_net::nftables::routing::Routing;
-use corvid_net::nftables::security_groups::{Report, SecurityGroups, Want};
+use corvid_net::nftables::security_groups::{Report, SecurityGroups, Touched, Want};
 use corvid_net::nftables::services::{Services, SyncReport};
 use corvid_net::overlay::{FdbEntry, NeighbourEntry, OverlayEntries, VxlanSpec};
 use corvid_net::route::RouteSpec;
@@ -177,12 +177,14 @@ impl Datapath {
     }
 
     /// Makes the security groups' filter hold `want` when `enabled`, sending what
-    /// changed (and, when `full`, starting over if the tables lost what was committed);
+    /// changed (looking only at `touched` when given; and, when `full`, starting over if
+    /// the tables lost what was committed);
     /// when not, removes the filter once (an earlier agent's). The report is none when
     /// nothing was synced.
     pub fn sync_security_groups(
         &mut self,
         want: &Want,
+        touched: Option<&Touched>,
         enabled: bool,
         full: bool,
     ) -> Result<Option<Report>> {
@@ -203,7 +205,7 @@ impl Datapath {
         if full {
             sg.check()?;
         }
-        sg.sync(want).map(Some)
+        sg.sync_touched(want, touched).map(Some)
     }
 
     /// Sets the cluster whose devices this datapath makes and owns.

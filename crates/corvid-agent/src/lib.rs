@@ -403,8 +403,10 @@ impl Agent {
                     .changes(&self.cache, &self.plans, &dirty.ports, &dirty.networks);
             }
         }
+        let touched = self.security.take_touched();
         match self.dp.sync_security_groups(
             self.security.want(),
+            touched.as_ref(),
             self.cfg.security_groups,
             dirty.all,
         ) {

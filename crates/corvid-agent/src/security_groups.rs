@@ -13,7 +13,7 @@ use std::net::IpAddr;
 
 use corvid_api::protocols::{self, ICMP_PROTOCOLS, PORT_PROTOCOLS};
 use corvid_api::{Direction, Ethertype, Port, SecurityGroupRule};
-use corvid_net::nftables::security_groups::{Group, PortFilter, Remote, Rule, Want};
+use corvid_net::nftables::security_groups::{Group, PortFilter, Remote, Rule, Touched, Want};
 use ipnet::IpNet;
 
 use crate::cache::Cache;
@@ -31,6 +31,8 @@ pub struct Planner {
     /// How many ports put each address in each member set (keepalived's pair of ports
     /// share their VIP).
     counts: HashMap<(String, IpAddr), u32>,
+    /// What changed since the filter was last synced; none after a full plan.
+    touched: Option<Touched>,
 }
 
 impl Planner {
@@ -59,6 +61,16 @@ impl Planner {
             ids.extend(on.map(|(id, _)| id.clone()));
         }
         self.ports(cache, plans, &ids);
+    }
+
+    /// What changed since the last call, for the filter's sync to look at alone; none
+    /// when everything was planned anew.
+    pub fn take_touched(&mut self) -> Option<Touched> {
+        self.touched.replace(Touched::default())
+    }
+
+    fn touch(&mut self) -> Option<&mut Touched> {
+        self.touched.as_mut()
     }
 
     /// Plans everything anew: the filtered ports of `plans`.
@@ -93,6 +105,9 @@ impl Planner {
                 Some(f) => self.want.ports.insert(id.clone(), f),
                 None => self.want.ports.remove(id),
             };
+            if let Some(t) = self.touch() {
+                t.ports.insert(id.clone());
+            }
             self.recount(cache, id);
         }
         self.regroup(cache);
@@ -110,6 +125,9 @@ impl Planner {
                 if let Some(set) = self.want.members.get_mut(&key.0) {
                     set.remove(&key.1);
                 }
+                if let Some(t) = self.touched.as_mut() {
+                    t.members.insert(key);
+                }
             }
         }
         let Some(port) = cache.ports.get(id) else {
@@ -124,6 +142,9 @@ impl Planner {
                 *self.counts.entry((g.clone(), a)).or_default() += 1;
                 set.insert(a);
                 added.push((g.clone(), a));
+                if let Some(t) = self.touched.as_mut() {
+                    t.members.insert((g.clone(), a));
+                }
             }
         }
         if !added.is_empty() {
@@ -135,11 +156,31 @@ impl Planner {
     /// of the groups their rules name: a group that comes is read from the cache, one
     /// that goes is dropped.
     fn regroup(&mut self, cache: &Cache) {
-        let used: BTreeSet<&String> = self.want.ports.values().flat_map(|p| &p.groups).collect();
-        self.want.groups.retain(|g, _| used.contains(g));
+        let used: BTreeSet<String> = self
+            .want
+            .ports
+            .values()
+            .flat_map(|p| p.groups.iter().cloned())
+            .collect();
+        let unused: Vec<String> = self
+            .want
+            .groups
+            .keys()
+            .filter(|g| !used.contains(*g))
+            .cloned()
+            .collect();
+        for g in unused {
+            self.want.groups.remove(&g);
+            if let Some(t) = self.touch() {
+                t.groups.insert(g);
+            }
+        }
         for g in used {
-            if !self.want.groups.contains_key(g) {
-                self.want.groups.insert(g.clone(), group(cache, g));
+            if !self.want.groups.contains_key(&g) {
+                self.want.groups.insert(g.clone(), group(cache, &g));
+                if let Some(t) = self.touch() {
+                    t.groups.insert(g);
+                }
             }
         }
         let remotes: BTreeSet<String> = self
@@ -161,6 +202,9 @@ impl Planner {
             .collect();
         for g in gone {
             self.want.members.remove(&g);
+            if let Some(t) = self.touched.as_mut() {
+                t.groups.insert(g.clone());
+            }
             self.counts.retain(|(group, _), _| *group != g);
             for pairs in self.counted.values_mut() {
                 pairs.retain(|(group, _)| *group != g);
@@ -172,6 +216,9 @@ impl Planner {
                 continue;
             }
             self.want.members.insert(g.clone(), BTreeSet::new());
+            if let Some(t) = self.touch() {
+                t.groups.insert(g.clone());
+            }
             let members: Vec<String> = cache
                 .group_ports
                 .get(&g)
@@ -358,6 +405,8 @@ mod tests {
         ]);
         let mut planner = Planner::default();
         planner.full(&c, &crate::plan::plan(&c, "h1"));
+        let mut held = planner.want().clone();
+        planner.take_touched();
         let groups = [vec![], vec!["g1"], vec!["g2"], vec!["g1", "g2"], vec!["g3"]];
         let ids = ["p01", "p02", "p03", "p04", "p05"];
         let mut seed = 7u64;
@@ -407,6 +456,13 @@ mod tests {
             let mut full = Planner::default();
             full.full(&c, &plans);
             assert_eq!(planner.want(), full.want(), "step {step}: {id}");
+            // What the planner says it touched is all that changed: the filter's sync
+            // looks at nothing else.
+            match planner.take_touched() {
+                Some(t) => held.follow(planner.want(), &t),
+                None => held = planner.want().clone(),
+            }
+            assert_eq!(&held, planner.want(), "step {step}: {id}, touched");
             seen.0 |= planner.want().ports.len() == 2;
             seen.1 |= planner.want().members.values().any(|m| m.len() >= 2);
         }
