@@ -3,7 +3,8 @@
 //! until its first UDP datagram is answered, p50 of 15; and h2's agent's work for that
 //! change while the group holds 1,000 and 10,000 members (ports with no host, up to
 //! `CORVID_BENCH_MEMBERS`), beside the floor: the same one-element change of a member
-//! set of that size, bare through corvid-net.
+//! set of that size, bare through corvid-net (told which member changed, as the agent's
+//! planner tells it).
 //!
 //! Needs root. `cargo bench -p corvid --bench security_groups`.
 
@@ -18,7 +19,7 @@ use cluster::ns::{median, wait_until, Ns};
 use cluster::{agent_work, epoch, prober, Cluster};
 use corvid_api::Port;
 use corvid_net::nftables::security_groups::{
-    Group, PortFilter, Remote, Rule, SecurityGroups, Want,
+    Group, PortFilter, Remote, Rule, SecurityGroups, Touched, Want,
 };
 use serde_json::{json, Value};
 
@@ -69,6 +70,10 @@ fn bare_member_change(tag: &str, members: usize) -> f64 {
         .insert("clients".into(), (0..members).map(address).collect());
     host.open().run(|| sg.sync(&want)).unwrap().unwrap();
     let mut times = Vec::new();
+    let touched = Touched {
+        members: [("clients".to_string(), address(members))].into(),
+        ..Touched::default()
+    };
     for _ in 0..SAMPLES {
         for join in [true, false] {
             let set = want.members.get_mut("clients").unwrap();
@@ -78,7 +83,10 @@ fn bare_member_change(tag: &str, members: usize) -> f64 {
                 set.remove(&address(members));
             }
             let start = Instant::now();
-            host.open().run(|| sg.sync(&want)).unwrap().unwrap();
+            host.open()
+                .run(|| sg.sync_touched(&want, Some(&touched)))
+                .unwrap()
+                .unwrap();
             if join {
                 times.push(start.elapsed().as_secs_f64() * 1e3);
             }
