@@ -393,6 +393,55 @@ mod tests {
         )
     }
 
+    fn parsed(rule: serde_json::Value) -> Option<Rule> {
+        let mut base = json!({"id": "r", "security_group_id": "g", "direction": "ingress",
+            "ethertype": "IPv4", "protocol": null, "port_range_min": null,
+            "port_range_max": null, "remote_ip_prefix": null, "normalized_cidr": null,
+            "remote_group_id": null, "description": "", "tenant_id": "p",
+            "project_id": "p", "created_at": "", "updated_at": "", "revision_number": 0});
+        base.as_object_mut()
+            .unwrap()
+            .extend(rule.as_object().unwrap().clone());
+        super::rule(&serde_json::from_value(base).unwrap())
+    }
+
+    /// Rules read as Neutron's drivers read them: protocol names and numbers, `0` and
+    /// `any` for any protocol, `icmp` on IPv6 as ipv6-icmp, ports only where the
+    /// protocol has them, ICMP's type and code, the normalized prefix.
+    #[test]
+    fn rules_are_read_as_neutron_reads_them() {
+        let r = parsed(json!({"protocol": "TCP", "port_range_min": 80})).unwrap();
+        assert_eq!(
+            (r.protocol, r.ports, r.icmp),
+            (Some(6), Some((80, 80)), None)
+        );
+        for any in ["0", "ip", "hopopt", "any"] {
+            assert_eq!(
+                parsed(json!({"protocol": any})).unwrap().protocol,
+                None,
+                "{any}"
+            );
+        }
+        let r = parsed(json!({"ethertype": "IPv6", "protocol": "icmp",
+            "port_range_min": 128, "port_range_max": 0}))
+        .unwrap();
+        assert_eq!(
+            (r.v6, r.protocol, r.icmp),
+            (true, Some(58), Some((128, Some(0))))
+        );
+        assert_eq!(r.ports, None);
+        // GRE has no ports: a range given is not matched as one.
+        let r = parsed(json!({"protocol": "47", "port_range_min": 1})).unwrap();
+        assert_eq!((r.protocol, r.ports), (Some(47), None));
+        let r = parsed(json!({"remote_ip_prefix": "10.0.0.5/24",
+            "normalized_cidr": "10.0.0.0/24"}))
+        .unwrap();
+        assert_eq!(r.remote, Remote::Prefix("10.0.0.0/24".parse().unwrap()));
+        let r = parsed(json!({"remote_group_id": "g2"})).unwrap();
+        assert_eq!(r.remote, Remote::Group("g2".into()));
+        assert!(parsed(json!({"protocol": "no-such"})).is_none());
+    }
+
     /// A port change planned alone leaves the planner where planning everything would:
     /// a long walk of group changes, port security flips, readdressing and deletions.
     #[test]
