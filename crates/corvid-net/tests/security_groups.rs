@@ -338,6 +338,79 @@ fn a_pairs_mac_is_held_to_the_ports_egress_rules() {
     assert!(s.pods[0].ping_from("10.230.0.97", &pod_ip(2)));
 }
 
+/// Sends a router advertisement from `pod` to all nodes on its link.
+fn advertise(pod: &Ns) {
+    let script = "import socket\n\
+        s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)\n\
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)\n\
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, socket.if_nametoindex('eth0'))\n\
+        ra = bytes([134, 0, 0, 0, 64, 0, 0, 0]) + bytes(8)\n\
+        for _ in range(3):\n\
+        \x20   s.sendto(ra, ('ff02::1', 0, 0, socket.if_nametoindex('eth0')))\n";
+    let out = pod
+        .command("python3")
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Whether `pod` hears a router advertisement while `during` runs.
+fn hears_an_advertisement(pod: &Ns, during: impl FnOnce()) -> bool {
+    let script = "import socket\n\
+        s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)\n\
+        s.settimeout(2)\n\
+        print('ready', flush=True)\n\
+        try:\n\
+        \x20   while s.recv(1500)[0] != 134:\n\
+        \x20       pass\n\
+        \x20   print('heard')\n\
+        except OSError:\n\
+        \x20   print('nothing')\n";
+    let mut child = pod
+        .command("python3")
+        .args(["-c", script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    during();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    child.wait().unwrap();
+    line.trim() == "heard"
+}
+
+#[test]
+fn a_port_sends_no_router_advertisements() {
+    let s = site("sr");
+    let mut sg = s.host.open().run(SecurityGroups::open).unwrap().unwrap();
+    let mut w = Want::default();
+    let (id, mut p) = port(0, &["open"]);
+    p.sources
+        .push((mac(0), format!("{}/128", pod_ip6(0)).parse().unwrap()));
+    w.ports.insert(id, p);
+    w.groups.insert(
+        "open".into(),
+        Group {
+            ingress: vec![],
+            egress: vec![any(true, Remote::Any)],
+        },
+    );
+    sync(&s, &mut sg, &w);
+    // An unfiltered pod's advertisement is heard: the listener works.
+    assert!(hears_an_advertisement(&s.pods[2], || advertise(&s.pods[1])));
+    // A filtered port's is not, though its egress lets any IPv6 out.
+    assert!(!hears_an_advertisement(&s.pods[2], || advertise(
+        &s.pods[0]
+    )));
+    assert!(s.pods[0].ping(&pod_ip6(2)));
+}
+
 #[test]
 fn stateless_groups_need_both_directions() {
     let s = site("sl");
