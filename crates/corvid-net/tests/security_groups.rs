@@ -367,21 +367,10 @@ fn hears_an_advertisement(pod: &Ns, during: impl FnOnce()) -> bool {
         \x20   print('heard')\n\
         except OSError:\n\
         \x20   print('nothing')\n";
-    let mut child = pod
-        .command("python3")
-        .args(["-c", script])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::BufRead;
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let (_listener, mut out) = pod.python_ready(script);
     during();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    child.wait().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
     line.trim() == "heard"
 }
 

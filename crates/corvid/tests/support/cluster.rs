@@ -365,7 +365,6 @@ pub fn epoch() -> f64 {
 /// A prober in `pod` sending a UDP datagram to `to`:5353 every millisecond; it prints
 /// the wall-clock time of the first answer.
 pub fn prober(pod: &Ns, to: &str) -> (Proc, std::io::BufReader<std::process::ChildStdout>) {
-    use std::io::BufRead;
     let script = format!(
         "import socket, time\n\
          s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
@@ -380,17 +379,7 @@ pub fn prober(pod: &Ns, to: &str) -> (Proc, std::io::BufReader<std::process::Chi
          \x20   except OSError:\n\
          \x20       time.sleep(0.001)\n"
     );
-    let mut child = pod
-        .command("python3")
-        .args(["-c", &script])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    (Proc(child), out)
+    pod.python_ready(&script)
 }
 
 /// The reconcile time so far of the agent on `host` serving metrics at `metrics`:

@@ -4,8 +4,9 @@
 #[path = "../../../corvid-net/tests/support/nft.rs"]
 pub mod nft;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use corvid_net::{Netlink, Netns};
@@ -127,6 +128,22 @@ impl Ns {
             out += &format!("$ {tool} {args}\n{}", String::from_utf8_lossy(&o.stdout));
         }
         out
+    }
+
+    /// A Python `script` run in the namespace, once it printed `ready`: the process and
+    /// what it prints next.
+    pub fn python_ready(&self, script: &str) -> (Proc, BufReader<ChildStdout>) {
+        let mut child = self
+            .command("python3")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        (Proc(child), out)
     }
 
     /// An iperf3 server, until dropped.
