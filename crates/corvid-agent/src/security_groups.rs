@@ -125,7 +125,7 @@ impl Planner {
                 if let Some(set) = self.want.members.get_mut(&key.0) {
                     set.remove(&key.1);
                 }
-                if let Some(t) = self.touched.as_mut() {
+                if let Some(t) = self.touch() {
                     t.members.insert(key);
                 }
             }
@@ -133,22 +133,14 @@ impl Planner {
         let Some(port) = cache.ports.get(id) else {
             return;
         };
-        let mut added = Vec::new();
-        for g in port.security_groups.iter() {
-            let Some(set) = self.want.members.get_mut(g) else {
-                continue;
-            };
-            for a in host_addresses(port) {
-                *self.counts.entry((g.clone(), a)).or_default() += 1;
-                set.insert(a);
-                added.push((g.clone(), a));
-                if let Some(t) = self.touched.as_mut() {
-                    t.members.insert((g.clone(), a));
-                }
-            }
-        }
-        if !added.is_empty() {
-            self.counted.insert(id.to_string(), added);
+        let groups: Vec<String> = port
+            .security_groups
+            .iter()
+            .filter(|g| self.want.members.contains_key(*g))
+            .cloned()
+            .collect();
+        for g in groups {
+            self.count_in(cache, id, &g);
         }
     }
 
@@ -202,7 +194,7 @@ impl Planner {
             .collect();
         for g in gone {
             self.want.members.remove(&g);
-            if let Some(t) = self.touched.as_mut() {
+            if let Some(t) = self.touch() {
                 t.groups.insert(g.clone());
             }
             self.counts.retain(|(group, _), _| *group != g);
@@ -232,7 +224,7 @@ impl Planner {
         }
     }
 
-    /// Counts port `id`'s addresses into group `g`'s member set.
+    /// Counts port `id`'s addresses into group `g`'s member set (which must exist).
     fn count_in(&mut self, cache: &Cache, id: &str, g: &str) {
         let Some(port) = cache.ports.get(id) else {
             return;
@@ -248,6 +240,9 @@ impl Planner {
                 .entry(id.to_string())
                 .or_default()
                 .push((g.to_string(), a));
+            if let Some(t) = self.touch() {
+                t.members.insert((g.to_string(), a));
+            }
         }
     }
 }

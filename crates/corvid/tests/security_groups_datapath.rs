@@ -9,8 +9,6 @@
 #[path = "support/cluster.rs"]
 mod cluster;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::Stdio;
 use std::time::Duration;
 
 use cluster::ns::{wait_until, Ns};
@@ -147,18 +145,8 @@ fn the_default_group_and_rules_decide_who_reaches_a_port_across_hosts() {
         || connect(&d, &ip_b, 81) == "other",
     );
     // A connection d holds open while it leaves the group.
-    let mut held = d
-        .command("python3")
-        .arg(cluster::ns::testing_script("hold.py"))
-        .args([ip_b.as_str(), "81"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut held_out = BufReader::new(held.stdout.take().unwrap());
-    let mut line = String::new();
-    held_out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "other");
+    let (first, mut held) = d.hold(&ip_b, 81);
+    assert_eq!(first, "other");
     update_port(
         &cluster,
         &d_port.id,
@@ -170,12 +158,7 @@ fn the_default_group_and_rules_decide_who_reaches_a_port_across_hosts() {
         || connect(&d, &ip_b, 81) == "timeout",
     );
     // New connections follow at once; the established one goes on.
-    writeln!(held.stdin.as_mut().unwrap(), "again").unwrap();
-    line.clear();
-    held_out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "again", "the open connection survived");
-    let _ = held.kill();
-    let _ = held.wait();
+    assert_eq!(held.echo("again"), "again", "the open connection survived");
 
     // Port security off (and no groups): b is open to all.
     update_port(

@@ -414,19 +414,8 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
     // An agent restarted keeps an open connection working and repairs a deleted rule.
     let vip = spec.cluster_ip.unwrap();
     let client = &served.pods[0].3;
-    let mut held = client
-        .command("python3")
-        .arg(support::cluster::ns::testing_script("hold.py"))
-        .args([vip.as_str(), "80"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut held_out = std::io::BufReader::new(held.stdout.take().unwrap());
-    let mut line = String::new();
-    use std::io::{BufRead, Write};
-    held_out.read_line(&mut line).unwrap();
-    assert!(web.contains(line.trim()), "{line}");
+    let (first, mut held) = client.hold(vip.as_str(), 80);
+    assert!(web.contains(first.as_str()), "{first}");
     cluster.agents[0].take();
     let mut nft = cluster.hosts[0]
         .open()
@@ -447,12 +436,7 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
         Duration::from_secs(20),
         || answers_of(&client.connect(&vip, 80, 10, false)) == web,
     );
-    writeln!(held.stdin.as_mut().unwrap(), "again").unwrap();
-    line.clear();
-    held_out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "again", "the open connection survived");
-    let _ = held.kill();
-    let _ = held.wait();
+    assert_eq!(held.echo("again"), "again", "the open connection survived");
 
     // Bad input: a loadBalancerIP that another service holds; an exhausted public
     // network. Both are reported as events, and neither leaves a floating IP.

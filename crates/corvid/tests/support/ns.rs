@@ -146,6 +146,29 @@ impl Ns {
         (Proc(child), out)
     }
 
+    /// One TCP connection to addr:port held open (`scripts/testing/hold.py`): what it
+    /// answered first, and the connection, which echoes each line [`Held::echo`] sends.
+    pub fn hold(&self, addr: &str, port: u16) -> (String, Held) {
+        let mut child = self
+            .command("python3")
+            .arg(testing_script("hold.py"))
+            .args([addr, &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        (
+            first.trim().to_string(),
+            Held {
+                proc: Proc(child),
+                out,
+            },
+        )
+    }
+
     /// An iperf3 server, until dropped.
     pub fn serve_iperf(&self) -> Proc {
         let iperf = self
@@ -207,6 +230,23 @@ impl Drop for Ns {
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// A TCP connection [`Ns::hold`] keeps open, closed when dropped.
+pub struct Held {
+    proc: Proc,
+    out: BufReader<ChildStdout>,
+}
+
+impl Held {
+    /// Sends `line` on the connection: what came back.
+    pub fn echo(&mut self, line: &str) -> String {
+        use std::io::Write;
+        writeln!(self.proc.0.stdin.as_mut().unwrap(), "{line}").unwrap();
+        let mut back = String::new();
+        self.out.read_line(&mut back).unwrap();
+        back.trim().to_string()
+    }
 }
 
 /// `scripts/testing/serve_name.py` run by `python3` (a command already placed in its
