@@ -486,7 +486,7 @@ impl Resource for Router {
 
 /// Which traffic a security group rule lets through: what reaches the port, or what
 /// leaves it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// To the port.
@@ -496,7 +496,9 @@ pub enum Direction {
 }
 
 /// The IP version a security group rule matches, as Neutron spells it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub enum Ethertype {
     /// IPv4 (the default).
     #[default]

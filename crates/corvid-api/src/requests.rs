@@ -493,6 +493,8 @@ neutron_create! {
     /// A security group to create; it comes with rules letting everything out.
     #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
     pub struct SecurityGroupCreate {
+        /// Its UUID; the controller picks one when absent.
+        pub id: Option<String>,
         /// Free-form name; not `default`, the name of the group every project gets.
         pub name: Option<String>,
         /// Free-form description.

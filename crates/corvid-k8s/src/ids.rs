@@ -68,6 +68,12 @@ pub fn floating_ip(service_uid: &str) -> String {
     derive("floatingip", service_uid)
 }
 
+/// A security group the watcher keeps for NetworkPolicies, named by what it stands for
+/// (`open-ingress`, `policy/<uid>`, `peer/<selector>`).
+pub fn security_group(key: &str) -> String {
+    derive("securitygroup", key)
+}
+
 /// The tag on every load balancer and floating IP the watcher makes.
 pub const SERVICE_TAG: &str = "corvid:k8s-service";
 

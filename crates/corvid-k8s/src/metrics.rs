@@ -21,6 +21,8 @@ pub enum Kind {
     Pod,
     /// A service.
     Service,
+    /// A NetworkPolicy.
+    NetworkPolicy,
 }
 
 /// The label set of events and sweeps.
@@ -118,4 +120,4 @@ pub fn endpoints() -> Endpoints {
     Endpoints::new(r, Box::new(ready))
 }
 
-corvid_metrics::label_values!(Kind { Namespace => "namespace", Pod => "pod", Service => "service" });
+corvid_metrics::label_values!(Kind { Namespace => "namespace", Pod => "pod", Service => "service", NetworkPolicy => "networkpolicy" });

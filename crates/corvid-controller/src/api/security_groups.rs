@@ -46,7 +46,12 @@ pub(super) const SECURITY_GROUP: Attributes = Attributes {
     singular: "security_group",
     plural: "security_groups",
     common: &NEUTRON,
-    own: &[NAME, DESCRIPTION, Attribute::both("stateful", Type::Bool)],
+    own: &[
+        Attribute::create("id", Type::Text),
+        NAME,
+        DESCRIPTION,
+        Attribute::both("stateful", Type::Bool),
+    ],
 };
 
 /// What a client may send of a security group rule: rules take no tags and never change.
@@ -404,9 +409,19 @@ async fn create_groups(
                     req.tenant_id.as_deref(),
                     &headers,
                 );
-                ensure_default(v, &project, &mut txn);
+                let default = ensure_default(v, &project, &mut txn);
+                let id = req.id.clone().unwrap_or_else(new_id);
+                if id == default
+                    || v.security_groups.contains_key(id.as_str())
+                    || groups.iter().any(|g: &SecurityGroup| g.id == id)
+                {
+                    return Err(NeutronError::conflict(
+                        "SecurityGroupExists",
+                        format!("A security group with id {id} already exists."),
+                    ));
+                }
                 let mut group = new_group(
-                    new_id(),
+                    id,
                     req.name.as_deref().unwrap_or_default(),
                     req.description.as_deref().unwrap_or_default(),
                     &project,

@@ -14,6 +14,7 @@ pub mod endpoints;
 pub mod load_balancer;
 mod namespaces;
 mod pods;
+mod policies;
 mod retry;
 mod services;
 
@@ -29,6 +30,7 @@ use corvid_api::{
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Event as K8sEvent, Namespace, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::runtime::reflector;
 use kube::runtime::watcher::{self, Event};
@@ -41,6 +43,7 @@ use crate::metrics::{self, Kind, Phase};
 pub use crate::Error;
 use namespaces::Namespaces;
 use pods::Pods;
+use policies::Policies;
 use retry::{Queue, Retry};
 use services::Services;
 
@@ -117,6 +120,7 @@ enum Input {
     Namespace(Box<Event<Namespace>>),
     Pod(Box<Event<Pod>>),
     Service(Box<Event<Service>>),
+    Policy(Box<Event<NetworkPolicy>>),
     Endpoints(Box<Event<endpoints::Change>>),
     WatchFailed(&'static str, String),
     Retry(Retry),
@@ -130,6 +134,7 @@ struct Watcher {
     namespaces: Namespaces,
     pods: Pods,
     services: Services,
+    policies: Policies,
 }
 
 impl Watcher {
@@ -145,6 +150,7 @@ impl Watcher {
             namespaces: Namespaces::new(cfg.namespace_prefix),
             pods: Pods::new(),
             services: Services::new(None),
+            policies: Policies::new(),
             retries: Some(retries),
             cfg,
         }
@@ -179,6 +185,15 @@ impl Watcher {
                     |e| Input::Service(Box::new(e)),
                 )
             });
+        let policies =
+            watcher::watcher(Api::<NetworkPolicy>::all(kube.clone()), Default::default()).map(
+                |e| {
+                    e.map_or_else(
+                        |e| Input::WatchFailed("networkpolicies", e.to_string()),
+                        |e| Input::Policy(Box::new(e)),
+                    )
+                },
+            );
         let source = endpoints::Source::discover(&kube).await;
         tracing::info!("services' members from {}", source.name());
         let endpoints = source.watch(kube).map(|e| {
@@ -197,6 +212,7 @@ impl Watcher {
             namespaces.boxed(),
             pods.boxed(),
             services.boxed(),
+            policies.boxed(),
             endpoints.boxed(),
             retries.map(Input::Retry).boxed(),
             resync.boxed(),
@@ -207,6 +223,12 @@ impl Watcher {
                 Input::Namespace(e) => self.namespace_event(*e).await,
                 Input::Pod(e) => self.pod_event(*e).await,
                 Input::Service(e) => self.services.event(ctx, *e).await,
+                Input::Policy(e) => {
+                    metrics::event(Kind::NetworkPolicy);
+                    self.policies.event(*e);
+                    self.sync_policies().await;
+                }
+                Input::Retry(Retry::Policies) => self.sync_policies().await,
                 Input::Endpoints(e) => self.services.endpoints_event(ctx, *e).await,
                 Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
                 Input::Retry(Retry::Namespace(n)) => self.namespaces.reconcile(ctx, &n).await,
@@ -223,6 +245,9 @@ impl Watcher {
                 Input::Resync => {
                     self.sweep().await;
                     self.services.sweep(&self.ctx).await;
+                    self.policies.read_hosts(&self.ctx).await;
+                    self.policies.reload(&self.ctx).await;
+                    self.sync_policies().await;
                 }
                 // The watcher retries by itself (with backoff); say so once per failure.
                 Input::WatchFailed(what, e) => tracing::warn!("watching {what}: {e}"),
@@ -305,6 +330,9 @@ impl Watcher {
                 attach_services(c, &router, &subnet)
             })
             .await?;
+        // The groups every pod's port names exist before the first port is made.
+        self.policies.read_hosts(&self.ctx).await;
+        self.sync_policies().await;
         // The API server makes `default` shortly after it starts: the namespace watch
         // brings it if it is not there yet.
         if let Some(default) = Api::<Namespace>::all(self.ctx.kube.clone())
@@ -379,12 +407,17 @@ impl Watcher {
         metrics::event(Kind::Namespace);
         match e {
             Event::Init => {}
-            Event::InitApply(n) | Event::Apply(n) => self.namespaces.reconcile(&self.ctx, &n).await,
+            Event::InitApply(n) | Event::Apply(n) => {
+                self.policies.namespace(&n);
+                self.namespaces.reconcile(&self.ctx, &n).await
+            }
             Event::InitDone => {
                 self.namespaces.listed = true;
+                self.policies.namespaces_listed(&self.namespaces.names());
                 self.sweep().await;
             }
             Event::Delete(n) => {
+                self.policies.namespace_gone(&n.name_any());
                 if let Some(uid) = n.uid() {
                     self.namespaces
                         .remove(&self.ctx, &uid, self.pods.known())
@@ -392,6 +425,7 @@ impl Watcher {
                 }
             }
         }
+        self.sync_policies().await;
     }
 
     async fn pod_event(&mut self, e: Event<Pod>) {
@@ -404,23 +438,45 @@ impl Watcher {
             }
             Event::InitDone => {
                 self.pods.listed();
+                self.policies.pods_listed(self.pods.known());
+                self.sync_policies().await;
                 self.sweep().await;
             }
             Event::Delete(p) => {
                 if let Some(uid) = p.uid() {
                     self.pods.forget(&uid);
+                    self.policies.pod_gone(&uid);
+                    self.sync_policies().await;
                     self.remove_port(&uid).await;
                 }
             }
         }
     }
 
+    /// Brings the NetworkPolicies' changes over to the controller.
+    async fn sync_policies(&mut self) {
+        let complete = self.namespaces.listed && self.pods.listed && self.policies.listed;
+        self.policies
+            .sync(&self.ctx, &mut self.pods, complete)
+            .await;
+    }
+
     /// Gives a pod what `pods::wanted` says it should have.
     async fn pod(&mut self, p: &Pod) {
-        match pods::wanted(p) {
+        let want = pods::wanted(p);
+        match (&want, p.uid()) {
+            (pods::Wanted::Port(_) | pods::Wanted::Done, Some(uid)) => {
+                self.policies.pod(&self.ctx, &uid, p).await
+            }
+            (_, Some(uid)) => self.policies.pod_gone(&uid),
+            (_, None) => {}
+        }
+        self.sync_policies().await;
+        match want {
             pods::Wanted::Nothing | pods::Wanted::Done => {}
             pods::Wanted::NoPort(uid) => self.remove_port(&uid).await,
-            pods::Wanted::Port(want) => {
+            pods::Wanted::Port(mut want) => {
+                want.security_groups = self.policies.port_groups(&want.uid);
                 let Some(net) = self.namespaces.network_of(&self.ctx, &want.namespace).await else {
                     tracing::warn!(namespace = %want.namespace, pod = %want.name, "no network for the namespace yet");
                     self.ctx.queue.retry(Retry::Pod(Box::new(p.clone())));

@@ -136,6 +136,11 @@ impl Namespaces {
         self.writer.take()
     }
 
+    /// The names of the namespaces the watch has brought.
+    pub fn names(&self) -> HashSet<String> {
+        self.store.state().iter().map(|n| n.name_any()).collect()
+    }
+
     /// Makes the namespace's network and subnet, unless it is going away or made.
     pub async fn reconcile(&mut self, ctx: &Ctx, n: &Namespace) {
         // Every pod's reconcile comes through here: a network already made costs a lookup.

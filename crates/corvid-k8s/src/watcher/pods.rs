@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use corvid_api::{ApiError, Port, PortCreate};
+use corvid_api::{ApiError, Client, Port, PortCreate, PortUpdate};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
@@ -42,6 +42,8 @@ pub struct PodPort {
     pub name: String,
     /// The node it is scheduled on, whose agent plugs the port.
     pub node: String,
+    /// The security groups its NetworkPolicies give it; the project's default when none.
+    pub security_groups: Option<Vec<String>>,
 }
 
 /// What `p` should have.
@@ -79,6 +81,7 @@ pub fn wanted(p: &Pod) -> Wanted {
         namespace: p.namespace().unwrap_or_default(),
         name: p.name_any(),
         node,
+        security_groups: None,
     })
 }
 
@@ -91,6 +94,7 @@ pub fn port_body(pod: &PodPort, network_id: &str) -> PortCreate {
         device_id: Some(pod.uid.clone()),
         device_owner: Some(ids::POD_OWNER.to_string()),
         host_id: Some(pod.node.clone()),
+        security_groups: pod.security_groups.clone(),
         tags: Some(vec![
             ids::namespace_tag(&pod.namespace),
             ids::pod_tag(&pod.name),
@@ -232,6 +236,28 @@ impl Pods {
     }
 }
 
+/// Makes the port, or finds the one an earlier attempt made; a port found with other
+/// groups than `body` names is given them (its pod's policies changed meanwhile).
+fn made_with_groups(c: &Client, id: &str, body: PortCreate) -> Result<Port, ApiError> {
+    let sorted = |g: &[String]| {
+        let mut g = g.to_vec();
+        g.sort();
+        g
+    };
+    let want = body.security_groups.as_deref().map(sorted);
+    let port: Port = c.create_or_get(id, body)?;
+    match want {
+        Some(want) if sorted(&port.security_groups) != want => {
+            let update = PortUpdate {
+                security_groups: Some(want),
+                ..Default::default()
+            };
+            c.update(id, update)
+        }
+        _ => Ok(port),
+    }
+}
+
 /// What making one pod's port needs, apart from the reconciler's state.
 struct PodWork {
     ctx: Ctx,
@@ -251,7 +277,7 @@ impl PodWork {
         let body = port_body(&want, &net.network.id);
         let id = port_id.clone();
         let api = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns);
-        let port = match self.ctx.call(move |c| c.create_or_get(&id, body)).await {
+        let port = match self.ctx.call(move |c| made_with_groups(c, &id, body)).await {
             Ok(port) => port,
             Err(e) => return self.refused(&p, &api, e).await,
         };

@@ -22,6 +22,8 @@ pub enum Retry {
     PortDelete(String),
     /// The network of a gone namespace, by the namespace's UID.
     NetworkDelete(String),
+    /// The NetworkPolicies' groups and ports' groups still to bring over.
+    Policies,
 }
 
 impl Retry {
@@ -33,6 +35,7 @@ impl Retry {
             Retry::Service(uid) => format!("service/{uid}"),
             Retry::PortDelete(uid) => format!("port/{uid}"),
             Retry::NetworkDelete(uid) => format!("network/{uid}"),
+            Retry::Policies => "policies".to_string(),
         }
     }
 }

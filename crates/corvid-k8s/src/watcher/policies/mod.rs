@@ -1,0 +1,238 @@
+//! The NetworkPolicy reconciler: policies, pods and namespaces into the engine
+//! (`translate`), and the engine's changes onto the controller (`apply`) as security
+//! groups and ports' groups, which every agent run with `--security-groups` enforces.
+//!
+//! Nothing that exists changes before the namespaces, the pods and the policies have
+//! all been listed: a restarted watcher that knew only some of them would open or close
+//! pods for a moment, and then rewrite it all back.
+
+pub mod apply;
+pub mod selectors;
+pub mod translate;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use corvid_api::Host;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::watcher::Event;
+use kube::ResourceExt;
+
+use super::pods::Pods;
+use super::retry::Retry;
+use super::Ctx;
+use apply::{Applied, Work};
+use translate::{Engine, GroupId, PodInfo, Policy};
+
+/// How often the hosts are listed again for a pod whose node is not one yet.
+const HOSTS_EVERY: Duration = Duration::from_secs(1);
+
+/// The engine, the controller's side, and what is still to be brought over.
+pub struct Policies {
+    engine: Engine,
+    /// `None` until read from the controller.
+    applied: Option<Applied>,
+    groups: BTreeSet<GroupId>,
+    ports: BTreeSet<String>,
+    /// The UIDs of a list of policies in progress.
+    listing: Option<HashSet<String>>,
+    /// The first whole list of policies has arrived.
+    pub listed: bool,
+    hosts_read: Option<Instant>,
+}
+
+impl Policies {
+    /// Nothing known yet.
+    pub fn new() -> Policies {
+        Policies {
+            engine: Engine::new(),
+            applied: None,
+            groups: BTreeSet::new(),
+            ports: BTreeSet::new(),
+            listing: None,
+            listed: false,
+            hosts_read: None,
+        }
+    }
+
+    /// A policy event.
+    pub fn event(&mut self, e: Event<NetworkPolicy>) {
+        match e {
+            Event::Init => self.listing = Some(HashSet::new()),
+            Event::InitApply(np) | Event::Apply(np) => {
+                let Some(uid) = np.uid() else { return };
+                if let Some(l) = &mut self.listing {
+                    l.insert(uid.clone());
+                }
+                match Policy::from_k8s(&np) {
+                    Ok(p) => self.engine.set_policy(&uid, p),
+                    Err(e) => {
+                        let ns = np.namespace().unwrap_or_default();
+                        tracing::warn!(namespace = %ns, policy = %np.name_any(), "NetworkPolicy not understood, ignored: {e}");
+                        self.engine.remove_policy(&uid);
+                    }
+                }
+            }
+            Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                for uid in unlisted(self.engine.policies(), &listed) {
+                    self.engine.remove_policy(&uid);
+                }
+                self.listed = true;
+            }
+            Event::Delete(np) => {
+                if let Some(uid) = np.uid() {
+                    self.engine.remove_policy(&uid);
+                }
+            }
+        }
+    }
+
+    /// A namespace as listed or watched.
+    pub fn namespace(&mut self, n: &Namespace) {
+        self.engine.set_namespace(&n.name_any(), n.labels().clone());
+    }
+
+    /// A namespace is gone.
+    pub fn namespace_gone(&mut self, name: &str) {
+        self.engine.remove_namespace(name);
+    }
+
+    /// The namespaces a whole list brought are all there are.
+    pub fn namespaces_listed(&mut self, live: &HashSet<String>) {
+        for n in unlisted(self.engine.namespaces(), live) {
+            self.engine.remove_namespace(&n);
+        }
+    }
+
+    /// A pod that has (or gets) a port; lists the hosts again when its node is not one.
+    pub async fn pod(&mut self, ctx: &Ctx, uid: &str, p: &Pod) {
+        self.engine.set_pod(uid, PodInfo::of(p));
+        let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let stale = self.hosts_read.is_none_or(|at| at.elapsed() >= HOSTS_EVERY);
+        if node.is_some_and(|n| !self.engine.knows_host(n)) && stale {
+            self.read_hosts(ctx).await;
+        }
+    }
+
+    /// A pod is gone, or has no port.
+    pub fn pod_gone(&mut self, uid: &str) {
+        self.engine.remove_pod(uid);
+    }
+
+    /// The pods a whole list brought are all there are.
+    pub fn pods_listed(&mut self, live: &HashSet<String>) {
+        for uid in unlisted(self.engine.pods(), live) {
+            self.engine.remove_pod(&uid);
+        }
+    }
+
+    /// The groups a new port of the pod is made with; recorded as the port's.
+    pub fn port_groups(&mut self, uid: &str) -> Option<Vec<GroupId>> {
+        let groups = self.engine.groups_of(uid)?;
+        if let Some(a) = &mut self.applied {
+            a.port_made(uid, groups.clone());
+        }
+        Some(groups)
+    }
+
+    /// Reads the hosts' underlay addresses: the nodes' traffic every pod lets through.
+    pub async fn read_hosts(&mut self, ctx: &Ctx) {
+        self.hosts_read = Some(Instant::now());
+        match ctx.call(|c| c.list::<Host>(&[]).map(|l| l.0)).await {
+            Ok(hosts) => self.engine.set_hosts(
+                hosts
+                    .into_iter()
+                    .map(|h| (h.id, h.underlay_ip))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            Err(e) => tracing::warn!("listing hosts for the nodes' group: {e}"),
+        }
+    }
+
+    /// Reads the controller's side again and compares all of it at the next sync: what
+    /// was changed or lost behind the watcher's back is mended.
+    pub async fn reload(&mut self, ctx: &Ctx) {
+        match ctx.call(Applied::load).await {
+            Ok(applied) => {
+                self.groups.extend(applied.groups().cloned());
+                self.ports.extend(applied.pods().cloned());
+                self.groups.extend(self.engine.groups());
+                self.ports.extend(self.engine.pods().cloned());
+                self.applied = Some(applied);
+            }
+            Err(e) => tracing::warn!("reading the NetworkPolicies' groups: {e}"),
+        }
+    }
+
+    /// Brings the engine's changes over to the controller. `complete` once namespaces,
+    /// pods and policies have all been listed; before, only missing groups are made.
+    pub async fn sync(&mut self, ctx: &Ctx, pods: &mut Pods, complete: bool) {
+        let (groups, ports) = self.engine.take_dirty();
+        self.groups.extend(groups);
+        self.ports.extend(ports);
+        if self.groups.is_empty() && (self.ports.is_empty() || !complete) {
+            return;
+        }
+        if self.applied.is_none() {
+            self.reload(ctx).await;
+        }
+        let Some(mut applied) = self.applied.take() else {
+            ctx.queue.retry(Retry::Policies);
+            return;
+        };
+        let work = Work {
+            groups: self
+                .groups
+                .iter()
+                .map(|id| (id.clone(), self.engine.group(id)))
+                .collect(),
+            ports: if complete {
+                self.ports
+                    .iter()
+                    .map(|uid| (uid.clone(), self.engine.groups_of(uid)))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            only_new: !complete,
+        };
+        // A port being made is made first: its groups are then changed, not raced.
+        for (uid, _) in &work.ports {
+            pods.settle(uid).await;
+        }
+        let (back, out) = ctx
+            .call(move |c| {
+                let out = applied.apply(c, &work);
+                Ok((applied, out))
+            })
+            .await
+            .map_or((None, None), |(a, o)| (Some(a), Some(o)));
+        // A lost state (the call's thread died) is read again.
+        self.applied = back;
+        let Some(out) = out else {
+            ctx.queue.retry(Retry::Policies);
+            return;
+        };
+        for g in &out.groups {
+            self.groups.remove(g);
+        }
+        for p in &out.ports {
+            self.ports.remove(p);
+        }
+        if !out.errors.is_empty() {
+            for e in &out.errors {
+                tracing::warn!("NetworkPolicy groups: {e}");
+            }
+            ctx.queue.retry(Retry::Policies);
+        } else if complete {
+            ctx.queue.done(&Retry::Policies.key());
+        }
+    }
+}
+
+/// Of the objects known, those a whole list did not bring: gone while no one watched.
+fn unlisted<'a>(known: impl Iterator<Item = &'a String>, listed: &HashSet<String>) -> Vec<String> {
+    known.filter(|k| !listed.contains(*k)).cloned().collect()
+}
