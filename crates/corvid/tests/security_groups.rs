@@ -1106,3 +1106,51 @@ fn the_watch_feed_carries_each_group_and_each_rule() {
         assert_eq!(revisions, [1, 2, 3], "made, a rule made, a rule gone");
     });
 }
+
+/// A group made with its ID (as the Kubernetes watcher makes its groups, so that it finds
+/// them again): made once; the same ID again, or the project's default group's, is
+/// refused and changes nothing.
+#[test]
+fn a_group_made_with_its_id_is_made_once() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let id = "4f1f1c3e-0000-4000-8000-000000000001";
+        let g: SecurityGroup = c
+            .create(json!({"id": id, "name": "np", "project_id": "p1"}))
+            .unwrap();
+        assert_eq!(g.id, id);
+        assert_eq!(
+            refused(
+                c.create::<SecurityGroup>(json!({"id": id, "name": "again", "project_id": "p1"}))
+            ),
+            refusal(
+                409,
+                "SecurityGroupExists",
+                &format!("A security group with id {id} already exists.")
+            )
+        );
+        assert_eq!(c.get::<SecurityGroup>(id).unwrap().name, "np");
+        let default = default_of(&c, "p1");
+        let (status, kind, _) = refused(c.create::<SecurityGroup>(
+            json!({"id": default.id, "name": "mine", "project_id": "p1"}),
+        ));
+        assert_eq!((status, kind.as_str()), (409, "SecurityGroupExists"));
+        assert_eq!(default_of(&c, "p1"), default);
+        // Made from the watcher's own request type too.
+        let req = corvid_api::SecurityGroupCreate {
+            id: Some("4f1f1c3e-0000-4000-8000-000000000002".into()),
+            name: Some("typed".into()),
+            ..Default::default()
+        };
+        let g: SecurityGroup = c
+            .create_or_get("4f1f1c3e-0000-4000-8000-000000000002", req.clone())
+            .unwrap();
+        let again: SecurityGroup = c.create_or_get(&g.id, req).unwrap();
+        assert_eq!(again, g, "create_or_get finds it");
+        // A project's first group made with an ID gives the project its default too.
+        let other: SecurityGroup = c
+            .create(json!({"id": "4f1f1c3e-0000-4000-8000-000000000003", "name": "x", "project_id": "p2"}))
+            .unwrap();
+        assert_ne!(default_of(&c, "p2").id, other.id);
+    });
+}
