@@ -284,3 +284,175 @@ fn a_watcher_killed_at_random_converges_and_leaks_nothing() {
     );
     assert!(cut >= KILLS / 4, "only {cut} kills cut the watcher's work");
 }
+
+/// Creates (or replaces) a NetworkPolicy from its `spec`.
+fn network_policy(kube: &KubeApi, ns: &str, name: &str, spec: Value) {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        let np: NetworkPolicy =
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+        Api::<NetworkPolicy>::namespaced(c, &ns)
+            .create(&PostParams::default(), &np)
+            .await
+            .unwrap();
+    });
+}
+
+fn delete_network_policy(kube: &KubeApi, ns: &str, name: &str) {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        Api::<NetworkPolicy>::namespaced(c, &ns)
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+    });
+}
+
+/// A scheduled pod with labels and a named container port.
+fn labelled_pod(kube: &KubeApi, ns: &str, name: &str, labels: Value) {
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"nodeName": "h1", "containers": [{"name": "c", "image": "cvt-pause",
+                "ports": [{"name": "http", "containerPort": 8080}]}]},
+        }))
+        .unwrap();
+        Api::<Pod>::namespaced(c, &ns)
+            .create(&PostParams::default(), &p)
+            .await
+            .unwrap();
+    });
+}
+
+/// The watcher's groups (name, revision, rule IDs) and its pods' ports (name, revision,
+/// groups), by ID.
+type PolicyState = (
+    std::collections::BTreeMap<String, (String, u64, Vec<String>)>,
+    std::collections::BTreeMap<String, (String, u64, Vec<String>)>,
+);
+
+fn policy_state(cluster: &Cluster) -> PolicyState {
+    use corvid_api::SecurityGroup;
+    cluster.api(|c| {
+        let (groups, _) = c
+            .list::<SecurityGroup>(&[("tags", "corvid:k8s-policy")])
+            .unwrap();
+        let (ports, _) = c
+            .list::<Port>(&[("device_owner", corvid_k8s::ids::POD_OWNER)])
+            .unwrap();
+        let groups = groups
+            .into_iter()
+            .map(|g| {
+                let mut rules: Vec<String> =
+                    g.security_group_rules.into_iter().map(|r| r.id).collect();
+                rules.sort();
+                (g.id, (g.name, g.revision_number, rules))
+            })
+            .collect();
+        let ports = ports
+            .into_iter()
+            .map(|p| {
+                let mut groups = p.security_groups;
+                groups.sort();
+                (p.id, (p.name, p.revision_number, groups))
+            })
+            .collect();
+        (groups, ports)
+    })
+}
+
+/// The names of the groups of the port of pod `ns/name`.
+fn group_names(state: &PolicyState, ns: &str, name: &str) -> Vec<String> {
+    let port = format!("{ns}/{name}");
+    let Some((_, _, groups)) = state.1.values().find(|p| p.0 == port) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = groups
+        .iter()
+        .filter_map(|g| state.0.get(g).map(|(n, _, _)| n.clone()))
+        .collect();
+    names.sort();
+    names
+}
+
+/// NetworkPolicies become groups on the pods' ports; a watcher restarted with everything
+/// in place changes no group, rule or port (so no host rewrites its rules), and mends
+/// what changed while it was down: a policy deleted meanwhile takes its groups with it.
+#[test]
+fn a_restarted_watcher_rewrites_no_policy_group_and_mends_what_changed_meanwhile() {
+    let (cluster, kube) = setup("kp");
+    let args = ["--identity", "cvt-np", "--lease-seconds", "2"];
+    let mut watcher = start_watcher(&cluster, &kube, &args);
+    namespace(&kube, "np");
+    labelled_pod(&kube, "np", "web", json!({"app": "web"}));
+    labelled_pod(&kube, "np", "client", json!({"role": "client"}));
+    network_policy(
+        &kube,
+        "np",
+        "web",
+        json!({"podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
+                "ports": [{"port": "http"}]}]}),
+    );
+    let open = ["k8s-nodes", "k8s-open-egress", "k8s-open-ingress"];
+    let mut state = policy_state(&cluster);
+    wait_until(
+        "the policy's groups on the ports",
+        Duration::from_secs(30),
+        || {
+            state = policy_state(&cluster);
+            group_names(&state, "np", "web") == ["k8s-nodes", "k8s-np-np-web", "k8s-open-egress"]
+                && group_names(&state, "np", "client")
+                    == [
+                        "k8s-nodes",
+                        "k8s-open-egress",
+                        "k8s-open-ingress",
+                        "k8s-peer",
+                    ]
+        },
+    );
+    // The policy's group: the clients' group in, on the pod's own port 8080, both families.
+    let (_, (_, _, rules)) = state
+        .0
+        .iter()
+        .find(|(_, g)| g.0 == "k8s-np-np-web")
+        .unwrap();
+    assert_eq!(rules.len(), 2, "{state:?}");
+
+    watcher.kill9();
+    watcher = start_watcher(&cluster, &kube, &args);
+    // A change after the restart shows it has listed and synced: a pod with no labels.
+    labelled_pod(&kube, "np", "late", json!({}));
+    wait_until("the late pod's groups", Duration::from_secs(30), || {
+        group_names(&policy_state(&cluster), "np", "late") == open
+    });
+    let mut after = policy_state(&cluster);
+    let late = after
+        .1
+        .iter()
+        .find(|(_, p)| p.0 == "np/late")
+        .unwrap()
+        .0
+        .clone();
+    after.1.remove(&late);
+    assert_eq!(
+        after, state,
+        "the restarted watcher changed what was in place"
+    );
+
+    // Deleted while the watcher is down: its groups go, and the pods are open again.
+    watcher.kill9();
+    delete_network_policy(&kube, "np", "web");
+    let _watcher = start_watcher(&cluster, &kube, &args);
+    wait_until("the policy's groups to go", Duration::from_secs(30), || {
+        let s = policy_state(&cluster);
+        group_names(&s, "np", "web") == open
+            && group_names(&s, "np", "client") == open
+            && s.0
+                .values()
+                .all(|g| g.0 != "k8s-np-np-web" && g.0 != "k8s-peer")
+    });
+}
