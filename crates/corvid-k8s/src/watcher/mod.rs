@@ -463,20 +463,22 @@ impl Watcher {
 
     /// Gives a pod what `pods::wanted` says it should have.
     async fn pod(&mut self, p: &Pod) {
-        let want = pods::wanted(p);
-        match (&want, p.uid()) {
-            (pods::Wanted::Port(_) | pods::Wanted::Done, Some(uid)) => {
-                self.policies.pod(&self.ctx, &uid, p).await
+        let mut want = pods::wanted(p);
+        match (&mut want, p.uid()) {
+            (pods::Wanted::Port(w), Some(uid)) => {
+                self.policies.pod(&self.ctx, &uid, p).await;
+                w.security_groups = self.policies.port_groups(&uid);
             }
+            (pods::Wanted::Done, Some(uid)) => self.policies.pod(&self.ctx, &uid, p).await,
             (_, Some(uid)) => self.policies.pod_gone(&uid),
             (_, None) => {}
         }
+        // The groups the port is made with exist before it is.
         self.sync_policies().await;
         match want {
             pods::Wanted::Nothing | pods::Wanted::Done => {}
             pods::Wanted::NoPort(uid) => self.remove_port(&uid).await,
-            pods::Wanted::Port(mut want) => {
-                want.security_groups = self.policies.port_groups(&want.uid);
+            pods::Wanted::Port(want) => {
                 let Some(net) = self.namespaces.network_of(&self.ctx, &want.namespace).await else {
                     tracing::warn!(namespace = %want.namespace, pod = %want.name, "no network for the namespace yet");
                     self.ctx.queue.retry(Retry::Pod(Box::new(p.clone())));

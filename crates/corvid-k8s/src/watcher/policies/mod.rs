@@ -128,13 +128,23 @@ impl Policies {
         }
     }
 
-    /// The groups a new port of the pod is made with; recorded as the port's.
+    /// The groups a new port of the pod is made with; recorded as the port's, so that
+    /// no sync changes a port being made (a call per new pod, refused as not found).
     pub fn port_groups(&mut self, uid: &str) -> Option<Vec<GroupId>> {
+        self.collect();
         let groups = self.engine.groups_of(uid)?;
+        self.ports.remove(uid);
         if let Some(a) = &mut self.applied {
             a.port_made(uid, groups.clone());
         }
         Some(groups)
+    }
+
+    /// Takes what the engine changed into what is still to be brought over.
+    fn collect(&mut self) {
+        let (groups, ports) = self.engine.take_dirty();
+        self.groups.extend(groups);
+        self.ports.extend(ports);
     }
 
     /// Reads the hosts' underlay addresses: the nodes' traffic every pod lets through.
@@ -169,9 +179,7 @@ impl Policies {
     /// Brings the engine's changes over to the controller. `complete` once namespaces,
     /// pods and policies have all been listed; before, only missing groups are made.
     pub async fn sync(&mut self, ctx: &Ctx, pods: &mut Pods, complete: bool) {
-        let (groups, ports) = self.engine.take_dirty();
-        self.groups.extend(groups);
-        self.ports.extend(ports);
+        self.collect();
         if self.groups.is_empty() && (self.ports.is_empty() || !complete) {
             return;
         }
