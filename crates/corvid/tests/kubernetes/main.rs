@@ -10,6 +10,7 @@ mod support {
     pub mod kube;
 }
 
+mod network_policy;
 mod pods;
 mod routing;
 mod services;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use corvid_api::{Network, Port, Status, Subnet};
 use corvid_k8s::annotation::{PortAnnotation, KEY};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
 use support::cluster::ns::{spawn_with_input, wait_until};
@@ -521,4 +523,28 @@ fn watcher_gap(
         }
     }
     (!gap.is_empty()).then_some(gap)
+}
+
+/// Creates NetworkPolicy `name` in `ns` with `spec`.
+fn network_policy(kube: &KubeApi, ns: &str, name: &str, spec: Value) {
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        let np: NetworkPolicy =
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+        Api::<NetworkPolicy>::namespaced(c, &ns)
+            .create(&PostParams::default(), &np)
+            .await
+            .unwrap();
+    });
+}
+
+/// Deletes NetworkPolicy `name` of `ns`.
+fn delete_network_policy(kube: &KubeApi, ns: &str, name: &str) {
+    let (ns, name) = (ns.to_string(), name.to_string());
+    kube.admin(|c| async move {
+        Api::<NetworkPolicy>::namespaced(c, &ns)
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+    });
 }

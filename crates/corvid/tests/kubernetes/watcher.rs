@@ -285,31 +285,6 @@ fn a_watcher_killed_at_random_converges_and_leaks_nothing() {
     assert!(cut >= KILLS / 4, "only {cut} kills cut the watcher's work");
 }
 
-/// Creates (or replaces) a NetworkPolicy from its `spec`.
-fn network_policy(kube: &KubeApi, ns: &str, name: &str, spec: Value) {
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
-    let (ns, name) = (ns.to_string(), name.to_string());
-    kube.admin(|c| async move {
-        let np: NetworkPolicy =
-            serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
-        Api::<NetworkPolicy>::namespaced(c, &ns)
-            .create(&PostParams::default(), &np)
-            .await
-            .unwrap();
-    });
-}
-
-fn delete_network_policy(kube: &KubeApi, ns: &str, name: &str) {
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
-    let (ns, name) = (ns.to_string(), name.to_string());
-    kube.admin(|c| async move {
-        Api::<NetworkPolicy>::namespaced(c, &ns)
-            .delete(&name, &DeleteParams::default())
-            .await
-            .unwrap();
-    });
-}
-
 /// A scheduled pod with labels and a named container port.
 fn labelled_pod(kube: &KubeApi, ns: &str, name: &str, labels: Value) {
     let (ns, name) = (ns.to_string(), name.to_string());

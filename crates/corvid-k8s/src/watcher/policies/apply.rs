@@ -160,6 +160,9 @@ impl Applied {
         let Some(held) = self.groups.get_mut(id) else {
             return Ok(false);
         };
+        // What fails to be added does not keep what should go: a rule too many lets
+        // through what no policy allows.
+        let mut failed = None;
         for rule in &spec.rules {
             if held.rules.contains_key(rule) {
                 continue;
@@ -168,12 +171,16 @@ impl Applied {
                 Ok(r) => {
                     held.rules.insert(rule.clone(), r.id);
                 }
-                // Made by an attempt whose answer was lost: read the group again next time.
-                Err(e @ ApiError::Neutron { status: 409, .. }) => {
-                    self.groups.remove(id);
-                    return Err(e);
+                // Made by an attempt whose answer was lost: read the group again.
+                Err(ApiError::Neutron { status: 409, .. }) => {
+                    *held = Held::of(&c.get::<SecurityGroup>(id)?);
+                    if !held.rules.contains_key(rule) {
+                        failed = Some(ApiError::Transport(format!(
+                            "rule {rule:?} refused as existing but not found"
+                        )));
+                    }
                 }
-                Err(e) => return Err(e),
+                Err(e) => failed = Some(e),
             }
         }
         let extra: Vec<(Option<Rule>, String)> = held
@@ -193,7 +200,7 @@ impl Applied {
                 }
             };
         }
-        Ok(true)
+        failed.map_or(Ok(true), Err)
     }
 
     /// Gives a pod's port its groups; a port not made yet is made with them.

@@ -134,8 +134,8 @@ impl Rule {
         };
         let remote = match (&r.remote_group_id, r.normalized_cidr.or(r.remote_ip_prefix)) {
             (Some(g), _) => Remote::Group(g.clone()),
-            (None, Some(net)) => Remote::Prefix(net),
-            (None, None) => Remote::Any,
+            (None, Some(net)) if net.prefix_len() > 0 => Remote::Prefix(net),
+            (None, _) => Remote::Any,
         };
         Some(Rule {
             direction: r.direction,
@@ -850,6 +850,11 @@ impl Engine {
                 let families: &[Ethertype] = match remote {
                     Remote::Prefix(net) => &[Ethertype::of(net.addr())],
                     _ => &[Ethertype::Ipv4, Ethertype::Ipv6],
+                };
+                // The controller (as Neutron) holds a /0 as no prefix: one rule, not two.
+                let remote = &match remote {
+                    Remote::Prefix(net) if net.prefix_len() == 0 => Remote::Any,
+                    other => other.clone(),
                 };
                 for (protocol, range) in &ports {
                     for ethertype in families {

@@ -520,3 +520,43 @@ fn any_order_of_changes_ends_where_a_fresh_start_does() {
         assert_eq!(e.group(g), fresh.group(g), "{g}");
     }
 }
+
+/// The controller holds a /0 as no prefix, so the watcher does too: an ipBlock of
+/// 0.0.0.0/0 and a rule from anyone on the same port are one IPv4 rule, not two that the
+/// controller would refuse as duplicates.
+#[test]
+fn a_zero_prefix_is_anyone_of_its_family() {
+    let mut e = Engine::new();
+    e.set_pod("w", pod("a", json!({}), json!([])));
+    e.set_policy(
+        "p",
+        policy(
+            "a",
+            "p",
+            json!({"podSelector": {}, "ingress": [
+            {"from": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 8080}]},
+            {"ports": [{"port": 8080}]}]}),
+        ),
+    );
+    let g = &policy_groups(&e, "w")[0];
+    let tcp = Some(Protocol::Tcp);
+    assert_eq!(
+        e.group(g).unwrap().rules,
+        BTreeSet::from([
+            rule(
+                Direction::Ingress,
+                Ethertype::Ipv4,
+                tcp,
+                Some((8080, 8080)),
+                Remote::Any
+            ),
+            rule(
+                Direction::Ingress,
+                Ethertype::Ipv6,
+                tcp,
+                Some((8080, 8080)),
+                Remote::Any
+            ),
+        ])
+    );
+}
