@@ -228,9 +228,18 @@ impl Watcher {
                     self.policies.event(*e);
                     self.sync_policies().await;
                 }
-                Input::Retry(Retry::Policies) => self.sync_policies().await,
+                Input::Retry(Retry::Policies) => {
+                    self.policies.retried();
+                    self.sync_policies().await
+                }
                 Input::Endpoints(e) => self.services.endpoints_event(ctx, *e).await,
-                Input::Retry(Retry::Pod(p)) => self.pod(&p).await,
+                // A pod deleted since is not made a port; its groups are the engine's,
+                // which follows the watch, not this older copy.
+                Input::Retry(Retry::Pod(p)) => {
+                    if p.uid().is_some_and(|uid| self.pods.known().contains(&uid)) {
+                        self.pod(&p).await
+                    }
+                }
                 Input::Retry(Retry::Namespace(n)) => self.namespaces.reconcile(ctx, &n).await,
                 Input::Retry(Retry::Service(uid)) => self.services.reconcile(ctx, &uid).await,
                 Input::Retry(Retry::PortDelete(uid)) => {
@@ -434,6 +443,7 @@ impl Watcher {
             Event::Init => self.pods.listing(),
             Event::InitApply(p) | Event::Apply(p) => {
                 self.pods.seen(&p);
+                self.pod_policies(&p).await;
                 self.pod(&p).await;
             }
             Event::InitDone => {
@@ -445,17 +455,36 @@ impl Watcher {
             Event::Delete(p) => {
                 if let Some(uid) = p.uid() {
                     self.pods.forget(&uid);
+                    // The port first: a group it was the last to hold can go then.
+                    self.remove_port(&uid).await;
                     self.policies.pod_gone(&uid);
                     self.sync_policies().await;
-                    self.remove_port(&uid).await;
                 }
             }
         }
     }
 
+    /// A pod as the watch brings it, into the NetworkPolicies' engine.
+    async fn pod_policies(&mut self, p: &Pod) {
+        let Some(uid) = p.uid() else { return };
+        match pods::wanted(p) {
+            pods::Wanted::Port(_) | pods::Wanted::Done => {
+                self.policies.pod(&self.ctx, &uid, p).await
+            }
+            pods::Wanted::Nothing | pods::Wanted::NoPort(_) => self.policies.pod_gone(&uid),
+        }
+        self.sync_policies().await;
+    }
+
+    /// Whether namespaces, pods and NetworkPolicies have all been listed: until then the
+    /// engine's word changes nothing that exists.
+    fn listed(&self) -> bool {
+        self.namespaces.listed && self.pods.listed && self.policies.listed
+    }
+
     /// Brings the NetworkPolicies' changes over to the controller.
     async fn sync_policies(&mut self) {
-        let complete = self.namespaces.listed && self.pods.listed && self.policies.listed;
+        let complete = self.listed();
         self.policies
             .sync(&self.ctx, &mut self.pods, complete)
             .await;
@@ -464,17 +493,13 @@ impl Watcher {
     /// Gives a pod what `pods::wanted` says it should have.
     async fn pod(&mut self, p: &Pod) {
         let mut want = pods::wanted(p);
-        match (&mut want, p.uid()) {
-            (pods::Wanted::Port(w), Some(uid)) => {
-                self.policies.pod(&self.ctx, &uid, p).await;
-                w.security_groups = self.policies.port_groups(&uid);
-            }
-            (pods::Wanted::Done, Some(uid)) => self.policies.pod(&self.ctx, &uid, p).await,
-            (_, Some(uid)) => self.policies.pod_gone(&uid),
-            (_, None) => {}
+        if let pods::Wanted::Port(w) = &mut want {
+            // The groups the port is made with exist before it is.
+            self.sync_policies().await;
+            let complete = self.listed();
+            w.security_groups = self.policies.port_groups(&w.uid, complete);
+            w.groups_final = complete;
         }
-        // The groups the port is made with exist before it is.
-        self.sync_policies().await;
         match want {
             pods::Wanted::Nothing | pods::Wanted::Done => {}
             pods::Wanted::NoPort(uid) => self.remove_port(&uid).await,

@@ -44,6 +44,9 @@ pub struct PodPort {
     pub node: String,
     /// The security groups its NetworkPolicies give it; the project's default when none.
     pub security_groups: Option<Vec<String>>,
+    /// Whether those are its groups for sure (every list in), so that a port found made
+    /// is given them; else they only make a new port, shut until they are.
+    pub groups_final: bool,
 }
 
 /// What `p` should have.
@@ -82,6 +85,7 @@ pub fn wanted(p: &Pod) -> Wanted {
         name: p.name_any(),
         node,
         security_groups: None,
+        groups_final: false,
     })
 }
 
@@ -236,9 +240,9 @@ impl Pods {
     }
 }
 
-/// Makes the port, or finds the one an earlier attempt made; a port found with other
-/// groups than `body` names is given them (its pod's policies changed meanwhile).
-fn made_with_groups(c: &Client, id: &str, body: PortCreate) -> Result<Port, ApiError> {
+/// Makes the port, or finds the one an earlier attempt made; with `fix`, a port found with
+/// other groups than `body` names is given them (its pod's policies changed meanwhile).
+fn made_with_groups(c: &Client, id: &str, body: PortCreate, fix: bool) -> Result<Port, ApiError> {
     let sorted = |g: &[String]| {
         let mut g = g.to_vec();
         g.sort();
@@ -247,7 +251,7 @@ fn made_with_groups(c: &Client, id: &str, body: PortCreate) -> Result<Port, ApiE
     let want = body.security_groups.as_deref().map(sorted);
     let port: Port = c.create_or_get(id, body)?;
     match want {
-        Some(want) if sorted(&port.security_groups) != want => {
+        Some(want) if fix && sorted(&port.security_groups) != want => {
             let update = PortUpdate {
                 security_groups: Some(want),
                 ..Default::default()
@@ -277,7 +281,12 @@ impl PodWork {
         let body = port_body(&want, &net.network.id);
         let id = port_id.clone();
         let api = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns);
-        let port = match self.ctx.call(move |c| made_with_groups(c, &id, body)).await {
+        let fix = want.groups_final;
+        let port = match self
+            .ctx
+            .call(move |c| made_with_groups(c, &id, body, fix))
+            .await
+        {
             Ok(port) => port,
             Err(e) => return self.refused(&p, &api, e).await,
         };

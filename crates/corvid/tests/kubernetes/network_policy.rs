@@ -4,8 +4,8 @@
 //! ingress, and the union with what other policies let in: a labelled namespace, labelled
 //! pods of the policy's namespace (through a service's cluster IP too), both together; an
 //! address block with an exception; a named port; egress to DNS only (through its
-//! service). Nodes always reach pods. A restarted watcher enforces what it left, and what
-//! came and went while it was down.
+//! service). A pod's own node always reaches it, the other node only as policies let it.
+//! A restarted watcher enforces what it left, and what came and went while it was down.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -239,7 +239,8 @@ fn ingress_policies_let_in_only_what_they_select() {
     );
 
     // Deny all ingress in a: nobody gets in, from b or from a, on either node or
-    // through the service; the nodes do. What a's pods start, and b, are not touched.
+    // through the service; each pod's own node does, the other node not. What a's pods
+    // start, and b, are not touched.
     network_policy(
         &kube,
         "a",
@@ -247,7 +248,7 @@ fn ingress_policies_let_in_only_what_they_select() {
         json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
     );
     net.expect(
-        "a to be closed but to the nodes",
+        "a to be closed but to each pod's own node",
         &[
             tcp("b0", "w0", 8080, SHUT),
             tcp("b1", "w0", 8080, SHUT),
@@ -257,8 +258,9 @@ fn ingress_policies_let_in_only_what_they_select() {
             tcp("k1", "w0", 8080, SHUT),
             tcp("b1", "web", 80, SHUT),
             tcp("h1", "w0", 8080, OPEN),
-            tcp("h1", "w1", 8080, OPEN),
-            tcp("h2", "w0", 8080, OPEN),
+            tcp("h2", "w1", 8080, OPEN),
+            tcp("h1", "w1", 8080, SHUT),
+            tcp("h2", "w0", 8080, SHUT),
             tcp("w0", "b1", 8080, OPEN),
             tcp("b0", "b1", 8080, OPEN),
         ],
@@ -293,7 +295,7 @@ fn ingress_policies_let_in_only_what_they_select() {
         &[
             tcp("b0", "w0", 8080, SHUT),
             tcp("b1", "w1", 8080, SHUT),
-            tcp("h2", "w0", 8080, OPEN),
+            tcp("h1", "w0", 8080, OPEN),
         ],
     );
     delete_network_policy(&kube, "a", "team");
@@ -489,7 +491,11 @@ fn egress_to_dns_only_and_a_restarted_watcher_enforces_what_changed_meanwhile() 
     );
     net.expect(
         "a1 to be closed",
-        &[tcp("b0", "a1", 8080, SHUT), tcp("h1", "a1", 8080, OPEN)],
+        &[
+            tcp("b0", "a1", 8080, SHUT),
+            tcp("h2", "a1", 8080, OPEN),
+            tcp("h1", "a1", 8080, SHUT),
+        ],
     );
     watcher.kill9();
     net.expect(
@@ -516,7 +522,8 @@ fn egress_to_dns_only_and_a_restarted_watcher_enforces_what_changed_meanwhile() 
             tcp("a1", "b0", 8080, SHUT),
             tcp("a1", "b1", 8080, SHUT),
             tcp("b0", "b1", 8080, SHUT),
-            tcp("h2", "b0", 8080, OPEN),
+            tcp("h1", "b0", 8080, OPEN),
+            tcp("h2", "b0", 8080, SHUT),
             tcp("e0", "a1", 8080, SHUT),
             udp("e0", "dns-svc", 53, OPEN),
             tcp("b1", "e0", 8080, OPEN),

@@ -372,17 +372,17 @@ fn a_restarted_watcher_rewrites_no_policy_group_and_mends_what_changed_meanwhile
             "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
                 "ports": [{"port": "http"}]}]}),
     );
-    let open = ["k8s-nodes", "k8s-open-egress", "k8s-open-ingress"];
+    let open = ["k8s-node-h1", "k8s-open-egress", "k8s-open-ingress"];
     let mut state = policy_state(&cluster);
     wait_until(
         "the policy's groups on the ports",
         Duration::from_secs(30),
         || {
             state = policy_state(&cluster);
-            group_names(&state, "np", "web") == ["k8s-nodes", "k8s-np-np-web", "k8s-open-egress"]
+            group_names(&state, "np", "web") == ["k8s-node-h1", "k8s-np-np-web", "k8s-open-egress"]
                 && group_names(&state, "np", "client")
                     == [
-                        "k8s-nodes",
+                        "k8s-node-h1",
                         "k8s-open-egress",
                         "k8s-open-ingress",
                         "k8s-peer",

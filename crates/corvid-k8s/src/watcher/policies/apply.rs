@@ -108,6 +108,9 @@ impl Applied {
             .filter_map(|(id, s)| s.as_ref().map(|s| (id, s)))
             .collect();
         let mut made = BTreeSet::new();
+        // Groups not as they should be: no port joins them in this pass (a new group
+        // still has the rules letting everything out).
+        let mut unsure = BTreeSet::new();
         for (id, spec) in &wanted {
             if self.groups.contains_key(*id) {
                 continue;
@@ -117,7 +120,10 @@ impl Applied {
                     self.groups.insert(g.id.clone(), Held::of(&g));
                     made.insert(g.id);
                 }
-                Err(e) => out.errors.push(format!("making group {id}: {e}")),
+                Err(e) => {
+                    unsure.insert((*id).clone());
+                    out.errors.push(format!("making group {id}: {e}"))
+                }
             }
         }
         for (id, spec) in &wanted {
@@ -127,13 +133,22 @@ impl Applied {
             match self.rules(c, id, spec) {
                 Ok(true) => out.groups.push((*id).clone()),
                 Ok(false) => {}
-                Err(e) => out.errors.push(format!("rules of group {id}: {e}")),
+                Err(e) => {
+                    unsure.insert((*id).clone());
+                    out.errors.push(format!("rules of group {id}: {e}"))
+                }
             }
         }
         if work.only_new {
             return out;
         }
         for (uid, want) in &work.ports {
+            let waits = want.iter().flatten().find(|g| unsure.contains(*g));
+            if let Some(g) = waits {
+                out.errors
+                    .push(format!("pod {uid}'s port waits for group {g}"));
+                continue;
+            }
             match self.port(c, uid, want.as_ref()) {
                 Ok(()) => out.ports.push(uid.clone()),
                 Err(e) => out.errors.push(format!("groups of pod {uid}'s port: {e}")),
@@ -160,8 +175,25 @@ impl Applied {
         let Some(held) = self.groups.get_mut(id) else {
             return Ok(false);
         };
-        // What fails to be added does not keep what should go: a rule too many lets
-        // through what no policy allows.
+        // What should go goes first: a rule too many lets through what no policy
+        // allows, one too few only holds back what is about to be let through.
+        let extra: Vec<(Option<Rule>, String)> = held
+            .rules
+            .iter()
+            .filter(|(r, _)| !spec.rules.contains(*r))
+            .map(|(r, rid)| (Some(r.clone()), rid.clone()))
+            .chain(held.strays.iter().map(|rid| (None, rid.clone())))
+            .collect();
+        for (rule, rid) in extra {
+            c.delete_if_present::<SecurityGroupRule>(&rid)?;
+            match rule {
+                Some(r) => held.rules.remove(&r),
+                None => {
+                    held.strays.retain(|s| *s != rid);
+                    None
+                }
+            };
+        }
         let mut failed = None;
         for rule in &spec.rules {
             if held.rules.contains_key(rule) {
@@ -182,23 +214,6 @@ impl Applied {
                 }
                 Err(e) => failed = Some(e),
             }
-        }
-        let extra: Vec<(Option<Rule>, String)> = held
-            .rules
-            .iter()
-            .filter(|(r, _)| !spec.rules.contains(*r))
-            .map(|(r, rid)| (Some(r.clone()), rid.clone()))
-            .chain(held.strays.iter().map(|rid| (None, rid.clone())))
-            .collect();
-        for (rule, rid) in extra {
-            c.delete_if_present::<SecurityGroupRule>(&rid)?;
-            match rule {
-                Some(r) => held.rules.remove(&r),
-                None => {
-                    held.strays.retain(|s| *s != rid);
-                    None
-                }
-            };
         }
         failed.map_or(Ok(true), Err)
     }

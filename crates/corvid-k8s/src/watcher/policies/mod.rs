@@ -4,7 +4,7 @@
 //!
 //! Nothing that exists changes before the namespaces, the pods and the policies have
 //! all been listed: a restarted watcher that knew only some of them would open or close
-//! pods for a moment, and then rewrite it all back.
+//! pods for a moment, and then rewrite it all back. A port made before then is made shut.
 
 pub mod apply;
 pub mod selectors;
@@ -40,6 +40,8 @@ pub struct Policies {
     /// The first whole list of policies has arrived.
     pub listed: bool,
     hosts_read: Option<Instant>,
+    /// A retry is on its way: failures meanwhile add none.
+    retrying: bool,
 }
 
 impl Policies {
@@ -53,6 +55,7 @@ impl Policies {
             listing: None,
             listed: false,
             hosts_read: None,
+            retrying: false,
         }
     }
 
@@ -67,10 +70,11 @@ impl Policies {
                 }
                 match Policy::from_k8s(&np) {
                     Ok(p) => self.engine.set_policy(&uid, p),
+                    // Dropping it would open what it isolates: what was understood of it
+                    // before stays.
                     Err(e) => {
                         let ns = np.namespace().unwrap_or_default();
-                        tracing::warn!(namespace = %ns, policy = %np.name_any(), "NetworkPolicy not understood, ignored: {e}");
-                        self.engine.remove_policy(&uid);
+                        tracing::warn!(namespace = %ns, policy = %np.name_any(), "NetworkPolicy not understood, its last version kept: {e}");
                     }
                 }
             }
@@ -128,16 +132,41 @@ impl Policies {
         }
     }
 
-    /// The groups a new port of the pod is made with; recorded as the port's, so that
-    /// no sync changes a port being made (a call per new pod, refused as not found).
-    pub fn port_groups(&mut self, uid: &str) -> Option<Vec<GroupId>> {
+    /// The groups a new port of the pod is made with. Once every list is in
+    /// (`complete`) and each of its groups holds its rules, they are its own, recorded so
+    /// that no sync changes a port being made; before, the port is made shut (its node's
+    /// group only, when that holds) and given its groups by a later sync.
+    pub fn port_groups(&mut self, uid: &str, complete: bool) -> Option<Vec<GroupId>> {
         self.collect();
         let groups = self.engine.groups_of(uid)?;
+        let holds = |g: &GroupId| !self.groups.contains(g);
+        if !(complete && self.applied.is_some() && groups.iter().all(holds)) {
+            return Some(
+                self.engine
+                    .node_group_of(uid)
+                    .filter(holds)
+                    .into_iter()
+                    .collect(),
+            );
+        }
         self.ports.remove(uid);
         if let Some(a) = &mut self.applied {
             a.port_made(uid, groups.clone());
         }
         Some(groups)
+    }
+
+    /// Tries the sync again after the backoff, unless a retry is on its way already.
+    fn again(&mut self, ctx: &Ctx) {
+        if !self.retrying {
+            self.retrying = true;
+            ctx.queue.retry(Retry::Policies);
+        }
+    }
+
+    /// The retry has come.
+    pub fn retried(&mut self) {
+        self.retrying = false;
     }
 
     /// Takes what the engine changed into what is still to be brought over.
@@ -187,7 +216,7 @@ impl Policies {
             self.reload(ctx).await;
         }
         let Some(mut applied) = self.applied.take() else {
-            ctx.queue.retry(Retry::Policies);
+            self.again(ctx);
             return;
         };
         let work = Work {
@@ -220,7 +249,7 @@ impl Policies {
         // A lost state (the call's thread died) is read again.
         self.applied = back;
         let Some(out) = out else {
-            ctx.queue.retry(Retry::Policies);
+            self.again(ctx);
             return;
         };
         for g in &out.groups {
@@ -233,7 +262,7 @@ impl Policies {
             for e in &out.errors {
                 tracing::warn!("NetworkPolicy groups: {e}");
             }
-            ctx.queue.retry(Retry::Policies);
+            self.again(ctx);
         } else if complete {
             ctx.queue.done(&Retry::Policies.key());
         }

@@ -9,9 +9,9 @@
 //!   the matching pods join, so the policy's rules name it as a remote group and a label
 //!   change is one port update, one set element on each host;
 //! - pods no policy selects for a direction join `k8s-open-ingress` / `k8s-open-egress`;
-//! - every pod joins `k8s-nodes`: the hosts' own addresses in and out, since traffic from a
-//!   pod's node is always allowed and a node's traffic into a pod leaves from its underlay
-//!   address.
+//! - every pod joins its node's group (`k8s-node-<node>`): that host's own address in and
+//!   out, since traffic to and from a pod's node is always allowed, and a node's traffic
+//!   into a pod leaves from its underlay address.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -181,9 +181,9 @@ pub fn open_egress() -> GroupId {
     ids::security_group("open-egress")
 }
 
-/// The group every pod is in: the nodes' addresses in and out.
-pub fn nodes() -> GroupId {
-    ids::security_group("nodes")
+/// The group of the pods on `node`: its underlay address in and out.
+pub fn node(node: &str) -> GroupId {
+    ids::security_group(&format!("node/{node}"))
 }
 
 fn peer_group(peer: &Peer) -> GroupId {
@@ -391,6 +391,8 @@ pub struct PodInfo {
     labels: Labels,
     /// Its containers' named ports.
     ports: BTreeSet<(String, Protocol, u16)>,
+    /// The node it runs on.
+    node: Option<String>,
 }
 
 impl PodInfo {
@@ -411,6 +413,7 @@ impl PodInfo {
             namespace: p.namespace().unwrap_or_default(),
             labels: p.labels().clone(),
             ports,
+            node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         }
     }
 }
@@ -421,11 +424,19 @@ type Match = (Option<Protocol>, Option<(u16, u16)>);
 /// What a policy's named ports resolve to for the pods of one of its groups.
 type Resolution = BTreeMap<(String, Protocol), BTreeSet<u16>>;
 
-/// A policy's group for pods that resolve its ingress named ports alike.
+/// What a group that exists while pods use it stands for.
+#[derive(Debug, Clone, PartialEq)]
+enum Made {
+    /// A policy, for pods that resolve its ingress named ports alike.
+    Policy(String, Resolution),
+    /// A node, for its pods.
+    Node(String),
+}
+
+/// A group that exists while pods use it, and how many do.
 #[derive(Debug)]
 struct Variant {
-    policy: String,
-    resolution: Resolution,
+    made: Made,
     users: usize,
 }
 
@@ -453,8 +464,7 @@ impl Engine {
     /// Nothing known yet; the fixed groups are due.
     pub fn new() -> Engine {
         let mut e = Engine::default();
-        e.dirty_groups
-            .extend([open_ingress(), open_egress(), nodes()]);
+        e.dirty_groups.extend([open_ingress(), open_egress()]);
         e
     }
 
@@ -587,7 +597,7 @@ impl Engine {
         let groups = self
             .variants
             .iter()
-            .filter(|(_, v)| due.contains(&v.policy))
+            .filter(|(_, v)| matches!(&v.made, Made::Policy(p, _) if due.contains(p)))
             .map(|(g, _)| g.clone());
         self.dirty_groups.extend(groups);
     }
@@ -675,7 +685,7 @@ impl Engine {
         let variants = self
             .variants
             .iter()
-            .filter(|(_, v)| v.policy == uid)
+            .filter(|(_, v)| matches!(&v.made, Made::Policy(p, _) if p == uid))
             .map(|(g, _)| g.clone());
         self.dirty_groups.extend(variants);
         for pod in due {
@@ -696,10 +706,26 @@ impl Engine {
 
     /// The hosts' underlay addresses, by host ID.
     pub fn set_hosts(&mut self, hosts: BTreeMap<String, IpAddr>) {
-        if self.hosts != hosts {
-            self.hosts = hosts;
-            self.dirty_groups.insert(nodes());
+        if self.hosts == hosts {
+            return;
         }
+        let changed = |v: &Variant| match &v.made {
+            Made::Node(n) => self.hosts.get(n) != hosts.get(n),
+            Made::Policy(..) => false,
+        };
+        let due: Vec<GroupId> = self
+            .variants
+            .iter()
+            .filter(|(_, v)| changed(v))
+            .map(|(g, _)| g.clone())
+            .collect();
+        self.dirty_groups.extend(due);
+        self.hosts = hosts;
+    }
+
+    /// The group of the node pod `uid` runs on.
+    pub fn node_group_of(&self, uid: &str) -> Option<GroupId> {
+        self.pods.get(uid)?.node.as_deref().map(node)
     }
 
     /// Whether `host` is one of the hosts known.
@@ -716,7 +742,7 @@ impl Engine {
 
     /// Every group there should be.
     pub fn groups(&self) -> Vec<GroupId> {
-        let mut out = vec![open_ingress(), open_egress(), nodes()];
+        let mut out = vec![open_ingress(), open_egress()];
         out.extend(self.peers.keys().cloned());
         out.extend(self.variants.keys().cloned());
         out
@@ -755,26 +781,6 @@ impl Engine {
                 rules: any(Direction::Egress).into(),
             });
         }
-        if id == nodes() {
-            let rules = self
-                .hosts
-                .values()
-                .flat_map(|ip| {
-                    [Direction::Ingress, Direction::Egress].map(|direction| Rule {
-                        direction,
-                        ethertype: Ethertype::of(*ip),
-                        protocol: None,
-                        ports: None,
-                        remote: Remote::Prefix(IpNet::from(*ip)),
-                    })
-                })
-                .collect();
-            return Some(GroupSpec {
-                name: "k8s-nodes".into(),
-                description: "every pod: its nodes' traffic".into(),
-                rules,
-            });
-        }
         if let Some((peer, _)) = self.peers.get(id) {
             return Some(GroupSpec {
                 name: "k8s-peer".into(),
@@ -782,16 +788,40 @@ impl Engine {
                 rules: BTreeSet::new(),
             });
         }
-        let v = self.variants.get(id)?;
-        let policy = self.policies.get(&v.policy)?;
-        Some(GroupSpec {
-            name: format!("k8s-np-{}-{}", policy.namespace, policy.name),
-            description: format!(
-                "NetworkPolicy {}/{} ({})",
-                policy.namespace, policy.name, v.policy
-            ),
-            rules: self.rules(policy, &v.resolution),
-        })
+        match &self.variants.get(id)?.made {
+            Made::Policy(uid, resolution) => {
+                let policy = self.policies.get(uid)?;
+                Some(GroupSpec {
+                    name: format!("k8s-np-{}-{}", policy.namespace, policy.name),
+                    description: format!(
+                        "NetworkPolicy {}/{} ({uid})",
+                        policy.namespace, policy.name
+                    ),
+                    rules: self.rules(policy, resolution),
+                })
+            }
+            Made::Node(node) => {
+                let rules = self
+                    .hosts
+                    .get(node)
+                    .into_iter()
+                    .flat_map(|ip| {
+                        [Direction::Ingress, Direction::Egress].map(|direction| Rule {
+                            direction,
+                            ethertype: Ethertype::of(*ip),
+                            protocol: None,
+                            ports: None,
+                            remote: Remote::Prefix(IpNet::from(*ip)),
+                        })
+                    })
+                    .collect();
+                Some(GroupSpec {
+                    name: format!("k8s-node-{node}"),
+                    description: format!("the pods on node {node}: its traffic"),
+                    rules,
+                })
+            }
+        }
     }
 
     fn rules(&self, policy: &Policy, resolution: &Resolution) -> BTreeSet<Rule> {
@@ -885,10 +915,9 @@ impl Engine {
             self.release(g);
         }
         for g in want.0.difference(&old) {
-            if let Some((policy, resolution)) = want.1.get(g) {
+            if let Some(made) = want.1.get(g) {
                 let v = self.variants.entry(g.clone()).or_insert_with(|| Variant {
-                    policy: policy.clone(),
-                    resolution: resolution.clone(),
+                    made: made.clone(),
                     users: 0,
                 });
                 v.users += 1;
@@ -901,7 +930,7 @@ impl Engine {
         self.dirty_pods.insert(uid.to_string());
     }
 
-    /// A pod leaves group `g`: a policy's group no pod uses any more goes.
+    /// A pod leaves group `g`: a policy's or node's group no pod uses any more goes.
     fn release(&mut self, g: &GroupId) {
         if let Some(v) = self.variants.get_mut(g) {
             v.users -= 1;
@@ -912,15 +941,16 @@ impl Engine {
         }
     }
 
-    /// A pod's groups, and of those the policies' groups with what makes them.
-    #[allow(clippy::type_complexity)]
-    fn desired(
-        &self,
-        uid: &str,
-    ) -> Option<(BTreeSet<GroupId>, HashMap<GroupId, (String, Resolution)>)> {
+    /// A pod's groups, and of those the groups that exist while pods use them, with
+    /// what they stand for.
+    fn desired(&self, uid: &str) -> Option<(BTreeSet<GroupId>, HashMap<GroupId, Made>)> {
         let pod = self.pods.get(uid)?;
-        let mut groups = BTreeSet::from([nodes()]);
+        let mut groups = BTreeSet::new();
         let mut variants = HashMap::new();
+        if let Some(n) = &pod.node {
+            groups.insert(node(n));
+            variants.insert(node(n), Made::Node(n.clone()));
+        }
         let (mut ingress, mut egress) = (false, false);
         for puid in self.policies_in.get(&pod.namespace).into_iter().flatten() {
             let Some(p) = self.policies.get(puid) else {
@@ -953,7 +983,7 @@ impl Engine {
             };
             let id = ids::security_group(&key);
             groups.insert(id.clone());
-            variants.insert(id, (puid.clone(), resolution));
+            variants.insert(id, Made::Policy(puid.clone(), resolution));
         }
         if !ingress {
             groups.insert(open_ingress());

@@ -11,9 +11,13 @@ fn policy(ns: &str, name: &str, spec: Value) -> Policy {
 }
 
 fn pod(ns: &str, labels: Value, ports: Value) -> PodInfo {
+    pod_on(ns, labels, ports, None)
+}
+
+fn pod_on(ns: &str, labels: Value, ports: Value, node: Option<&str>) -> PodInfo {
     let p: Pod = serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": ns, "labels": labels},
-        "spec": {"containers": [{"name": "c", "ports": ports}]},
+        "spec": {"containers": [{"name": "c", "ports": ports}], "nodeName": node},
     }))
     .unwrap();
     PodInfo::of(&p)
@@ -53,11 +57,12 @@ fn has(e: &Engine, uid: &str, g: &GroupId) -> bool {
 }
 
 #[test]
-fn a_pod_no_policy_selects_is_open_both_ways_and_reached_by_its_nodes() {
+fn a_pod_no_policy_selects_is_open_both_ways_and_reached_by_its_node() {
     let mut e = Engine::new();
     e.set_namespace("a", Labels::new());
-    e.set_pod("p1", pod("a", json!({}), json!([])));
-    let mut want = vec![open_ingress(), open_egress(), nodes()];
+    e.set_pod("p1", pod_on("a", json!({}), json!([]), Some("h1")));
+    e.set_pod("p2", pod_on("a", json!({}), json!([]), Some("h1")));
+    let mut want = vec![open_ingress(), open_egress(), node("h1")];
     want.sort();
     assert_eq!(e.groups_of("p1").unwrap(), want);
     let open = e.group(&open_ingress()).unwrap();
@@ -66,14 +71,24 @@ fn a_pod_no_policy_selects_is_open_both_ways_and_reached_by_its_nodes() {
         .iter()
         .all(|r| r.direction == Direction::Ingress && r.remote == Remote::Any));
     assert_eq!(open.rules.len(), 2, "IPv4 and IPv6");
-    e.set_hosts(BTreeMap::from([(
-        "h1".into(),
-        "192.0.2.1".parse().unwrap(),
-    )]));
-    let n = e.group(&nodes()).unwrap();
+    assert!(
+        e.group(&node("h1")).unwrap().rules.is_empty(),
+        "no address known yet"
+    );
+    e.take_dirty();
+    e.set_hosts(BTreeMap::from([
+        ("h1".into(), "192.0.2.1".parse().unwrap()),
+        ("h2".into(), "192.0.2.2".parse().unwrap()),
+    ]));
+    let (groups, _) = e.take_dirty();
+    assert_eq!(
+        groups,
+        BTreeSet::from([node("h1")]),
+        "h2 has no pods: no group"
+    );
     let host: IpNet = "192.0.2.1/32".parse().unwrap();
     assert_eq!(
-        n.rules,
+        e.group(&node("h1")).unwrap().rules,
         BTreeSet::from([
             rule(
                 Direction::Ingress,
@@ -89,9 +104,15 @@ fn a_pod_no_policy_selects_is_open_both_ways_and_reached_by_its_nodes() {
                 None,
                 Remote::Prefix(host)
             ),
-        ])
+        ]),
+        "its own node only"
     );
-    assert!(e.knows_host("h1") && !e.knows_host("h2"));
+    assert!(e.knows_host("h1") && !e.knows_host("h3"));
+    // The node's last pod gone, its group goes.
+    e.remove_pod("p1");
+    assert!(e.group(&node("h1")).is_some());
+    e.remove_pod("p2");
+    assert!(e.group(&node("h1")).is_none());
 }
 
 #[test]
@@ -203,8 +224,8 @@ fn a_namespace_selector_follows_the_namespaces_labels() {
     assert_eq!(policy_groups(&e, "x1").len(), 0);
     assert_eq!(
         e.groups_of("x1").unwrap().len(),
-        4,
-        "nodes, open both ways, q's peer"
+        3,
+        "open both ways, q's peer"
     );
 }
 
@@ -455,6 +476,7 @@ fn any_order_of_changes_ends_where_a_fresh_start_does() {
     let mut pods: BTreeMap<String, PodInfo> = BTreeMap::new();
     let mut policies: BTreeMap<String, Policy> = BTreeMap::new();
     let mut nss: BTreeMap<String, Labels> = BTreeMap::new();
+    let mut hosts: BTreeMap<String, IpAddr> = BTreeMap::new();
     for _ in 0..600 {
         let ns = ["a", "b"][next(2) as usize];
         match next(6) {
@@ -463,10 +485,12 @@ fn any_order_of_changes_ends_where_a_fresh_start_does() {
                 let app = ["web", "db"][next(2) as usize];
                 let role = ["c", "s"][next(2) as usize];
                 let port = [8080, 9090][next(2) as usize];
-                let info = pod(
+                let node = ["h1", "h2"][next(2) as usize];
+                let info = pod_on(
                     ns,
                     json!({"app": app, "role": role}),
                     json!([{"name": "http", "containerPort": port}]),
+                    Some(node),
                 );
                 e.set_pod(&uid, info.clone());
                 pods.insert(uid, info);
@@ -496,10 +520,18 @@ fn any_order_of_changes_ends_where_a_fresh_start_does() {
                 };
                 e.set_namespace(ns, labels(l.clone()));
                 nss.insert(ns.to_string(), labels(l));
+                // A host comes, goes or moves.
+                let last = 1 + next(250) as u8;
+                hosts = (1..=2)
+                    .filter(|_| next(3) > 0)
+                    .map(|h| (format!("h{h}"), IpAddr::from([192, 0, 2, last])))
+                    .collect();
+                e.set_hosts(hosts.clone());
             }
         }
     }
     let mut fresh = Engine::new();
+    fresh.set_hosts(hosts);
     for (n, l) in &nss {
         fresh.set_namespace(n, l.clone());
     }
