@@ -642,17 +642,23 @@ impl Engine {
                 }
             }
         }
-        // The pods whose groups may change: those of the policy's namespaces, and the
-        // members of peers that come or go.
+        // The pods whose groups may change: those the policy selected or selects, and the
+        // members of peers that come or go. One selector test per pod of its namespace,
+        // not a recomputation of each.
         let mut due: BTreeSet<String> = BTreeSet::new();
         for p in old.iter().chain(new) {
-            due.extend(
-                self.pods_in
-                    .get(&p.namespace)
-                    .into_iter()
-                    .flatten()
-                    .cloned(),
-            );
+            let selected = self
+                .pods_in
+                .get(&p.namespace)
+                .into_iter()
+                .flatten()
+                .filter(|uid| {
+                    self.pods
+                        .get(*uid)
+                        .is_some_and(|pod| p.selector.matches(&pod.labels))
+                })
+                .cloned();
+            due.extend(selected);
         }
         let named_peers = |p: Option<&Policy>| -> Vec<Peer> {
             p.map(|p| p.peers().cloned().collect()).unwrap_or_default()
