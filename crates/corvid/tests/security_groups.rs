@@ -176,7 +176,11 @@ fn groups_and_rules_are_made_shown_changed_and_refused_as_in_neutron() {
         }
         assert_eq!(
             refused(c.create::<SecurityGroup>(json!({"name": "x", "id": "mine"}))),
-            refusal(400, "HTTPBadRequest", "Unrecognized attribute(s) 'id'")
+            refusal(
+                400,
+                "HTTPBadRequest",
+                "Invalid input for id. Reason: 'mine' is not a valid UUID."
+            )
         );
         assert_eq!(
             refused(c.get::<SecurityGroup>("00000000-0000-0000-0000-000000000000")),

@@ -397,6 +397,12 @@ async fn create_groups(
     for o in &objs {
         let req: SecurityGroupCreate = request(o, &["project_id", "tenant_id"])?;
         check_name(req.name.as_deref())?;
+        // An ID given (corvid's extension, as for networks) is a UUID, as the ones made.
+        if let Some(id) = req.id.as_deref().filter(|id| Uuid::parse_str(id).is_err()) {
+            return Err(NeutronError::bad_request(format!(
+                "Invalid input for id. Reason: '{id}' is not a valid UUID."
+            )));
+        }
         asked.push(req);
     }
     let groups = c

@@ -142,16 +142,40 @@ impl Applied {
         if work.only_new {
             return out;
         }
+        // Ports that only join groups first (a peer's members), then those that leave
+        // some (the open group a policy now closes): a pod is not isolated before the
+        // pods it lets in are in the group that lets them.
+        let mut calls: Vec<(&String, &Vec<GroupId>)> = Vec::new();
         for (uid, want) in &work.ports {
-            let waits = want.iter().flatten().find(|g| unsure.contains(*g));
-            if let Some(g) = waits {
+            let Some(want) = want else {
+                self.ports.remove(uid);
+                out.ports.push(uid.clone());
+                continue;
+            };
+            if let Some(g) = want.iter().find(|g| unsure.contains(*g)) {
                 out.errors
                     .push(format!("pod {uid}'s port waits for group {g}"));
-                continue;
+            } else if self.ports.get(uid) == Some(want) {
+                out.ports.push(uid.clone());
+            } else {
+                calls.push((uid, want));
             }
-            match self.port(c, uid, want.as_ref()) {
-                Ok(()) => out.ports.push(uid.clone()),
-                Err(e) => out.errors.push(format!("groups of pod {uid}'s port: {e}")),
+        }
+        let joins_only = |(uid, want): &(&String, &Vec<GroupId>)| {
+            self.ports
+                .get(*uid)
+                .is_some_and(|has| has.iter().all(|g| want.contains(g)))
+        };
+        let (first, then): (Vec<_>, Vec<_>) = calls.into_iter().partition(joins_only);
+        for phase in [first, then] {
+            for ((uid, want), r) in phase.iter().zip(set_ports(c, &phase)) {
+                match r {
+                    Ok(()) => {
+                        self.ports.insert((*uid).clone(), (*want).clone());
+                        out.ports.push((*uid).clone());
+                    }
+                    Err(e) => out.errors.push(format!("groups of pod {uid}'s port: {e}")),
+                }
             }
         }
         for (id, spec) in &work.groups {
@@ -217,30 +241,37 @@ impl Applied {
         }
         failed.map_or(Ok(true), Err)
     }
+}
 
-    /// Gives a pod's port its groups; a port not made yet is made with them.
-    fn port(&mut self, c: &Client, uid: &str, want: Option<&Vec<GroupId>>) -> Result<(), ApiError> {
-        let Some(want) = want else {
-            self.ports.remove(uid);
-            return Ok(());
-        };
-        if self.ports.get(uid) == Some(want) {
-            return Ok(());
-        }
+/// How many port updates are in flight at once: a policy of a namespace of thousands of
+/// pods changes thousands of ports, and the controller commits concurrent writes together.
+const PARALLEL_PORTS: usize = 8;
+
+/// Gives each pod's port its groups, several at once; a port not made yet is made with
+/// the groups the engine has then, so it counts as done.
+fn set_ports(c: &Client, ports: &[(&String, &Vec<GroupId>)]) -> Vec<Result<(), ApiError>> {
+    let one = |(uid, want): &(&String, &Vec<GroupId>)| {
         let update = PortUpdate {
-            security_groups: Some(want.clone()),
+            security_groups: Some((*want).clone()),
             ..Default::default()
         };
         match c.update::<Port>(&ids::port(uid), update) {
-            Ok(_) => {
-                self.ports.insert(uid.to_string(), want.clone());
-                Ok(())
-            }
-            // Not made yet: it is made with the groups the engine has then.
+            Ok(_) => Ok(()),
             Err(ApiError::Neutron {
                 status: 404, kind, ..
             }) if kind == "PortNotFound" => Ok(()),
             Err(e) => Err(e),
         }
-    }
+    };
+    let chunk = ports.len().div_ceil(PARALLEL_PORTS).max(1);
+    std::thread::scope(|s| {
+        let running: Vec<_> = ports
+            .chunks(chunk)
+            .map(|part| s.spawn(move || part.iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        running
+            .into_iter()
+            .flat_map(|t| t.join().expect("a port update does not panic"))
+            .collect()
+    })
 }

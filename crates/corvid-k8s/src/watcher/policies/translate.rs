@@ -401,7 +401,12 @@ impl PodInfo {
         let ports = p
             .spec
             .iter()
-            .flat_map(|s| s.containers.iter())
+            // Sidecars (init containers that keep running) serve ports too.
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
             .flat_map(|c| c.ports.iter().flatten())
             .filter_map(|cp| {
                 let name = cp.name.clone()?;

@@ -592,3 +592,28 @@ fn a_zero_prefix_is_anyone_of_its_family() {
         ])
     );
 }
+
+/// A sidecar (an init container that keeps running) names ports too.
+#[test]
+fn a_sidecars_named_port_is_the_pods() {
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "a"},
+        "spec": {"containers": [{"name": "app"}],
+            "initContainers": [{"name": "proxy", "restartPolicy": "Always",
+                "ports": [{"name": "http", "containerPort": 15001}]}]},
+    }))
+    .unwrap();
+    let mut e = Engine::new();
+    e.set_pod("p", PodInfo::of(&p));
+    e.set_policy(
+        "np",
+        policy(
+            "a",
+            "np",
+            json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]}),
+        ),
+    );
+    let g = &policy_groups(&e, "p")[0];
+    let ports: BTreeSet<_> = e.group(g).unwrap().rules.iter().map(|r| r.ports).collect();
+    assert_eq!(ports, BTreeSet::from([Some((15001, 15001))]));
+}
