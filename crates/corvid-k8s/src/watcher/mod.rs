@@ -236,7 +236,7 @@ impl Watcher {
                 // A pod deleted since is not made a port; its groups are the engine's,
                 // which follows the watch, not this older copy.
                 Input::Retry(Retry::Pod(p)) => {
-                    if p.uid().is_some_and(|uid| self.pods.known().contains(&uid)) {
+                    if p.uid().is_some_and(|uid| self.pods.exists(&uid)) {
                         self.pod(&p).await
                     }
                 }

@@ -151,6 +151,11 @@ impl Pods {
         &self.known
     }
 
+    /// Whether the pod exists, as far as the watch and a list in progress say.
+    pub fn exists(&self, uid: &str) -> bool {
+        self.known.contains(uid) || self.listing.as_ref().is_some_and(|l| l.contains(uid))
+    }
+
     /// A (re)list begins.
     pub fn listing(&mut self) {
         self.listing = Some(HashSet::new());
@@ -383,6 +388,23 @@ mod tests {
             json!({"metadata": {"name": "web", "namespace": "team-a", "uid": "u1"},
             "spec": spec, "status": status}),
         )
+    }
+
+    #[test]
+    fn a_pod_exists_while_a_list_that_brought_it_is_in_progress() {
+        let mut pods = Pods::new();
+        let p = scheduled(json!({}), json!({}));
+        pods.seen(&p);
+        assert!(pods.exists("u1"));
+        pods.listing();
+        assert!(pods.exists("u1"), "known from before the list");
+        pods.listed();
+        assert!(!pods.exists("u1"), "the list did not bring it: gone");
+        pods.listing();
+        pods.seen(&p);
+        assert!(pods.exists("u1"), "brought by the list in progress");
+        pods.listed();
+        assert!(pods.exists("u1"));
     }
 
     #[test]
