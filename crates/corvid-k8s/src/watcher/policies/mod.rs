@@ -273,3 +273,60 @@ impl Policies {
 fn unlisted<'a>(known: impl Iterator<Item = &'a String>, listed: &HashSet<String>) -> Vec<String> {
     known.filter(|k| !listed.contains(*k)).cloned().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A new port is made shut until every list is in and each of its groups holds its
+    /// rules: its node's group when that one holds, nothing before; then its own groups,
+    /// recorded as its, so that no sync changes the port being made.
+    #[test]
+    fn a_new_port_is_made_shut_until_its_groups_are_sure() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "a", "uid": "u1"},
+            "spec": {"containers": [], "nodeName": "h1"},
+        }))
+        .unwrap();
+        let mut p = Policies::new();
+        p.engine.set_pod("u1", PodInfo::of(&pod));
+        let node = translate::node("h1");
+        assert_eq!(
+            p.port_groups("u1", false),
+            Some(vec![]),
+            "nothing holds yet"
+        );
+        p.collect();
+        p.groups.remove(&node);
+        assert_eq!(p.port_groups("u1", false), Some(vec![node.clone()]));
+        assert_eq!(
+            p.port_groups("u1", true),
+            Some(vec![node.clone()]),
+            "the controller's side not read yet"
+        );
+        p.applied = Some(Applied::default());
+        assert_eq!(
+            p.port_groups("u1", true),
+            Some(vec![node.clone()]),
+            "open groups pending"
+        );
+        assert!(
+            p.ports.contains("u1"),
+            "a later sync gives the port its groups"
+        );
+        p.groups.clear();
+        let all = p.engine.groups_of("u1").unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(p.port_groups("u1", true), Some(all));
+        assert!(
+            !p.ports.contains("u1"),
+            "made with its groups: nothing owed"
+        );
+        assert_eq!(
+            p.port_groups("u2", true),
+            None,
+            "a pod the engine does not know"
+        );
+    }
+}
