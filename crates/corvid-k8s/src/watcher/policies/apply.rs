@@ -170,8 +170,13 @@ impl Applied {
         for phase in [first, then] {
             for ((uid, want), r) in phase.iter().zip(set_ports(c, &phase)) {
                 match r {
-                    Ok(()) => {
+                    Ok(true) => {
                         self.ports.insert((*uid).clone(), (*want).clone());
+                        out.ports.push((*uid).clone());
+                    }
+                    // Not made yet: what it is made with is not known here.
+                    Ok(false) => {
+                        self.ports.remove(*uid);
                         out.ports.push((*uid).clone());
                     }
                     Err(e) => out.errors.push(format!("groups of pod {uid}'s port: {e}")),
@@ -247,19 +252,19 @@ impl Applied {
 /// pods changes thousands of ports, and the controller commits concurrent writes together.
 const PARALLEL_PORTS: usize = 8;
 
-/// Gives each pod's port its groups, several at once; a port not made yet is made with
-/// the groups the engine has then, so it counts as done.
-fn set_ports(c: &Client, ports: &[(&String, &Vec<GroupId>)]) -> Vec<Result<(), ApiError>> {
+/// Gives each pod's port its groups, several at once: true where it did, false where the
+/// port is not made yet (it is made with the groups the engine has then).
+fn set_ports(c: &Client, ports: &[(&String, &Vec<GroupId>)]) -> Vec<Result<bool, ApiError>> {
     let one = |(uid, want): &(&String, &Vec<GroupId>)| {
         let update = PortUpdate {
             security_groups: Some((*want).clone()),
             ..Default::default()
         };
         match c.update::<Port>(&ids::port(uid), update) {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(true),
             Err(ApiError::Neutron {
                 status: 404, kind, ..
-            }) if kind == "PortNotFound" => Ok(()),
+            }) if kind == "PortNotFound" => Ok(false),
             Err(e) => Err(e),
         }
     };
