@@ -551,3 +551,114 @@ fn egress_to_dns_only_and_a_restarted_watcher_enforces_what_changed_meanwhile() 
         ],
     );
 }
+
+/// The same filter for pods run as the kubelet runs them, through containerd's CRI on
+/// both nodes: a policy letting only labelled clients in keeps another pod out of the
+/// web pods, by pod IP and through their service, across nodes.
+#[test]
+fn a_policy_holds_for_pods_run_through_containerds_cri() {
+    use support::cluster::ns::{serve_name_with, testing_script};
+    use support::cri::Containerd;
+    let (cluster, kube, _watcher) = enforcing("nc");
+    namespace(&kube, "web");
+    let nodes: Vec<Containerd> = (0..2)
+        .map(|h| {
+            let conflist = json!({
+                "cniVersion": "1.0.0", "name": "corvid",
+                "plugins": [plugin_conf(h, 30)],
+            });
+            Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
+        })
+        .collect();
+    let mut netns = BTreeMap::new();
+    let mut sandboxes = Vec::new();
+    let mut servers = Vec::new();
+    let pods = [
+        ("p0", 0, json!({"app": "web"})),
+        ("p1", 1, json!({"app": "web"})),
+        ("client", 1, json!({"role": "client"})),
+        ("other", 0, json!({})),
+    ];
+    for (name, h, labels) in pods {
+        let (n, node) = (name.to_string(), format!("h{}", h + 1));
+        let uid = kube.admin(|c| async move {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": n, "labels": labels},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cvt-pause"}]},
+            }))
+            .unwrap();
+            Api::<Pod>::namespaced(c, "web")
+                .create(&PostParams::default(), &p)
+                .await
+                .unwrap()
+                .metadata
+                .uid
+                .unwrap()
+        });
+        let (id, status) = nodes[h]
+            .sync_pod("web", name, &uid, 3)
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
+        sandboxes.push((h, id));
+        let path = support::cri::sandbox_netns(&status);
+        if name.starts_with('p') {
+            servers.push(serve_name_with(in_netns(&path, "python3"), name, 8080));
+            set_ready(&kube, "web", name, true);
+        }
+        netns.insert(name, path);
+    }
+    let ip = |name: &str| {
+        wait_annotation(&kube, "web", name).addresses[0]
+            .addr()
+            .to_string()
+    };
+    let (ip0, ip1) = (ip("p0"), ip("p1"));
+    let vip = cluster_ip(
+        &kube,
+        "web",
+        "web",
+        json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}),
+    );
+    let connect = |from: &str, to: &str, port: u16, n: usize| -> Vec<String> {
+        let out = in_netns(&netns[from], "python3")
+            .arg(testing_script("connect.py"))
+            .args([to, &port.to_string(), &n.to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    wait_until("other to reach p0 before any policy", ENFORCED, || {
+        connect("other", &ip0, 8080, 1) == ["p0"]
+    });
+    network_policy(
+        &kube,
+        "web",
+        "clients",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [{
+            "from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
+            "ports": [{"port": 8080}]}]}),
+    );
+    wait_until("other to be kept out of p0 and p1", ENFORCED, || {
+        connect("other", &ip0, 8080, 1) == [DROPPED] && connect("other", &ip1, 8080, 1) == [DROPPED]
+    });
+    assert_eq!(connect("client", &ip0, 8080, 1), ["p0"], "across nodes");
+    assert_eq!(connect("client", &ip1, 8080, 1), ["p1"], "on its node");
+    let both = std::collections::BTreeSet::from(["p0", "p1"]);
+    wait_until(
+        "the client to reach both through the service",
+        ENFORCED,
+        || answers_of(&connect("client", &vip, 80, 20)) == both,
+    );
+    assert_eq!(
+        connect("other", &vip, 80, 1),
+        [DROPPED],
+        "nor through the service"
+    );
+    drop(servers);
+    for (h, id) in sandboxes {
+        nodes[h].remove_sandbox(id);
+    }
+}

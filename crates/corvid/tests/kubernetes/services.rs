@@ -543,7 +543,7 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
 fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
     use support::cluster::ns::{serve_name_with, testing_script};
     use support::cri::Containerd;
-    let (cluster, kube) = setup("kr");
+    let (cluster, kube) = setup("kk");
     let _watcher = start_watcher(&cluster, &kube, &[]);
     namespace(&kube, "web");
     let nodes: Vec<Containerd> = (0..2)

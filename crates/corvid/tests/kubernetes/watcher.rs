@@ -157,7 +157,7 @@ fn the_watchers_role_lists_services_and_patches_their_status_on_this_api_server(
 
 #[test]
 fn the_watcher_runs_on_its_in_cluster_configuration_through_the_kubernetes_service() {
-    let (cluster, kube) = setup("kc");
+    let (cluster, kube) = setup("ki");
     // First start, as the Deployment's ConfigMap points it at the API server itself:
     // nothing serves the `kubernetes` service before the watcher has made it.
     let (mut first, _sa) = start_in_cluster_watcher(
@@ -358,7 +358,7 @@ fn group_names(state: &PolicyState, ns: &str, name: &str) -> Vec<String> {
 /// what changed while it was down: a policy deleted meanwhile takes its groups with it.
 #[test]
 fn a_restarted_watcher_rewrites_no_policy_group_and_mends_what_changed_meanwhile() {
-    let (cluster, kube) = setup("kp");
+    let (cluster, kube) = setup("kz");
     let args = ["--identity", "cvt-np", "--lease-seconds", "2"];
     let mut watcher = start_watcher(&cluster, &kube, &args);
     namespace(&kube, "np");
