@@ -69,10 +69,21 @@ fn pod(kube: &KubeApi, ns: &str, name: &str, node: &str) -> String {
 
 /// A pod with these annotations.
 fn pod_with(kube: &KubeApi, ns: &str, name: &str, node: &str, annotations: Value) -> String {
-    let (ns, name, node) = (ns.to_string(), name.to_string(), node.to_string());
+    pod_meta(kube, ns, name, node, json!({"annotations": annotations}))
+}
+
+/// A pod with these labels.
+fn pod_labelled(kube: &KubeApi, ns: &str, name: &str, node: &str, labels: Value) -> String {
+    pod_meta(kube, ns, name, node, json!({"labels": labels}))
+}
+
+/// A pod scheduled to `node` with `meta` merged into its metadata; returns its UID.
+fn pod_meta(kube: &KubeApi, ns: &str, name: &str, node: &str, mut meta: Value) -> String {
+    meta["name"] = json!(name);
+    let (ns, node) = (ns.to_string(), node.to_string());
     kube.admin(|c| async move {
         let p: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": annotations},
+            "metadata": meta,
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cvt-pause"}]},
         }))
         .unwrap();
@@ -547,4 +558,33 @@ fn delete_network_policy(kube: &KubeApi, ns: &str, name: &str) {
             .await
             .unwrap();
     });
+}
+
+/// Each node's containerd, its CRI running the `corvid-k8s` plugin as the kubelet's
+/// runtime would.
+fn cri_nodes(cluster: &Cluster) -> Vec<support::cri::Containerd> {
+    (0..2)
+        .map(|h| {
+            let conflist = json!({
+                "cniVersion": "1.0.0", "name": "corvid",
+                "plugins": [plugin_conf(h, 30)],
+            });
+            support::cri::Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
+        })
+        .collect()
+}
+
+/// The names of the servers that answered `n` TCP connections to `to`:`port` from the
+/// network namespace at `netns` (`timeout` for each one dropped).
+fn connect_from(netns: &str, to: &str, port: u16, n: usize) -> Vec<String> {
+    let out = in_netns(netns, "python3")
+        .arg(support::cluster::ns::testing_script("connect.py"))
+        .args([to, &port.to_string(), &n.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
 }

@@ -557,19 +557,10 @@ fn egress_to_dns_only_and_a_restarted_watcher_enforces_what_changed_meanwhile() 
 /// web pods, by pod IP and through their service, across nodes.
 #[test]
 fn a_policy_holds_for_pods_run_through_containerds_cri() {
-    use support::cluster::ns::{serve_name_with, testing_script};
-    use support::cri::Containerd;
+    use support::cluster::ns::serve_name_with;
     let (cluster, kube, _watcher) = enforcing("nc");
     namespace(&kube, "web");
-    let nodes: Vec<Containerd> = (0..2)
-        .map(|h| {
-            let conflist = json!({
-                "cniVersion": "1.0.0", "name": "corvid",
-                "plugins": [plugin_conf(h, 30)],
-            });
-            Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
-        })
-        .collect();
+    let nodes = cri_nodes(&cluster);
     let mut netns = BTreeMap::new();
     let mut sandboxes = Vec::new();
     let mut servers = Vec::new();
@@ -580,21 +571,7 @@ fn a_policy_holds_for_pods_run_through_containerds_cri() {
         ("other", 0, json!({})),
     ];
     for (name, h, labels) in pods {
-        let (n, node) = (name.to_string(), format!("h{}", h + 1));
-        let uid = kube.admin(|c| async move {
-            let p: Pod = serde_json::from_value(json!({
-                "metadata": {"name": n, "labels": labels},
-                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cvt-pause"}]},
-            }))
-            .unwrap();
-            Api::<Pod>::namespaced(c, "web")
-                .create(&PostParams::default(), &p)
-                .await
-                .unwrap()
-                .metadata
-                .uid
-                .unwrap()
-        });
+        let uid = pod_labelled(&kube, "web", name, &format!("h{}", h + 1), labels);
         let (id, status) = nodes[h]
             .sync_pod("web", name, &uid, 3)
             .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
@@ -618,18 +595,8 @@ fn a_policy_holds_for_pods_run_through_containerds_cri() {
         "web",
         json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}),
     );
-    let connect = |from: &str, to: &str, port: u16, n: usize| -> Vec<String> {
-        let out = in_netns(&netns[from], "python3")
-            .arg(testing_script("connect.py"))
-            .args([to, &port.to_string(), &n.to_string()])
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
-    };
+    let connect =
+        |from: &str, to: &str, port: u16, n: usize| connect_from(&netns[from], to, port, n);
     wait_until("other to reach p0 before any policy", ENFORCED, || {
         connect("other", &ip0, 8080, 1) == ["p0"]
     });

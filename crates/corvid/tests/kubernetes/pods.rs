@@ -464,19 +464,10 @@ fn a_pod_whose_first_sandbox_fails_gets_one_at_the_kubelets_next_attempt() {
 /// The network namespace of a CRI sandbox, from its verbose status.
 #[test]
 fn pods_run_through_containerds_cri_as_the_kubelet_runs_them() {
-    use support::cri::Containerd;
     let (cluster, kube) = setup("kc");
     let _watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "4"]);
     namespace(&kube, "web");
-    let nodes: Vec<Containerd> = (0..2)
-        .map(|h| {
-            let conflist = json!({
-                "cniVersion": "1.0.0", "name": "corvid",
-                "plugins": [plugin_conf(h, 30)],
-            });
-            Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
-        })
-        .collect();
+    let nodes = cri_nodes(&cluster);
     let mut sandboxes = Vec::new();
     for (h, node) in nodes.iter().enumerate() {
         let name = format!("p{h}");

@@ -541,40 +541,22 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
 
 #[test]
 fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
-    use support::cluster::ns::{serve_name_with, testing_script};
-    use support::cri::Containerd;
+    use support::cluster::ns::serve_name_with;
     let (cluster, kube) = setup("kk");
     let _watcher = start_watcher(&cluster, &kube, &[]);
     namespace(&kube, "web");
-    let nodes: Vec<Containerd> = (0..2)
-        .map(|h| {
-            let conflist = json!({
-                "cniVersion": "1.0.0", "name": "corvid",
-                "plugins": [plugin_conf(h, 30)],
-            });
-            Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
-        })
-        .collect();
+    let nodes = cri_nodes(&cluster);
     let mut netns = Vec::new();
     let mut sandboxes = Vec::new();
     let mut servers = Vec::new();
     for (name, h, app) in [("p0", 0, "web"), ("p1", 1, "web"), ("client", 0, "client")] {
-        let (n, nsn) = (name.to_string(), "web".to_string());
-        let node_name = format!("h{}", h + 1);
-        let uid = kube.admin(|c| async move {
-            let p: Pod = serde_json::from_value(json!({
-                "metadata": {"name": n, "labels": {"app": app}},
-                "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "cvt-pause"}]},
-            }))
-            .unwrap();
-            Api::<Pod>::namespaced(c, &nsn)
-                .create(&PostParams::default(), &p)
-                .await
-                .unwrap()
-                .metadata
-                .uid
-                .unwrap()
-        });
+        let uid = pod_labelled(
+            &kube,
+            "web",
+            name,
+            &format!("h{}", h + 1),
+            json!({"app": app}),
+        );
         let (id, status) = nodes[h]
             .sync_pod("web", name, &uid, 3)
             .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
@@ -594,18 +576,7 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
         false,
     );
     let vip = svc.spec.unwrap().cluster_ip.unwrap();
-    let connect = |n: usize| -> Vec<String> {
-        let out = in_netns(&netns[2], "python3")
-            .arg(testing_script("connect.py"))
-            .args([vip.as_str(), "80", &n.to_string()])
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
-    };
+    let connect = |n: usize| connect_from(&netns[2], &vip, 80, n);
     let both = std::collections::BTreeSet::from(["p0", "p1"]);
     wait_until(
         "both sandboxes to answer on the VIP",
