@@ -175,17 +175,23 @@ fn a_port_sends_only_from_its_own_addresses() {
     let p = pods(&cluster);
     // c, unfiltered, on a's bridge: it answers whatever reaches it.
     assert!(p.a.ping(&p.c_ip));
-    p.a.ip("addr add 10.62.0.250/24 dev eth0");
-    assert!(!p.a.ping_from("10.62.0.250", &p.c_ip));
+    // An address no port of the subnet has (the IPAM picks at random).
+    let taken = [address(&p.a_port), address(&p.b_port), p.c_ip.clone()];
+    let spoofed = (240..254)
+        .map(|i| format!("10.62.0.{i}"))
+        .find(|a| !taken.contains(a))
+        .unwrap();
+    p.a.ip(&format!("addr add {spoofed}/24 dev eth0"));
+    assert!(!p.a.ping_from(&spoofed, &p.c_ip));
     // An allowed address pair makes it the port's own, and the agent's check of the
     // port leaves the address in the pod.
     update_port(
         &cluster,
         &p.a_port.id,
-        json!({"allowed_address_pairs": [{"ip_address": "10.62.0.250"}]}),
+        json!({"allowed_address_pairs": [{"ip_address": spoofed}]}),
     );
     wait_until("the pair to be let through", Duration::from_secs(5), || {
-        p.a.ping_from("10.62.0.250", &p.c_ip)
+        p.a.ping_from(&spoofed, &p.c_ip)
     });
 }
 
