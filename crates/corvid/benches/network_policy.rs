@@ -166,10 +166,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     let mut cluster = Cluster::new("bn");
-    cluster.agents[0].take();
-    cluster.start_agent_with(0, &["--security-groups"]);
-    cluster.agents[1].take();
-    cluster.start_agent_with(1, &["--security-groups", "--metrics-listen", METRICS]);
+    cluster.filtering_agents(Some(METRICS));
     let kube = KubeApi::start(&cluster.lan.path, "10.99.0.254");
     kube.apply_manifest(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/rbac.yaml"),

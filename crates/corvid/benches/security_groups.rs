@@ -42,10 +42,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     let mut cluster = Cluster::new("bs");
-    cluster.agents[0].take();
-    cluster.start_agent_with(0, &["--security-groups"]);
-    cluster.agents[1].take();
-    cluster.start_agent_with(1, &["--security-groups", "--metrics-listen", METRICS]);
+    cluster.filtering_agents(Some(METRICS));
     let (_, subnet) = cluster.network("sg", "10.70.0.0/16", false);
     let clients = cluster.security_group("clients");
     let srv = cluster.security_group("srv");

@@ -21,10 +21,7 @@ const FLAG: &str = "--security-groups";
 /// The cluster with both agents filtering.
 fn filtering(tag: &str) -> Cluster {
     let mut cluster = Cluster::new(tag);
-    for i in 0..2 {
-        cluster.agents[i].take();
-        cluster.start_agent_with(i, &[FLAG]);
-    }
+    cluster.filtering_agents(None);
     cluster
 }
 

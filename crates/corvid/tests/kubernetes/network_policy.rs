@@ -26,10 +26,7 @@ const SHUT: bool = false;
 /// (which the returned process is).
 fn enforcing(name: &str) -> (Cluster, KubeApi, Proc) {
     let (mut cluster, kube) = setup(name);
-    for i in 0..2 {
-        cluster.agents[i].take();
-        cluster.start_agent_with(i, &["--security-groups"]);
-    }
+    cluster.filtering_agents(None);
     let watcher = start_watcher(&cluster, &kube, &["--lease-seconds", "1"]);
     (cluster, kube, watcher)
 }

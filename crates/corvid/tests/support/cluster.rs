@@ -164,6 +164,19 @@ impl Cluster {
         self.start_agent_with(i, &[]);
     }
 
+    /// Restarts both hosts' agents filtering by security groups, h2's serving its metrics
+    /// at `metrics` when given.
+    pub fn filtering_agents(&mut self, metrics: Option<&str>) {
+        for i in 0..2 {
+            self.agents[i].take();
+            let mut args = vec!["--security-groups"];
+            if let (1, Some(m)) = (i, metrics) {
+                args.extend(["--metrics-listen", m]);
+            }
+            self.start_agent_with(i, &args);
+        }
+    }
+
     /// Starts host `i`'s agent with extra arguments (e.g. `--resync 1`).
     pub fn start_agent_with(&mut self, i: usize, extra: &[&str]) {
         let child = self.hosts[i]
