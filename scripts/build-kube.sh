@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and kube-controller-manager v1.20.2, the control plane the
-# Kubernetes tests run (the controller manager for its endpoint and EndpointSlice
-# controllers, which write what services serve), from Debian bookworm's `kubernetes`
-# source package, and caches them outside the checkout ($KUBE_CACHE, default
-# /var/cache/kube-1.20). Builds only what the cache lacks. About 8-10 minutes cold on
-# 2 cores.
+# Builds Kubernetes v1.20.2 from Debian bookworm's `kubernetes` source package and caches
+# the binaries outside the checkout ($KUBE_CACHE, default /var/cache/kube-1.20). Builds
+# only what the cache lacks.
+#
+#   scripts/build-kube.sh              kube-apiserver and kube-controller-manager: the
+#                                      control plane the Kubernetes tests run (the
+#                                      controller manager for its endpoint and
+#                                      EndpointSlice controllers). 8-10 minutes cold.
+#   scripts/build-kube.sh all          those, and what scripts/k8s-e2e.sh runs: kubelet,
+#                                      kube-scheduler, kube-proxy, agnhost (the e2e
+#                                      suite's test server) and e2e.test (the suite).
+#   scripts/build-kube.sh NAME...      just those.
 #
 # Why each step: Debian ships the source (with vendor/) but no binary; Debian's Go (1.19)
 # builds it in GOPATH mode as upstream's run-in-gopath.sh does; the vendored reflect2 1.0.1
@@ -15,10 +21,22 @@ set -euo pipefail
 
 CACHE=${KUBE_CACHE:-/var/cache/kube-1.20}
 COMMANDS=(kube-apiserver kube-controller-manager)
+case "${1:-}" in
+    "") ;;
+    all) COMMANDS+=(kube-scheduler kube-proxy kubelet agnhost e2e.test) ;;
+    *) COMMANDS=("$@") ;;
+esac
 VERSION=v1.20.2
 COMMIT=faecb196815e248d3ecfb03c680a4507229c2a56
 
-built() { [ -x "$CACHE/$1" ] && "$CACHE/$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION"; }
+# agnhost and e2e.test do not print Kubernetes' version: a stamp beside them says which
+# source they were built from.
+built() {
+    case "$1" in
+        agnhost | e2e.test) [ -x "$CACHE/$1" ] && [ "$(cat "$CACHE/$1.version" 2>/dev/null)" = "$VERSION" ] ;;
+        *) [ -x "$CACHE/$1" ] && "$CACHE/$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION" ;;
+    esac
+}
 missing_commands() {
     local c
     for c in "${COMMANDS[@]}"; do built "$c" || echo "$c"; done
@@ -95,12 +113,46 @@ for pkg in k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version k8s.io/kubernet
     flags+=" -X '$pkg.gitVersion=$VERSION' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=20'"
     flags+=" -X '$pkg.gitCommit=$COMMIT' -X '$pkg.gitTreeState=archive'"
 done
+# The e2e suite embeds its manifests and fixtures, generated as upstream's
+# hack/generate-bindata.sh does with the vendored go-bindata.
+bindata() {
+    "$GO" build -o "$WORK/go-bindata" ./vendor/github.com/go-bindata/go-bindata/go-bindata
+    "$WORK/go-bindata" -nometadata -o test/e2e/generated/bindata.go -pkg generated \
+        -ignore .jpg -ignore .png -ignore .md -ignore 'BUILD(\.bazel)?' \
+        test/conformance/testdata/... test/e2e/testing-manifests/... \
+        test/e2e_node/testing-manifests/... test/images/... test/fixtures/...
+    "$WORK/go-bindata" -nometadata -nocompress -pkg generated \
+        -o staging/src/k8s.io/kubectl/pkg/generated/bindata.go \
+        -ignore .jpg -ignore .png -ignore .md -ignore 'BUILD(\.bazel)?' translations/...
+}
 for c in "${todo[@]}"; do
-    say "go build ./cmd/$c"
-    "$GO" build -trimpath -ldflags "$flags" -o "$WORK/$c" "./cmd/$c"
-    "$WORK/$c" --version | grep -qx "Kubernetes $VERSION"
+    case "$c" in
+        e2e.test)
+            say "go test -c ./test/e2e"
+            bindata
+            "$GO" test -c -trimpath -ldflags "$flags" -o "$WORK/$c" ./test/e2e
+            ;;
+        agnhost)
+            say "go build ./test/images/agnhost"
+            "$GO" build -trimpath -ldflags "-s -w" -o "$WORK/$c" ./test/images/agnhost
+            ;;
+        kubelet)
+            # Upstream links the kubelet with cgo (host lookups through the C library).
+            say "go build ./cmd/$c (cgo)"
+            CGO_ENABLED=1 "$GO" build -trimpath -ldflags "$flags" -o "$WORK/$c" "./cmd/$c"
+            ;;
+        *)
+            say "go build ./cmd/$c"
+            "$GO" build -trimpath -ldflags "$flags" -o "$WORK/$c" "./cmd/$c"
+            ;;
+    esac
+    case "$c" in
+        agnhost | e2e.test) echo "$VERSION" >"$CACHE/$c.version.new" ;;
+        *) "$WORK/$c" --version | grep -qx "Kubernetes $VERSION" ;;
+    esac
     install -m 0755 "$WORK/$c" "$CACHE/$c.new"
     mv -f "$CACHE/$c.new" "$CACHE/$c"
+    [ ! -e "$CACHE/$c.version.new" ] || mv -f "$CACHE/$c.version.new" "$CACHE/$c.version"
 done
 cd /
 rm -rf "$WORK"
