@@ -13,6 +13,7 @@
 #              `corvid-k8s` plugin; no kube-proxy (corvid's datapath serves services).
 #   reference  Debian's bridge, host-local and portmap plugins, a pod /24 per node routed
 #              between nodes, and kube-proxy (iptables mode) per node.
+# Both have the same stand-in for the cluster's DNS (scripts/testing/cluster_dns.py).
 # Then `e2e.test` runs from the lan with --focus (default: the sig-network conformance
 # tests) and --skip (default: what needs what this machine cannot have; see DEFAULT_SKIP),
 # and a table of the tests (passed, failed, skipped) is printed. The JUnit file and every
@@ -35,7 +36,7 @@ IMAGES=${E2E_IMAGE_CACHE:-/var/cache/corvid-e2e-images}
 # DNS needs CoreDNS, which no registry here offers; the rest need what a machine of
 # this kind cannot have (a cloud's load balancers, features the cluster was not built
 # with, tests that break nodes on purpose, IPv6 nodes).
-DEFAULT_SKIP='\[sig-network\] DNS|\[Feature:|\[Disruptive\]|\[Flaky\]|LoadBalancer|ESIPP|IPv6|Ingress'
+DEFAULT_SKIP='\[sig-network\] DNS|\[Feature:|\[Disruptive\]|\[Flaky\]|LoadBalancer|ESIPP|IPv6'
 DEFAULT_FOCUS='\[sig-network\].*\[Conformance\]'
 
 CNI=
@@ -182,6 +183,8 @@ for c in etcd:etcd-server containerd:containerd runc:runc kubectl:kubernetes-cli
 done
 [ -x /usr/bin/busybox ] || need+=(busybox-static)
 [ -x /usr/bin/curl ] || need+=(curl)
+[ -x /bin/nc.openbsd ] || need+=(netcat-openbsd)
+/usr/bin/python3 -c 'import dnslib' 2>/dev/null || need+=(python3-dnslib)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]}"
@@ -231,8 +234,8 @@ oci_archive() {
     rm -rf "$d"
 }
 
-# A root with busybox's applets in /bin, and the programs named with the libraries
-# they load.
+# A root with busybox's applets in /bin, and the programs named (PATH, or PATH:AS) with
+# the libraries they load.
 rootfs_with() {
     local root=$1 p lib
     shift
@@ -242,7 +245,9 @@ rootfs_with() {
         [ -e "$root/bin/$p" ] || ln -s busybox "$root/bin/$p"
     done
     for p in "$@"; do
-        cp -L "$p" "$root$p"
+        rm -f "$root${p#*:}"
+        cp -L "${p%%:*}" "$root${p#*:}"
+        p=${p%%:*}
         for lib in $(ldd "$p" 2>/dev/null | grep -o '/[^ ]*'); do
             mkdir -p "$root$(dirname "$lib")"
             cp -L "$lib" "$root$lib"
@@ -256,7 +261,7 @@ rootfs_with() {
 
 images() {
     local stamp want
-    want="$(sha256sum "$KUBE/agnhost" | cut -c1-16) $(sha256sum /usr/bin/busybox | cut -c1-16) 1"
+    want="$(sha256sum "$KUBE/agnhost" | cut -c1-16) $(sha256sum /usr/bin/busybox | cut -c1-16) 3"
     stamp=$IMAGES/.stamp
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
     say "building the offline images in $IMAGES"
@@ -267,8 +272,10 @@ images() {
     oci_archive k8s.gcr.io/pause:3.2 "$r/pause" '["/bin/sleep","2147483647"]' 'null' "$IMAGES/pause.tar"
     rootfs_with "$r/busybox"
     oci_archive docker.io/library/busybox:1.29 "$r/busybox" 'null' '["sh"]' "$IMAGES/busybox.tar"
-    # agnhost as upstream's image has it: the binary at /agnhost, a shell, curl and nc.
-    rootfs_with "$r/agnhost" /usr/bin/curl
+    # agnhost as upstream's image has it: the binary at /agnhost, curl, an nc that scans
+    # (-z), which busybox's does not, and a shell that runs it (Debian's busybox shell
+    # runs its own applets before anything in PATH).
+    rootfs_with "$r/agnhost" /usr/bin/curl /bin/nc.openbsd:/bin/nc /bin/dash:/bin/sh
     cp "$KUBE/agnhost" "$r/agnhost/agnhost"
     oci_archive k8s.gcr.io/e2e-test-images/agnhost:2.21 "$r/agnhost" '["/agnhost"]' '["pause"]' "$IMAGES/agnhost.tar"
     rm -rf "$r"
@@ -372,6 +379,28 @@ spawn "$WORK/kube-controller-manager.log" "${LAN[@]}" "$KUBE/kube-controller-man
 spawn "$WORK/kube-scheduler.log" "${LAN[@]}" "$KUBE/kube-scheduler" \
     --kubeconfig="$WORK/kube-scheduler.conf" --leader-elect=false --port=0 --secure-port=0
 wait_for "the default service account" 60 k -n default get serviceaccount default
+
+# The cluster's DNS (scripts/testing/cluster_dns.py: CoreDNS cannot be had here) on the
+# lan, behind the kube-dns service the kubelets name in pods' resolv.conf.
+echo "${TOKENS[admin]}" >"$WORK/admin.token"
+spawn "$WORK/cluster-dns.log" "${LAN[@]}" /usr/bin/python3 "$ROOT/scripts/testing/cluster_dns.py" \
+    "https://$LAN_IP:6443" "$WORK/admin.token" "$WORK/ca.crt" "$LAN_IP"
+k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: $CLUSTER_DNS
+  ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: kube-dns, namespace: kube-system}
+subsets:
+- addresses: [{ip: $LAN_IP}]
+  ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
+EOF
+wait_for "the cluster DNS" 30 grep -q ready "$WORK/cluster-dns.log"
 
 # ---------------------------------------------------------------------------------------
 # The network plugin's cluster side.
