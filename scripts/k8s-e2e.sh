@@ -29,6 +29,9 @@
 # offline images below (cached), and corvid's from this checkout (cargo build).
 set -euo pipefail
 
+# The whole script is one block, read before it runs: a run keeps going as it started
+# when the file is edited meanwhile.
+{
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KUBE=${KUBE_CACHE:-/var/cache/kube-1.20}
 IMAGES=${E2E_IMAGE_CACHE:-/var/cache/corvid-e2e-images}
@@ -261,7 +264,7 @@ rootfs_with() {
 
 images() {
     local stamp want
-    want="$(sha256sum "$KUBE/agnhost" | cut -c1-16) $(sha256sum /usr/bin/busybox | cut -c1-16) 3"
+    want="$(sha256sum "$KUBE/agnhost" | cut -c1-16) $(sha256sum /usr/bin/busybox | cut -c1-16) 4"
     stamp=$IMAGES/.stamp
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
     say "building the offline images in $IMAGES"
@@ -272,11 +275,17 @@ images() {
     oci_archive k8s.gcr.io/pause:3.2 "$r/pause" '["/bin/sleep","2147483647"]' 'null' "$IMAGES/pause.tar"
     rootfs_with "$r/busybox"
     oci_archive docker.io/library/busybox:1.29 "$r/busybox" 'null' '["sh"]' "$IMAGES/busybox.tar"
-    # agnhost as upstream's image has it: the binary at /agnhost, curl, an nc that scans
-    # (-z), which busybox's does not, and a shell that runs it (Debian's busybox shell
-    # runs its own applets before anything in PATH).
-    rootfs_with "$r/agnhost" /usr/bin/curl /bin/nc.openbsd:/bin/nc /bin/dash:/bin/sh
+    # agnhost as upstream's image has it (test/images/agnhost/Dockerfile): the binary at
+    # /agnhost (and agnhost-2), curl, bash, ip, an nc that scans (-z), which busybox's
+    # does not, a shell that runs it (Debian's busybox shell runs its own applets before
+    # anything in PATH), /uploads, and the certificate porter serves TLS with.
+    rootfs_with "$r/agnhost" /usr/bin/curl /bin/nc.openbsd:/bin/nc /bin/dash:/bin/sh \
+        /bin/bash /bin/ip
     cp "$KUBE/agnhost" "$r/agnhost/agnhost"
+    ln -s agnhost "$r/agnhost/agnhost-2"
+    mkdir -p "$r/agnhost/uploads"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
+        -keyout "$r/agnhost/localhost.key" -out "$r/agnhost/localhost.crt" >/dev/null 2>&1
     oci_archive k8s.gcr.io/e2e-test-images/agnhost:2.21 "$r/agnhost" '["/agnhost"]' '["pause"]' "$IMAGES/agnhost.tar"
     rm -rf "$r"
     echo "$want" >"$stamp"
@@ -596,3 +605,4 @@ counts = {s: sum(1 for r in rows if r[0] == s) for s in ("passed", "failed", "sk
 print(f"{sys.argv[2]}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
 EOF
 exit "$e2e_rc"
+}
