@@ -541,7 +541,7 @@ exec $KUBE/kubelet --config=$n/kubelet.yaml --kubeconfig=$WORK/node-$i.conf \
     if [ "$CNI" = corvid ]; then
         spawn "$n/corvid-agent.log" nsenter --net="/run/netns/$ns" "$CORVID" agent \
             --host-id "$(node_name "$i")" --controller "http://$LAN_IP:9696" \
-            --underlay-ip "$(node_ip "$i")" --security-groups
+            --underlay-ip "$(node_ip "$i")" --security-groups --all-routers
     else
         spawn "$n/kube-proxy.log" nsenter --net="/run/netns/$ns" "$KUBE/kube-proxy" \
             --kubeconfig="$WORK/kube-proxy.conf" --hostname-override="$(node_name "$i")" \

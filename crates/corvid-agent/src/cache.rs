@@ -426,6 +426,11 @@ impl Cache {
             .collect()
     }
 
+    /// The routers that have interfaces.
+    pub fn routers_with_interfaces(&self) -> impl Iterator<Item = &str> {
+        self.router_ports.keys().map(String::as_str)
+    }
+
     /// The router network `id` is routed by: the first of its subnets' routers (a
     /// network on several routers is routed by one; see docs/architecture.md).
     pub fn network_router(&self, id: &str) -> Option<&str> {

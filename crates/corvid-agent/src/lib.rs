@@ -47,6 +47,9 @@ pub struct Config {
     pub public_interface: Option<String>,
     /// Whether ports are filtered by their security groups.
     pub security_groups: bool,
+    /// Whether every router's networks are held here, whether or not a port of one is
+    /// bound here (a Kubernetes node reaches every pod).
+    pub all_routers: bool,
 }
 
 /// Why the agent stopped.
@@ -357,7 +360,12 @@ impl Agent {
                 failed(ErrorKind::Routing);
                 tracing::error!("routing between networks: {e}");
             }
-            let routes = plan::extra_routes(&self.cache, &self.plans, self.presence.routers());
+            let routes = if self.cfg.all_routers {
+                let all = self.cache.routers_with_interfaces();
+                plan::extra_routes(&self.cache, &self.plans, all)
+            } else {
+                plan::extra_routes(&self.cache, &self.plans, self.presence.routers())
+            };
             if let Err(e) = self.dp.sync_extra_routes(&routes, dirty.all) {
                 failed(ErrorKind::Routing);
                 tracing::error!("routers' extra routes: {e}");
@@ -456,7 +464,7 @@ impl Agent {
 
     /// Unplugs what is no longer bound here, brings up every network, checks every port.
     fn full_pass(&mut self, reports: &mut Vec<Report>) -> Result<(), corvid_net::Error> {
-        let mut plans = plan::plan(&self.cache, &self.cfg.host_id);
+        let mut plans = plan::plan(&self.cache, &self.cfg.host_id, self.cfg.all_routers);
         let mut links = self.dp.owned_links()?;
         let mut stale = stale_links(&plans, &links);
         if !stale.is_empty() {
@@ -465,7 +473,7 @@ impl Agent {
             // up with the controller is removed; when it cannot be asked, nothing is.
             match self.catch_up() {
                 Ok(_) => {
-                    plans = plan::plan(&self.cache, &self.cfg.host_id);
+                    plans = plan::plan(&self.cache, &self.cfg.host_id, self.cfg.all_routers);
                     stale = stale_links(&plans, &links);
                 }
                 Err(e) => {
@@ -605,9 +613,10 @@ impl Agent {
         n.is_local() || n.router.as_deref().is_some_and(|r| self.router_here(r))
     }
 
-    /// Whether router `r` has a network with a port bound here.
+    /// Whether router `r`'s networks are held here: all routers' with `all_routers`,
+    /// else those with a network with a port bound here.
     fn router_here(&self, r: &str) -> bool {
-        self.presence.is_here(r)
+        self.cfg.all_routers || self.presence.is_here(r)
     }
 
     /// Whether network `id`'s plan is here when it should not be, or the other way

@@ -126,9 +126,9 @@ impl NetworkPlan {
 }
 
 /// The datapath of every network with a port bound to `host`, and of every network
-/// routed with one of them: a host routes its pods' traffic to the other networks of
-/// their router itself.
-pub fn plan(cache: &Cache, host: &str) -> BTreeMap<String, NetworkPlan> {
+/// routed with one of them (of every router, with `all_routers`): a host routes its
+/// pods' traffic to the other networks of their router itself.
+pub fn plan(cache: &Cache, host: &str, all_routers: bool) -> BTreeMap<String, NetworkPlan> {
     let mut out = BTreeMap::new();
     for p in cache.ports.values().filter(|p| p.binding_host_id == host) {
         let Some(net) = cache.networks.get(&p.network_id) else {
@@ -138,7 +138,14 @@ pub fn plan(cache: &Cache, host: &str) -> BTreeMap<String, NetworkPlan> {
             out.insert(net.id.clone(), network_plan(cache, net, host));
         }
     }
-    let routers: BTreeSet<String> = out.values().filter_map(|n| n.router.clone()).collect();
+    let routers: BTreeSet<String> = if all_routers {
+        cache
+            .routers_with_interfaces()
+            .map(str::to_string)
+            .collect()
+    } else {
+        out.values().filter_map(|n| n.router.clone()).collect()
+    };
     for r in &routers {
         for id in cache.router_networks(r) {
             if let (false, Some(net)) = (out.contains_key(id), cache.networks.get(id)) {
@@ -368,7 +375,7 @@ pub(crate) mod tests {
 
     #[test]
     fn local_ports_are_plugged_and_remote_ones_tunnelled() {
-        let plans = plan(&cache(), "h1");
+        let plans = plan(&cache(), "h1", false);
         let n = &plans["n1"];
         assert_eq!(n.vni, 42);
         assert_eq!(n.gateways, vec!["10.1.0.1/24".parse::<IpNet>().unwrap()]);
@@ -436,25 +443,29 @@ pub(crate) mod tests {
             c.ports.insert(p.id.clone(), p);
         }
         c.reindex();
-        let plans = plan(&c, "h1");
+        let plans = plan(&c, "h1", false);
         assert_eq!(plans.keys().collect::<Vec<_>>(), ["n1", "n2"]);
         assert_eq!(plans["n2"].router.as_deref(), Some("r1"));
         assert!(!plans["n2"].is_local());
         // n2's remote port is reached through the overlay from here.
         assert_eq!(plans["n2"].remote.len(), 1);
-        // A host with no port on the router's networks has none of them.
-        assert!(plan(&c, "h9").is_empty());
+        // A host with no port on the router's networks has none of them, unless it
+        // holds every router's (a Kubernetes node).
+        assert!(plan(&c, "h9", false).is_empty());
+        let everywhere = plan(&c, "h9", true);
+        assert_eq!(everywhere.keys().collect::<Vec<_>>(), ["n1", "n2"]);
+        assert!(everywhere.values().all(|n| !n.is_local()));
         c.ports.remove("p21");
         c.reindex();
-        assert_eq!(plan(&c, "h1").keys().collect::<Vec<_>>(), ["n1"]);
+        assert_eq!(plan(&c, "h1", false).keys().collect::<Vec<_>>(), ["n1"]);
     }
 
     #[test]
     fn a_host_without_ports_has_no_datapath() {
-        assert!(plan(&cache(), "h9").is_empty());
+        assert!(plan(&cache(), "h9", false).is_empty());
         let mut c = cache();
         c.ports.retain(|_, p| p.binding_host_id != "h1");
         c.reindex();
-        assert!(plan(&c, "h1").is_empty());
+        assert!(plan(&c, "h1", false).is_empty());
     }
 }

@@ -204,6 +204,11 @@ struct AgentArgs {
     /// earlier agent left is removed.
     #[arg(long, env = "CORVID_SECURITY_GROUPS")]
     security_groups: bool,
+    /// Hold every router's networks here, not only those of routers with a port bound
+    /// here: what a Kubernetes node needs, which reaches every pod with or without pods
+    /// of its own.
+    #[arg(long, env = "CORVID_ALL_ROUTERS")]
+    all_routers: bool,
     #[command(flatten)]
     metrics: MetricsArgs,
 }
@@ -314,6 +319,7 @@ fn agent(a: AgentArgs) -> anyhow::Result<()> {
         resync: std::time::Duration::from_secs(a.resync.max(1)),
         public_interface: a.public_interface,
         security_groups: a.security_groups,
+        all_routers: a.all_routers,
     };
     let mut agent = corvid_agent::Agent::new(config)?;
     let health = agent.health();

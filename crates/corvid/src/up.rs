@@ -120,6 +120,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         resync: Duration::from_secs(a.resync.max(1)),
         public_interface: None,
         security_groups: a.security_groups,
+        all_routers: false,
     })
     .context("agent")?;
     corvid_metrics::serve(

@@ -161,6 +161,74 @@ fn networks_on_one_router_reach_each_other_across_hosts_and_no_one_else() {
     });
 }
 
+/// A Kubernetes node reaches every pod (kubelet, host-network pods, the API server's
+/// proxy on a control-plane node), with or without pods of its own: `--all-routers`.
+#[test]
+fn a_host_holding_every_router_reaches_pods_it_has_none_of() {
+    let mut cluster = Cluster::new("ra");
+    cluster.agents[0].take();
+    cluster.start_agent_with(0, &["--all-routers"]);
+    let (_, red) = cluster.network("red", "10.63.0.0/24", false);
+    let (_, green) = cluster.network("green", "10.64.0.0/24", false);
+    let (_, blue) = cluster.network("blue", "10.65.0.0/24", false);
+    let router: Router = cluster.api(|c| c.create(json!({"name": "r1"})).unwrap());
+    cluster.api(|c| {
+        for s in [&red, &green] {
+            c.add_router_interface(&router.id, &interface(s)).unwrap();
+        }
+    });
+    let (g2, b2) = (cluster.pod("g2"), cluster.pod("b2"));
+    let ip_g2 = result_ip(&cni_result(&cluster.add(1, "green", &g2)));
+    let ip_b2 = result_ip(&cni_result(&cluster.add(1, "blue", &b2)));
+    let _servers: Vec<_> = [&g2, &b2]
+        .iter()
+        .map(|p| p.serve_name("@peer", 8080))
+        .collect();
+    let h1 = &cluster.hosts[0];
+    wait_until("h1 to reach green's pod", Duration::from_secs(10), || {
+        h1.ping(&ip_g2)
+    });
+    // From the node's own address: no NAT on the way.
+    assert_eq!(
+        h1.connect(&ip_g2, 8080, 1, false),
+        [cluster::underlay_ip(0)]
+    );
+    assert!(cut(h1, &ip_b2), "blue is on no router");
+    let bridges = |host: &Ns| host.links(names::BRIDGE_PREFIX).len();
+    assert_eq!(bridges(h1), 2, "red's and green's");
+
+    // A router made later comes here whole; one's interface removed goes.
+    let second: Router = cluster.api(|c| c.create(json!({"name": "r2"})).unwrap());
+    cluster.api(|c| {
+        c.add_router_interface(&second.id, &interface(&blue))
+            .unwrap()
+    });
+    wait_until("h1 to reach blue's pod", Duration::from_secs(10), || {
+        h1.ping(&ip_b2)
+    });
+    cluster.api(|c| {
+        c.remove_router_interface(&router.id, &interface(&green))
+            .unwrap()
+    });
+    wait_until("green to leave h1", Duration::from_secs(10), || {
+        bridges(h1) == 2 && cut(h1, &ip_g2)
+    });
+
+    // Restarted, the agent finds the same again.
+    cluster.agents[0].take().unwrap().kill9();
+    cluster.start_agent_with(0, &["--all-routers"]);
+    let h1 = &cluster.hosts[0];
+    wait_until(
+        "h1 to reach blue's pod again",
+        Duration::from_secs(20),
+        || h1.ping(&ip_b2),
+    );
+    assert_eq!(bridges(h1), 2, "red's and blue's");
+    for (pod, net) in [(&g2, "green"), (&b2, "blue")] {
+        assert!(cluster.del(1, net, pod).status.success());
+    }
+}
+
 #[test]
 fn a_router_gateway_snats_what_its_subnets_send_out_of_the_public_side() {
     let mut cluster = Cluster::new("rg");
