@@ -2,7 +2,7 @@
 # A real Kubernetes 1.20 cluster on this machine, and Kubernetes' own e2e suite run on it.
 #
 #   scripts/k8s-e2e.sh --cni corvid|reference [--focus RE] [--skip RE] [--nodes N]
-#                      [--report DIR] [--keep]
+#                      [--report DIR] [--keep] [--bench]
 #
 # The cluster: a control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler) in the network namespace cvte2e-lan, and N worker nodes (default 2),
@@ -48,6 +48,7 @@ SKIP=$DEFAULT_SKIP
 NODES=2
 REPORT=
 KEEP=
+BENCH=
 while [ $# -gt 0 ]; do
     case "$1" in
         --cni) CNI=$2; shift 2 ;;
@@ -56,6 +57,7 @@ while [ $# -gt 0 ]; do
         --nodes) NODES=$2; shift 2 ;;
         --report) REPORT=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --bench) BENCH=1; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "k8s-e2e: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -73,7 +75,6 @@ die() { echo "k8s-e2e: $*" >&2; exit 1; }
 REPORT=${REPORT:-/tmp/cvte2e-$CNI-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$REPORT"
 REPORT=$(cd "$REPORT" && pwd)
-WORK=$(mktemp -d /tmp/cvte2e.XXXXXX)
 
 LAN_NS=cvte2e-lan
 LAN_IP=10.97.0.254
@@ -129,6 +130,13 @@ cleanup() {
     say "done; logs and JUnit in $REPORT"
     exit "$rc"
 }
+# Before the teardown is armed: it removes namespaces, cgroups and mounts by name, which
+# would be another run's.
+for i in $(seq 1 "$NODES"); do
+    ip netns list | grep -qw "$(node_ns "$i")" && die "namespace $(node_ns "$i") exists: another run is going on"
+done
+ip netns list | grep -qw "$LAN_NS" && die "namespace $LAN_NS exists: another run is going on"
+WORK=$(mktemp -d /tmp/cvte2e.XXXXXX)
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -181,7 +189,7 @@ wait_for() {
 # What the run needs.
 need=()
 for c in etcd:etcd-server containerd:containerd runc:runc kubectl:kubernetes-client \
-    openssl:openssl conntrack:conntrack iptables:iptables; do
+    openssl:openssl conntrack:conntrack iptables:iptables bc:bc; do
     command -v "${c%%:*}" >/dev/null || need+=("${c#*:}")
 done
 [ -x /usr/bin/busybox ] || need+=(busybox-static)
@@ -264,7 +272,7 @@ rootfs_with() {
 
 images() {
     local stamp want
-    want="$(sha256sum "$KUBE/agnhost" | cut -c1-16) $(sha256sum /usr/bin/busybox | cut -c1-16) 4"
+    want="$(sha256sum "$KUBE/agnhost" | cut -c1-16) $(sha256sum /usr/bin/busybox | cut -c1-16) 5"
     stamp=$IMAGES/.stamp
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
     say "building the offline images in $IMAGES"
@@ -278,9 +286,10 @@ images() {
     # agnhost as upstream's image has it (test/images/agnhost/Dockerfile): the binary at
     # /agnhost (and agnhost-2), curl, bash, ip, an nc that scans (-z), which busybox's
     # does not, a shell that runs it (Debian's busybox shell runs its own applets before
-    # anything in PATH), /uploads, and the certificate porter serves TLS with.
+    # anything in PATH), /uploads, and the certificate porter serves TLS with; and a
+    # date that tells nanoseconds, for --bench.
     rootfs_with "$r/agnhost" /usr/bin/curl /bin/nc.openbsd:/bin/nc /bin/dash:/bin/sh \
-        /bin/bash /bin/ip
+        /bin/bash /bin/ip /bin/date
     cp "$KUBE/agnhost" "$r/agnhost/agnhost"
     ln -s agnhost "$r/agnhost/agnhost-2"
     mkdir -p "$r/agnhost/uploads"
@@ -294,10 +303,6 @@ images
 
 # ---------------------------------------------------------------------------------------
 # The network: the lan namespace with a bridge, each node's eth0 on it.
-for i in $(seq 1 "$NODES"); do
-    ip netns list | grep -qw "$(node_ns "$i")" && die "namespace $(node_ns "$i") exists: another run is going on"
-done
-ip netns list | grep -qw "$LAN_NS" && die "namespace $LAN_NS exists: another run is going on"
 ip netns add "$LAN_NS"
 in_lan ip link set lo up
 in_lan ip link add cvtlan type bridge
@@ -560,6 +565,113 @@ nodes_ready() {
 }
 wait_for "$NODES nodes Ready" 180 nodes_ready
 k get nodes -o wide
+
+# ---------------------------------------------------------------------------------------
+# --bench instead of the suite: what a user of this stack waits for, each figure a
+# median, written to $REPORT/bench.tsv (scripts/k8s-bench.sh runs both stacks and
+# compares).
+api() {
+    in_lan curl -sf --cacert "$WORK/ca.crt" -H "Authorization: Bearer ${TOKENS[admin]}" \
+        -H 'Content-Type: application/json' "$@"
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+# startup NAMESPACE HOST-NETWORK OUT LABEL: one round of 100 pods; seconds to OUT.
+startup() {
+    local ns=$1 t0 t1
+    t0=$(date +%s.%N)
+    k -n "$ns" apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: start}
+spec:
+  replicas: 100
+  selector: {matchLabels: {app: start}}
+  template:
+    metadata: {labels: {app: start}}
+    spec:
+      hostNetwork: $2
+      terminationGracePeriodSeconds: 0
+      containers: [{name: c, image: docker.io/library/busybox:1.29, command: [sleep, "3600"]}]
+EOF
+    until [ "$(in_lan kubectl -n "$ns" get deploy start -o jsonpath='{.status.readyReplicas}')" = 100 ]; do
+        [ "$(echo "$(date +%s) - ${t0%.*} < 600" | bc)" = 1 ] || die "100 pods not Ready in 10 minutes"
+        sleep 0.2
+    done
+    t1=$(date +%s.%N)
+    echo "$t1 - $t0" | bc | tee -a "$3" | sed "s/^/[bench] 100 pods Ready, $4: /; s/$/ s/"
+    k -n "$ns" delete deploy start --wait=false >/dev/null
+    wait_for "the bench pods to go" 600 no_pods "$ns"
+}
+no_pods() { [ -z "$(in_lan kubectl -n "$1" get pods -o name)" ]; }
+# ready_pods NAMESPACE N: whether N pods of the namespace are ready.
+ready_pods() {
+    [ "$(in_lan kubectl -n "$1" get pods -o jsonpath='{range .items[*]}{.status.containerStatuses[0].ready}{"\n"}{end}' | grep -c true)" = "$2" ]
+}
+bench() {
+    local ns=cvbench round t0 i ip seen
+    k create namespace "$ns" >/dev/null
+    wait_for "the bench namespace's service account" 60 k -n "$ns" get serviceaccount default
+    # Pod startup: a Deployment of 100 replicas, from apply to all Ready, three times;
+    # each time beside the floor, the same pods on the host's network (no CNI at all).
+    : >"$REPORT/startup.txt"
+    : >"$REPORT/startup-host-network.txt"
+    for round in 1 2 3; do
+        startup "$ns" false "$REPORT/startup.txt" "round $round"
+        startup "$ns" true "$REPORT/startup-host-network.txt" "round $round, host network"
+    done
+    # Service ready: a client polls 20 cluster IPs in turn; each service is made only
+    # after the last was reached, and timed from just before the API call that made it
+    # to the client's first connection through it (the client's clock is the node's).
+    k -n "$ns" apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: c, image: k8s.gcr.io/e2e-test-images/agnhost:2.21, args: [netexec, --http-port=8080]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client}
+spec:
+  containers:
+  - name: c
+    image: k8s.gcr.io/e2e-test-images/agnhost:2.21
+    command: [sh, -c, 'for i in \$(seq 1 20); do until nc -z -w 1 10.96.200.\$i 80 2>/dev/null; do sleep 0.005; done; echo "\$i \$(date +%s.%N)"; done; sleep 3600']
+EOF
+    wait_for "the bench's servers and client" 300 ready_pods "$ns" 3
+    : >"$REPORT/service.txt"
+    for i in $(seq 1 20); do
+        ip=10.96.200.$i
+        t0=$(date +%s.%N)
+        api -X POST "https://$LAN_IP:6443/api/v1/namespaces/$ns/services" -d @- \
+            >/dev/null <<EOF || die "service $i not made"
+{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s$i"},
+ "spec": {"clusterIP": "$ip", "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}
+EOF
+        seen=
+        for _ in $(seq 600); do
+            seen=$(in_lan kubectl -n "$ns" logs client | awk -v i="$i" '$1 == i { print $2 }')
+            [ -n "$seen" ] && break
+            sleep 0.1
+        done
+        [ -n "$seen" ] || die "service $i never answered the client"
+        echo "($seen - $t0) * 1000" | bc | tee -a "$REPORT/service.txt" | sed "s/^/[bench] service $i ready: /; s/$/ ms/"
+    done
+    {
+        printf 'pod_startup_100_s\t%s\n' "$(median <"$REPORT/startup.txt")"
+        printf 'pod_startup_100_host_network_s\t%s\n' "$(median <"$REPORT/startup-host-network.txt")"
+        printf 'service_ready_ms\t%s\n' "$(median <"$REPORT/service.txt")"
+    } | tee "$REPORT/bench.tsv"
+}
+if [ -n "$BENCH" ]; then
+    bench
+    exit 0
+fi
 
 # ---------------------------------------------------------------------------------------
 # The suite.

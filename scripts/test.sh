@@ -42,6 +42,8 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 # The dhcp plugin's tests get leases from dnsmasq in a namespace.
 command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
 command -v cpio >/dev/null || need+=(cpio)
+# The real cluster's stand-in DNS (scripts/testing/cluster_dns.py), tested on the API server.
+/usr/bin/python3 -c 'import dnslib' 2>/dev/null || need+=(python3-dnslib)
 # The static plugin binary links musl (scripts/build-static-plugins.sh); ring's C needs
 # musl-gcc.
 command -v musl-gcc >/dev/null || need+=(musl-tools)

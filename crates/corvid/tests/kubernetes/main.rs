@@ -10,6 +10,7 @@ mod support {
     pub mod kube;
 }
 
+mod cluster_dns;
 mod network_policy;
 mod pods;
 mod routing;
