@@ -19,14 +19,17 @@
 # and a table of the tests (passed, failed, skipped) is printed. The JUnit file and every
 # component's log stay in --report (default /tmp/cvte2e-<cni>-<time>). Everything started
 # is stopped at the end, also when interrupted; --keep leaves the cluster up until Enter.
+# --bench measures instead of testing (see bench() below; scripts/k8s-bench.sh runs it on
+# both stacks and compares).
 #
 # Nothing touches the machine's own network: every link, route, bridge and firewall rule
 # lives in the cvte2e namespaces. Each node's processes run in a mount namespace of their
 # own, where the kubelet's fixed paths (/var/lib/kubelet, /var/log/pods) are private
 # directories and the kernel settings the kubelet insists on (vm.overcommit_memory,
 # kernel.panic, kernel.panic_on_oops) read as it wants them, so it writes none of the
-# machine's. Binaries: scripts/build-kube.sh all (cached; about 25 minutes cold), the
-# offline images below (cached), and corvid's from this checkout (cargo build).
+# machine's. Binaries: scripts/build-kube.sh all (cached; on 2 cores 8-10 minutes for the
+# control plane, 11 more for the nodes' and the suite's), the offline images below
+# (cached), and corvid's from this checkout (cargo build).
 set -euo pipefail
 
 # The whole script is one block, read before it runs: a run keeps going as it started
