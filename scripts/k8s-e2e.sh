@@ -694,7 +694,7 @@ fi
 # The suite.
 say "e2e.test --ginkgo.focus='$FOCUS'"
 set +e
-in_lan env KUBECONFIG="$WORK/admin.conf" "$KUBE/e2e.test" --kubeconfig="$WORK/admin.conf" \
+"${LAN[@]}" env KUBECONFIG="$WORK/admin.conf" "$KUBE/e2e.test" --kubeconfig="$WORK/admin.conf" \
     --provider=skeleton --num-nodes="$NODES" --report-dir="$REPORT" \
     --ginkgo.focus="$FOCUS" --ginkgo.skip="$SKIP" --ginkgo.noColor \
     --ginkgo.flakeAttempts=1 --disable-log-dump --kubectl-path="$(command -v kubectl)" \
