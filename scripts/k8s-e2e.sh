@@ -519,7 +519,7 @@ maxPods: 110
 EOF
     # The node's mount namespace: the kubelet's fixed paths made private, and the
     # kernel settings it would otherwise write, read as it wants them.
-    local v k
+    local kv k v
     local -a binds=()
     for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1; do
         k=${kv%=*} v=${kv#*=}
