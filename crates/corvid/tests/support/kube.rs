@@ -264,7 +264,43 @@ impl KubeApi {
             .stderr(log);
         ns.apply_to(&mut kcm).unwrap();
         kube.controller_manager = Some(Proc(kcm.spawn().unwrap()));
+        kube.wait_controller_manager(start);
         kube
+    }
+
+    /// Waits until the endpoint controllers act: they start only after their informers
+    /// sync, which on a loaded machine took longer than a test's 20-second wait for a
+    /// service's members (seen in CI). A probe service's Endpoints object is the sign;
+    /// the probe goes before any watcher starts.
+    fn wait_controller_manager(&self, start: std::time::Instant) {
+        use k8s_openapi::api::core::v1::{Endpoints, Service};
+        const PROBE: &str = "cvt-kcm-ready";
+        let acted = self.admin(|c| async move {
+            let services = kube::Api::<Service>::namespaced(c.clone(), "default");
+            let probe = json!({"metadata": {"name": PROBE},
+                "spec": {"selector": {"app": PROBE}, "ports": [{"port": 1}]}});
+            services
+                .create(&Default::default(), &serde_json::from_value(probe).unwrap())
+                .await
+                .unwrap();
+            let endpoints = kube::Api::<Endpoints>::namespaced(c, "default");
+            let mut acted = false;
+            while !acted && start.elapsed() < Duration::from_secs(120) {
+                acted = endpoints.get_opt(PROBE).await.unwrap().is_some();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            services.delete(PROBE, &Default::default()).await.unwrap();
+            acted
+        });
+        if !acted {
+            let log = std::fs::read_to_string(self.dir.path().join("controller-manager.log"))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "the controller manager made no Endpoints in 120 s; its log ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
     }
 
     /// The CA certificate the API server's is signed by.
