@@ -9,7 +9,8 @@
 #                                      EndpointSlice controllers). 8-10 minutes cold.
 #   scripts/build-kube.sh all          those, and what scripts/k8s-e2e.sh runs: kubelet,
 #                                      kube-scheduler, kube-proxy, agnhost (the e2e
-#                                      suite's test server) and e2e.test (the suite).
+#                                      suite's test server), e2e.test (the suite) and
+#                                      ginkgo (which runs the suite in parallel).
 #   scripts/build-kube.sh NAME...      just those.
 #
 # Why each step: Debian ships the source (with vendor/) but no binary; Debian's Go (1.19)
@@ -23,17 +24,17 @@ CACHE=${KUBE_CACHE:-/var/cache/kube-1.20}
 COMMANDS=(kube-apiserver kube-controller-manager)
 case "${1:-}" in
     "") ;;
-    all) COMMANDS+=(kube-scheduler kube-proxy kubelet agnhost e2e.test) ;;
+    all) COMMANDS+=(kube-scheduler kube-proxy kubelet agnhost e2e.test ginkgo) ;;
     *) COMMANDS=("$@") ;;
 esac
 VERSION=v1.20.2
 COMMIT=faecb196815e248d3ecfb03c680a4507229c2a56
 
-# agnhost and e2e.test do not print Kubernetes' version: a stamp beside them says which
+# agnhost, e2e.test and ginkgo do not print Kubernetes' version: a stamp beside them says which
 # source they were built from.
 built() {
     case "$1" in
-        agnhost | e2e.test) [ -x "$CACHE/$1" ] && [ "$(cat "$CACHE/$1.version" 2>/dev/null)" = "$VERSION" ] ;;
+        agnhost | e2e.test | ginkgo) [ -x "$CACHE/$1" ] && [ "$(cat "$CACHE/$1.version" 2>/dev/null)" = "$VERSION" ] ;;
         *) [ -x "$CACHE/$1" ] && "$CACHE/$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION" ;;
     esac
 }
@@ -136,6 +137,11 @@ for c in "${todo[@]}"; do
             say "go build ./test/images/agnhost"
             "$GO" build -trimpath -ldflags "-s -w" -o "$WORK/$c" ./test/images/agnhost
             ;;
+        ginkgo)
+            # The vendored CLI, of the same version as the suite's library.
+            say "go build ./vendor/github.com/onsi/ginkgo/ginkgo"
+            "$GO" build -trimpath -ldflags "-s -w" -o "$WORK/$c" ./vendor/github.com/onsi/ginkgo/ginkgo
+            ;;
         kubelet)
             # Upstream links the kubelet with cgo (host lookups through the C library).
             say "go build ./cmd/$c (cgo)"
@@ -147,7 +153,7 @@ for c in "${todo[@]}"; do
             ;;
     esac
     case "$c" in
-        agnhost | e2e.test) echo "$VERSION" >"$CACHE/$c.version.new" ;;
+        agnhost | e2e.test | ginkgo) echo "$VERSION" >"$CACHE/$c.version.new" ;;
         *) "$WORK/$c" --version | grep -qx "Kubernetes $VERSION" ;;
     esac
     install -m 0755 "$WORK/$c" "$CACHE/$c.new"

@@ -2,7 +2,7 @@
 # A real Kubernetes 1.20 cluster on this machine, and Kubernetes' own e2e suite run on it.
 #
 #   scripts/k8s-e2e.sh --cni corvid|reference [--focus RE] [--skip RE] [--nodes N]
-#                      [--report DIR] [--keep] [--bench]
+#                      [--parallel N] [--report DIR] [--keep] [--bench]
 #
 # The cluster: a control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler) in the network namespace cvte2e-lan, and N worker nodes (default 2),
@@ -16,7 +16,8 @@
 # Both have the same stand-in for the cluster's DNS (scripts/testing/cluster_dns.py).
 # Then `e2e.test` runs from the lan with --focus (default: the sig-network conformance
 # tests) and --skip (default: what needs what this machine cannot have; see DEFAULT_SKIP),
-# and a table of the tests (passed, failed, skipped) is printed. The JUnit file and every
+# and a table of the tests (passed, failed, skipped) is printed. --parallel N runs N specs
+# at a time (ginkgo's -nodes, as upstream's CI does; [Serial] specs are then skipped). The JUnit file and every
 # component's log stay in --report (default /tmp/cvte2e-<cni>-<time>). Everything started
 # is stopped at the end, also when interrupted; --keep leaves the cluster up until Enter.
 # --bench measures instead of testing (see bench() below; scripts/k8s-bench.sh runs it on
@@ -49,6 +50,7 @@ CNI=
 FOCUS=$DEFAULT_FOCUS
 SKIP=$DEFAULT_SKIP
 NODES=2
+PARALLEL=1
 REPORT=
 KEEP=
 BENCH=
@@ -58,6 +60,7 @@ while [ $# -gt 0 ]; do
         --focus) FOCUS=$2; shift 2 ;;
         --skip) SKIP=$2; shift 2 ;;
         --nodes) NODES=$2; shift 2 ;;
+        --parallel) PARALLEL=$2; shift 2 ;;
         --report) REPORT=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
         --bench) BENCH=1; shift ;;
@@ -104,12 +107,16 @@ cleanup() {
         read -r _ || true
     fi
     say "stopping everything"
-    local i pid
+    local i pid children=()
+    # ginkgo's workers, which it may leave running when it is stopped.
+    for pid in "${PIDS[@]}"; do
+        children+=($(cat /proc/"$pid"/task/*/children 2>/dev/null))
+    done
     for ((pid = ${#PIDS[@]} - 1; pid >= 0; pid--)); do
         kill -TERM "${PIDS[pid]}" 2>/dev/null || true
     done
     sleep 1
-    for pid in "${PIDS[@]}" $(cat "$WORK"/n*/containerd.pid 2>/dev/null); do
+    for pid in "${PIDS[@]}" "${children[@]}" $(cat "$WORK"/n*/containerd.pid 2>/dev/null); do
         kill -KILL "$pid" 2>/dev/null || true
     done
     for i in $(seq 1 "$NODES"); do
@@ -207,7 +214,7 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -q "${need[@]}" >/dev/null
 fi
 "$ROOT/scripts/build-kube.sh" all
-for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet agnhost e2e.test; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet agnhost e2e.test ginkgo; do
     [ -x "$KUBE/$b" ] || die "$KUBE/$b is missing"
 done
 if [ "$CNI" = corvid ]; then
@@ -692,13 +699,20 @@ fi
 
 # ---------------------------------------------------------------------------------------
 # The suite.
-say "e2e.test --ginkgo.focus='$FOCUS'"
-set +e
-"${LAN[@]}" env KUBECONFIG="$WORK/admin.conf" "$KUBE/e2e.test" --kubeconfig="$WORK/admin.conf" \
+# Specs that must run alone cannot share the cluster with others.
+[ "$PARALLEL" -le 1 ] || SKIP="$SKIP|\[Serial\]"
+say "e2e.test --ginkgo.focus='$FOCUS' ($PARALLEL at a time)"
+suite=("$KUBE/e2e.test" --kubeconfig="$WORK/admin.conf" \
     --provider=skeleton --num-nodes="$NODES" --report-dir="$REPORT" \
-    --ginkgo.focus="$FOCUS" --ginkgo.skip="$SKIP" --ginkgo.noColor \
-    --ginkgo.flakeAttempts=1 --disable-log-dump --kubectl-path="$(command -v kubectl)" \
-    >"$REPORT/e2e.log" 2>&1 &
+    --disable-log-dump --kubectl-path="$(command -v kubectl)")
+ginkgo=(--focus="$FOCUS" --skip="$SKIP" --noColor --flakeAttempts=1)
+if [ "$PARALLEL" -gt 1 ]; then
+    suite=("$KUBE/ginkgo" -nodes="$PARALLEL" "${ginkgo[@]}" "${suite[0]}" -- "${suite[@]:1}")
+else
+    suite+=("${ginkgo[@]/#--/--ginkgo.}")
+fi
+set +e
+"${LAN[@]}" env KUBECONFIG="$WORK/admin.conf" "${suite[@]}" >"$REPORT/e2e.log" 2>&1 &
 # In the background, so that an interrupt reaches the teardown at once.
 PIDS+=($!)
 wait $!
