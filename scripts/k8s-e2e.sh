@@ -102,6 +102,8 @@ PIDS=()
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    # A step that fails must not end the teardown: the rest still has to go.
+    set +e
     if [ -n "$KEEP" ] && [ -t 0 ]; then
         echo "k8s-e2e: the cluster is up (kubeconfig $WORK/admin.conf, run kubectl in: nsenter --net=/run/netns/$LAN_NS); Enter stops it"
         read -r _ || true
@@ -454,8 +456,9 @@ write_cni_conf() {
     local i=$1 dir=$2
     if [ "$CNI" = corvid ]; then
         "$CORVID" cni install --dir "$WORK/n$i/cni-bin" --from "$ROOT/target/debug/corvid-plugins" >/dev/null
-        printf '{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"corvid-k8s","controller":"http://%s:9696","hostId":"%s","timeout":60}\n' \
-            "$LAN_IP" "$(node_name "$i")" >"$dir/10-corvid.conf"
+        # portmap after it, for pods' hostPorts, as deploy/kubernetes/node.yaml has it.
+        printf '{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"corvid-k8s","controller":"http://%s:9696","hostId":"%s","timeout":60},{"type":"portmap","capabilities":{"portMappings":true}}]}\n' \
+            "$LAN_IP" "$(node_name "$i")" >"$dir/10-corvid.conflist"
     else
         mkdir -p "$WORK/n$i/cni-bin"
         cp /usr/lib/cni/* "$WORK/n$i/cni-bin/"
