@@ -67,8 +67,15 @@ fn protocol_name(p: LbProtocol) -> &'static str {
 /// Kubernetes' default for `sessionAffinityConfig.clientIP.timeoutSeconds`.
 const DEFAULT_AFFINITY_SECONDS: u64 = 10800;
 
+/// Labels that hand a service to another proxy (`service-proxy-name`) or to none
+/// (`headless`): kube-proxy leaves such services alone, and so does corvid.
+const NOT_OURS: [&str; 2] = [
+    "service.kubernetes.io/service-proxy-name",
+    "service.kubernetes.io/headless",
+];
+
 /// What `svc` should be, given its endpoints' groups; none for a service that gets no
-/// load balancer (headless, ExternalName, no cluster IP yet).
+/// load balancer (headless, ExternalName, no cluster IP yet, labelled [`NOT_OURS`]).
 pub fn wanted<'a>(
     svc: &Service,
     groups: impl Iterator<Item = &'a EndpointGroup> + Clone,
@@ -90,7 +97,12 @@ fn build(
     members: impl Fn(&ServicePort, LbProtocol) -> Vec<(IpAddr, u16)>,
 ) -> Option<Wanted> {
     let spec = svc.spec.as_ref()?;
-    if spec.type_.as_deref() == Some("ExternalName") {
+    let labels = svc.metadata.labels.as_ref();
+    if spec.type_.as_deref() == Some("ExternalName")
+        || NOT_OURS
+            .iter()
+            .any(|l| labels.is_some_and(|m| m.contains_key(*l)))
+    {
         return None;
     }
     let vip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
@@ -467,6 +479,17 @@ mod tests {
                 .iter()
                 .map(|(n, p, l)| (n.to_string(), *p, *l))
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn a_service_labelled_for_another_proxy_or_none_gets_no_load_balancer() {
+        let spec = json!({"clusterIP": "10.96.0.10", "ports": [{"port": 80}]});
+        assert!(wanted(&svc(spec.clone()), [].iter()).is_some());
+        for label in NOT_OURS {
+            let mut s = svc(spec.clone());
+            s.metadata.labels = Some([(label.to_string(), String::new())].into());
+            assert!(wanted(&s, [].iter()).is_none(), "{label}");
         }
     }
 

@@ -1,5 +1,6 @@
 //! Services to load balancers: members from the API's endpoint objects, readiness,
-//! affinity, hairpin, node ports and floating IPs, on both nodes.
+//! affinity, hairpin, node ports and floating IPs, on both nodes; services labelled for
+//! another proxy left alone; hostPorts through portmap, chained as the deployment does.
 
 use super::*;
 
@@ -87,6 +88,26 @@ fn services_without_a_selector_and_the_kubernetes_service_are_served() {
         Duration::from_secs(20),
         || client.connect(&vip, 80, 1, false) == ["m0"],
     );
+    // Labelled for another proxy, or for none, the service is not corvid's to serve, as
+    // it is not kube-proxy's; unlabelled, it is again.
+    for label in [
+        "service.kubernetes.io/service-proxy-name",
+        "service.kubernetes.io/headless",
+    ] {
+        let labelled = |value: Value| json!({"metadata": {"labels": {label: value}}});
+        service(&kube, "x", "manual", labelled(json!("other")), true);
+        wait_until(
+            &format!("nothing to answer the service labelled {label}"),
+            Duration::from_secs(20),
+            || client.connect(&vip, 80, 1, false) != ["m0"],
+        );
+        service(&kube, "x", "manual", labelled(Value::Null), true);
+        wait_until(
+            &format!("the service to answer again without {label}"),
+            Duration::from_secs(20),
+            || client.connect(&vip, 80, 1, false) == ["m0"],
+        );
+    }
     // A hand-written EndpointSlice and no Endpoints: the members are the slices', as
     // kube-proxy takes them.
     let svc = service(
@@ -540,7 +561,7 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
 }
 
 #[test]
-fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
+fn pods_run_through_containerds_cri_are_reached_by_service_and_host_port() {
     use support::cluster::ns::serve_name_with;
     let (cluster, kube) = setup("kk");
     let _watcher = start_watcher(&cluster, &kube, &[]);
@@ -557,9 +578,17 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
             &format!("h{}", h + 1),
             json!({"app": app}),
         );
-        let (id, status) = nodes[h]
-            .sync_pod("web", name, &uid, 3)
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}"));
+        // p0 publishes 8080 on its node as hostPort 30080.
+        let mut config = nodes[h].sandbox_config("web", name, &uid);
+        if name == "p0" {
+            config.port_mappings = vec![k8s_cri::v1::PortMapping {
+                protocol: k8s_cri::v1::Protocol::Tcp as i32,
+                container_port: 8080,
+                host_port: 30080,
+                host_ip: String::new(),
+            }];
+        }
+        let (id, status) = nodes[h].run_sandbox(config);
         sandboxes.push((h, id));
         let path = support::cri::sandbox_netns(&status);
         if app == "web" {
@@ -582,6 +611,12 @@ fn a_service_of_pods_run_through_containerds_cri_reaches_them_on_both_nodes() {
         "both sandboxes to answer on the VIP",
         Duration::from_secs(20),
         || answers_of(&connect(20)) == both,
+    );
+    let node = support::cluster::underlay_ip(0);
+    wait_until(
+        "p0's hostPort on its node, from the other node",
+        Duration::from_secs(20),
+        || cluster.hosts[1].connect(&node, 30080, 1, false) == ["p0"],
     );
     drop(servers);
     // As the kubelet ends pods: nothing of containerd's is left.
