@@ -561,14 +561,15 @@ fn delete_network_policy(kube: &KubeApi, ns: &str, name: &str) {
     });
 }
 
-/// Each node's containerd, its CRI running the `corvid-k8s` plugin as the kubelet's
-/// runtime would.
+/// Each node's containerd, its CRI running the `corvid-k8s` plugin, and portmap for
+/// hostPorts, as the kubelet's runtime would with `deploy/kubernetes/node.yaml`'s list.
 fn cri_nodes(cluster: &Cluster) -> Vec<support::cri::Containerd> {
     (0..2)
         .map(|h| {
             let conflist = json!({
                 "cniVersion": "1.0.0", "name": "corvid",
-                "plugins": [plugin_conf(h, 30)],
+                "plugins": [plugin_conf(h, 30),
+                    {"type": "portmap", "capabilities": {"portMappings": true}}],
             });
             support::cri::Containerd::start(&cluster.hosts[h], cluster.bin.path(), &conflist)
         })
