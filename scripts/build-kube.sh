@@ -9,7 +9,8 @@
 #                                      EndpointSlice controllers). 8-10 minutes cold.
 #   scripts/build-kube.sh all          those, and what scripts/k8s-e2e.sh runs: kubelet,
 #                                      kube-scheduler, kube-proxy, agnhost (the e2e
-#                                      suite's test server), e2e.test (the suite) and
+#                                      suite's test server), regression-issue-74839 (a
+#                                      test image's server), e2e.test (the suite) and
 #                                      ginkgo (which runs the suite in parallel).
 #   scripts/build-kube.sh NAME...      just those.
 #
@@ -24,17 +25,17 @@ CACHE=${KUBE_CACHE:-/var/cache/kube-1.20}
 COMMANDS=(kube-apiserver kube-controller-manager)
 case "${1:-}" in
     "") ;;
-    all) COMMANDS+=(kube-scheduler kube-proxy kubelet agnhost e2e.test ginkgo) ;;
+    all) COMMANDS+=(kube-scheduler kube-proxy kubelet agnhost regression-issue-74839 e2e.test ginkgo) ;;
     *) COMMANDS=("$@") ;;
 esac
 VERSION=v1.20.2
 COMMIT=faecb196815e248d3ecfb03c680a4507229c2a56
 
-# agnhost, e2e.test and ginkgo do not print Kubernetes' version: a stamp beside them says which
+# The test programs do not print Kubernetes' version: a stamp beside them says which
 # source they were built from.
 built() {
     case "$1" in
-        agnhost | e2e.test | ginkgo) [ -x "$CACHE/$1" ] && [ "$(cat "$CACHE/$1.version" 2>/dev/null)" = "$VERSION" ] ;;
+        agnhost | regression-issue-74839 | e2e.test | ginkgo) [ -x "$CACHE/$1" ] && [ "$(cat "$CACHE/$1.version" 2>/dev/null)" = "$VERSION" ] ;;
         *) [ -x "$CACHE/$1" ] && "$CACHE/$1" --version 2>/dev/null | grep -qx "Kubernetes $VERSION" ;;
     esac
 }
@@ -133,9 +134,9 @@ for c in "${todo[@]}"; do
             bindata
             "$GO" test -c -trimpath -ldflags "$flags" -o "$WORK/$c" ./test/e2e
             ;;
-        agnhost)
-            say "go build ./test/images/agnhost"
-            "$GO" build -trimpath -ldflags "-s -w" -o "$WORK/$c" ./test/images/agnhost
+        agnhost | regression-issue-74839)
+            say "go build ./test/images/$c"
+            "$GO" build -trimpath -ldflags "-s -w" -o "$WORK/$c" "./test/images/$c"
             ;;
         ginkgo)
             # The vendored CLI, of the same version as the suite's library.
@@ -153,7 +154,7 @@ for c in "${todo[@]}"; do
             ;;
     esac
     case "$c" in
-        agnhost | e2e.test | ginkgo) echo "$VERSION" >"$CACHE/$c.version.new" ;;
+        agnhost | regression-issue-74839 | e2e.test | ginkgo) echo "$VERSION" >"$CACHE/$c.version.new" ;;
         *) "$WORK/$c" --version | grep -qx "Kubernetes $VERSION" ;;
     esac
     install -m 0755 "$WORK/$c" "$CACHE/$c.new"
