@@ -216,7 +216,7 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -q "${need[@]}" >/dev/null
 fi
 "$ROOT/scripts/build-kube.sh" all
-for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet agnhost e2e.test ginkgo; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet agnhost regression-issue-74839 e2e.test ginkgo; do
     [ -x "$KUBE/$b" ] || die "$KUBE/$b is missing"
 done
 if [ "$CNI" = corvid ]; then
@@ -227,7 +227,7 @@ fi
 
 # ---------------------------------------------------------------------------------------
 # Images, offline: OCI archives of one layer each, under the names the suite asks for
-# (test/utils/image/manifest.go), cached by the agnhost build they carry.
+# (test/utils/image/manifest.go), cached by the builds they carry.
 
 # oci_archive NAME ROOTFS ENTRYPOINT-JSON CMD-JSON OUT
 oci_archive() {
@@ -284,7 +284,7 @@ rootfs_with() {
 
 images() {
     local stamp want
-    want="$(sha256sum "$KUBE/agnhost" | cut -c1-16) $(sha256sum /usr/bin/busybox | cut -c1-16) 5"
+    want="$(cat "$KUBE/agnhost" "$KUBE/regression-issue-74839" /usr/bin/busybox | sha256sum | cut -c1-16) 6"
     stamp=$IMAGES/.stamp
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
     say "building the offline images in $IMAGES"
@@ -308,6 +308,14 @@ images() {
     openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
         -keyout "$r/agnhost/localhost.key" -out "$r/agnhost/localhost.crt" >/dev/null 2>&1
     oci_archive k8s.gcr.io/e2e-test-images/agnhost:2.21 "$r/agnhost" '["/agnhost"]' '["pause"]' "$IMAGES/agnhost.tar"
+    # A stand-in for nginx, whose pods the EndpointSlice specs only need running and
+    # serving on 80: agnhost's HTTP server.
+    oci_archive docker.io/library/nginx:1.14-alpine "$r/agnhost" '["/agnhost"]' '["netexec","--http-port=80"]' "$IMAGES/nginx.tar"
+    # The server of the connection-reset regression spec, built from the same source.
+    rootfs_with "$r/regression"
+    cp "$KUBE/regression-issue-74839" "$r/regression/regression-issue-74839"
+    oci_archive gcr.io/kubernetes-e2e-test-images/regression-issue-74839-amd64:1.0 "$r/regression" \
+        '["/regression-issue-74839"]' 'null' "$IMAGES/regression-issue-74839.tar"
     rm -rf "$r"
     echo "$want" >"$stamp"
 }
@@ -559,7 +567,7 @@ exec $KUBE/kubelet --config=$n/kubelet.yaml --kubeconfig=$WORK/node-$i.conf \
     if [ "$CNI" = corvid ]; then
         spawn "$n/corvid-agent.log" nsenter --net="/run/netns/$ns" "$CORVID" agent \
             --host-id "$(node_name "$i")" --controller "http://$LAN_IP:9696" \
-            --underlay-ip "$(node_ip "$i")" --security-groups --all-routers
+            --underlay-ip "$(node_ip "$i")" --security-groups --all-routers --kube-proxy-listen 0.0.0.0
     else
         spawn "$n/kube-proxy.log" nsenter --net="/run/netns/$ns" "$KUBE/kube-proxy" \
             --kubeconfig="$WORK/kube-proxy.conf" --hostname-override="$(node_name "$i")" \

@@ -180,6 +180,12 @@ impl Health {
         self.contact.store(ms, Ordering::Relaxed);
     }
 
+    /// When the controller last answered (when the agent started, if it has not).
+    pub fn last_contact(&self) -> std::time::SystemTime {
+        let last = Duration::from_millis(self.contact.load(Ordering::Relaxed));
+        std::time::SystemTime::now() - self.start().elapsed().saturating_sub(last)
+    }
+
     /// Ready, or why not.
     pub fn ready(&self) -> Result<(), corvid_metrics::NotReady> {
         if !self.synced.load(Ordering::Relaxed) {

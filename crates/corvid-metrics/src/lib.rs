@@ -168,13 +168,58 @@ fn readyz(endpoints: &Endpoints) -> Response {
 /// async (the agent) needs no runtime. The address is bound before this returns: a port
 /// in use is the caller's error, not a log line.
 pub fn serve(listen: SocketAddr, endpoints: Endpoints) -> Result<(), ServeError> {
+    spawn(listen, router(Arc::new(endpoints)))?;
+    tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
+    Ok(())
+}
+
+/// kube-proxy's health port, where cloud load balancers check a node for services of
+/// `externalTrafficPolicy: Cluster`.
+pub const KUBE_PROXY_HEALTH_PORT: u16 = 10256;
+/// kube-proxy's metrics port, where `/proxyMode` tells which proxy runs.
+pub const KUBE_PROXY_METRICS_PORT: u16 = 10249;
+
+/// Answers on `ip` what is asked of a node's kube-proxy, for a daemon that does its work:
+/// `/healthz` on [`KUBE_PROXY_HEALTH_PORT`] as kube-proxy writes it (200 or 503, and
+/// JSON with `lastUpdated`, the time `last_updated` gives), and `/proxyMode` on
+/// [`KUBE_PROXY_METRICS_PORT`] (`mode`).
+pub fn serve_kube_proxy(
+    ip: std::net::IpAddr,
+    mode: &'static str,
+    ready: Readiness,
+    last_updated: Box<dyn Fn() -> std::time::SystemTime + Send + Sync>,
+) -> Result<(), ServeError> {
+    let (ready, last_updated) = (Arc::new(ready), Arc::new(last_updated));
+    let health = Router::new().route(
+        "/healthz",
+        get(move || {
+            let status = match ready() {
+                Ok(()) => StatusCode::OK,
+                Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let body = format!(
+                r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
+                humantime::format_rfc3339_millis(last_updated()),
+                humantime::format_rfc3339_millis(std::time::SystemTime::now())
+            );
+            async move { (status, [(header::CONTENT_TYPE, "application/json")], body) }
+        }),
+    );
+    spawn((ip, KUBE_PROXY_HEALTH_PORT).into(), health)?;
+    let mode = Router::new().route("/proxyMode", get(move || async move { mode }));
+    spawn((ip, KUBE_PROXY_METRICS_PORT).into(), mode)?;
+    tracing::info!(%ip, "answering kube-proxy's /healthz and /proxyMode");
+    Ok(())
+}
+
+/// Serves `app` on `listen` from a thread of its own, bound before it returns.
+fn spawn(listen: SocketAddr, app: Router) -> Result<(), ServeError> {
     let listener = std::net::TcpListener::bind(listen)
         .and_then(|l| l.set_nonblocking(true).map(|_| l))
         .map_err(|source| ServeError::Listen {
             addr: listen,
             source,
         })?;
-    let app = router(Arc::new(endpoints));
     std::thread::Builder::new()
         .name("corvid-metrics".into())
         .spawn(move || {
@@ -197,7 +242,6 @@ pub fn serve(listen: SocketAddr, endpoints: Endpoints) -> Result<(), ServeError>
             })
         })
         .map_err(ServeError::Thread)?;
-    tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     Ok(())
 }
 

@@ -209,6 +209,11 @@ struct AgentArgs {
     /// of its own.
     #[arg(long, env = "CORVID_ALL_ROUTERS")]
     all_routers: bool,
+    /// Answer on this address what is asked of a node's kube-proxy, which corvid replaces:
+    /// its health (port 10256, `/healthz`, what cloud load balancers check) and its mode
+    /// (port 10249, `/proxyMode`).
+    #[arg(long, env = "CORVID_KUBE_PROXY_LISTEN")]
+    kube_proxy_listen: Option<std::net::IpAddr>,
     #[command(flatten)]
     metrics: MetricsArgs,
 }
@@ -323,6 +328,15 @@ fn agent(a: AgentArgs) -> anyhow::Result<()> {
     };
     let mut agent = corvid_agent::Agent::new(config)?;
     let health = agent.health();
+    if let Some(ip) = a.kube_proxy_listen {
+        let (ready, last) = (health.clone(), health.clone());
+        corvid_metrics::serve_kube_proxy(
+            ip,
+            "corvid",
+            Box::new(move || ready.ready()),
+            Box::new(move || last.last_contact()),
+        )?;
+    }
     a.metrics
         .serve(|| corvid_agent::metrics::endpoints(health))?;
     agent.run()

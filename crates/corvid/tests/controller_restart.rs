@@ -3,8 +3,8 @@
 //! restarted controller's watch feed without spinning (its request rate stays bounded,
 //! counted in the controller's metrics), a DEL after the restart removes the devices,
 //! and a new attach works. And an agent facing a feed that refuses the revision its lists
-//! were read at (a controller bug) backs off and says it is not ready. Runs as root, in
-//! `cvt*` namespaces only.
+//! were read at (a controller bug) backs off and says it is not ready, at its readiness
+//! endpoint and at kube-proxy's health port. Runs as root, in `cvt*` namespaces only.
 
 #[path = "support/cluster.rs"]
 mod cluster;
@@ -56,6 +56,16 @@ fn agent_ready(cluster: &Cluster, i: usize) -> Option<(u16, String)> {
         .open()
         .run(|| get("http://127.0.0.1:9697/readyz"))
         .unwrap()
+}
+
+/// What the agent in `host` answers at kube-proxy's health port: status and JSON body.
+fn kube_proxy_health(host: &ns::Ns) -> (u16, serde_json::Value) {
+    let (status, body) = host
+        .open()
+        .run(|| get("http://127.0.0.1:10256/healthz"))
+        .unwrap()
+        .expect("an answer at 10256");
+    (status, serde_json::from_str(&body).unwrap())
 }
 
 /// Stops the controller: SIGKILL, or SIGTERM and a wait for it to exit.
@@ -152,7 +162,15 @@ fn agents_follow_a_restarted_controller_without_spinning() {
     cluster.agents[0].take();
     stop_controller(&mut cluster, true);
     cluster.start_controller();
-    cluster.start_agent_with(0, &["--metrics-listen", "127.0.0.1:9697"]);
+    cluster.start_agent_with(
+        0,
+        &[
+            "--metrics-listen",
+            "127.0.0.1:9697",
+            "--kube-proxy-listen",
+            "127.0.0.1",
+        ],
+    );
     wait_until(
         "the late agent to follow the feed",
         Duration::from_secs(20),
@@ -161,6 +179,14 @@ fn agents_follow_a_restarted_controller_without_spinning() {
     std::thread::sleep(Duration::from_secs(2));
     let (status, why) = agent_ready(&cluster, 0).unwrap();
     assert_eq!(status, 200, "{why}");
+    // Healthy at kube-proxy's health port too, updated since it started.
+    let (status, health) = kube_proxy_health(&cluster.hosts[0]);
+    assert_eq!(status, 200, "{health}");
+    let updated = humantime::parse_rfc3339(health["lastUpdated"].as_str().unwrap()).unwrap();
+    let age = std::time::SystemTime::now()
+        .duration_since(updated)
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(30), "{health}");
     let late = cluster.pod("late");
     let late_ip = result_ip(&cni_result(&cluster.add(0, "blue", &late)));
     assert!(late.ping(&keep_ip), "{}", cluster.overlay_state());
@@ -202,6 +228,8 @@ fn an_agent_whose_feed_refuses_its_lists_backs_off_and_is_not_ready() {
                 "127.0.0.1",
                 "--metrics-listen",
                 "127.0.0.1:9697",
+                "--kube-proxy-listen",
+                "127.0.0.1",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -218,6 +246,13 @@ fn an_agent_whose_feed_refuses_its_lists_backs_off_and_is_not_ready() {
         Duration::from_secs(20),
         || ready().is_some_and(|(s, body)| s == 503 && body.contains("watch feed")),
     );
+    // What a cloud load balancer's health check sees at kube-proxy's port: not healthy,
+    // in kube-proxy's shape; and the proxy mode.
+    let (status, health) = kube_proxy_health(&host);
+    assert_eq!(status, 503, "{health}");
+    assert!(health["lastUpdated"].is_string(), "{health}");
+    let mode = host.open().run(|| get("http://127.0.0.1:10249/proxyMode"));
+    assert_eq!(mode.unwrap(), Some((200, "corvid".to_string())));
     let requests = || std::fs::read_to_string(log.path()).unwrap().lines().count();
     let before = requests();
     std::thread::sleep(Duration::from_secs(4));
