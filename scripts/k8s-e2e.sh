@@ -414,6 +414,13 @@ spawn "$WORK/kube-scheduler.log" "${LAN[@]}" "$KUBE/kube-scheduler" \
     --kubeconfig="$WORK/kube-scheduler.conf" --leader-elect=false --port=0 --secure-port=0
 wait_for "the default service account" 60 k -n default get serviceaccount default
 
+# The "[sig-network] Networking" specs first check that the internet answers
+# (http://google.com, from e2e.test). Nothing may leave this machine, so the suite runs
+# with its own /etc/hosts, where that name is the lan's address, and agnhost answers
+# there.
+printf '127.0.0.1 localhost\n%s google.com\n' "$LAN_IP" >"$WORK/hosts"
+spawn "$WORK/internet.log" "${LAN[@]}" "$KUBE/agnhost" netexec --http-port=80 --udp-port=8082
+
 # The cluster's DNS (scripts/testing/cluster_dns.py: CoreDNS cannot be had here) on the
 # lan, behind the kube-dns service the kubelets name in pods' resolv.conf.
 echo "${TOKENS[admin]}" >"$WORK/admin.token"
@@ -723,7 +730,10 @@ else
     suite+=("${ginkgo[@]/#--/--ginkgo.}")
 fi
 set +e
-"${LAN[@]}" env KUBECONFIG="$WORK/admin.conf" "${suite[@]}" >"$REPORT/e2e.log" 2>&1 &
+# In a mount namespace of its own, with the /etc/hosts above; unshare and sh exec, so
+# the PID is the suite's.
+"${LAN[@]}" unshare --mount --propagation private sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' \
+    "$WORK/hosts" env KUBECONFIG="$WORK/admin.conf" "${suite[@]}" >"$REPORT/e2e.log" 2>&1 &
 # In the background, so that an interrupt reaches the teardown at once.
 PIDS+=($!)
 wait $!

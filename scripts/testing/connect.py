@@ -1,18 +1,24 @@
 """N connections (or UDP exchanges with `udp`) to ADDR:PORT, one after the other.
 
-usage: connect.py ADDR PORT N [udp]; prints what each answered, or refused, timeout, error.
+usage: connect.py ADDR PORT N [udp [SPORT]]; prints what each answered, or refused,
+timeout, error. With SPORT, every UDP exchange leaves from that port: one flow, as a
+client that keeps sending from one socket.
 """
 import socket
 import sys
 
 addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-udp = sys.argv[4:] == ["udp"]
+udp = sys.argv[4:5] == ["udp"]
+sport = int(sys.argv[5]) if len(sys.argv) > 5 else None
 out = []
 for _ in range(n):
     try:
         if udp:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.settimeout(2)
+            if sport is not None:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("", sport))
             s.connect((addr, port))
             s.send(b"x")
             out.append(s.recv(100).decode())

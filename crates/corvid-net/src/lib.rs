@@ -6,6 +6,7 @@
 
 pub mod announce;
 pub mod binding;
+pub mod conntrack;
 pub mod iptables;
 pub mod link;
 pub mod names;

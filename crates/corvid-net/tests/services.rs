@@ -227,6 +227,26 @@ fn connections_to_a_vip_are_spread_kept_refused_and_hairpinned() {
 }
 
 #[test]
+fn a_udp_flow_leaves_a_member_that_went_for_one_that_serves() {
+    let site = site("u");
+    let mut services = opened(&site);
+    let mut want = BTreeMap::from([("dns".to_string(), service(UDP_VIP, Protocol::Udp, 53, &[0]))]);
+    services.sync(&want, &no_floating()).unwrap();
+    // One flow, as a client that keeps sending from one socket.
+    assert_eq!(site.client.udp_flow(UDP_VIP, 53, 3, 40053), ["m0"; 3]);
+    // A flow straight to a member, which no service translated.
+    assert_eq!(site.client.udp_flow(&member_ip(0), 5353, 1, 40054), ["m0"]);
+    // m0 leaves the service (its server still answers, as a pod being deleted may) and
+    // m1 comes: the flow's next exchange reaches m1. The direct flow is not touched.
+    want.get_mut("dns").unwrap().members = service(UDP_VIP, Protocol::Udp, 53, &[1]).members;
+    assert_eq!(services.sync(&want, &no_floating()).unwrap().forgotten, 1);
+    assert_eq!(site.client.udp_flow(UDP_VIP, 53, 3, 40053), ["m1"; 3]);
+    // The service gone: what it translated goes with it.
+    let report = services.sync(&BTreeMap::new(), &no_floating()).unwrap();
+    assert_eq!((report.removed, report.forgotten), (1, 1));
+}
+
+#[test]
 fn a_new_owner_rebuilds_the_table_and_keeps_serving() {
     let site = site("b");
     let want = BTreeMap::from([("web".to_string(), service(VIP, Protocol::Tcp, 80, &[0, 1]))]);

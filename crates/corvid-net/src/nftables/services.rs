@@ -53,6 +53,7 @@ use super::{
     addr_bytes, fnv1a, padded, target, BaseChain, Batch, ChainType, DataType, HookPoint, Nftables,
     SetSpec,
 };
+use crate::conntrack::Conntrack;
 use crate::Result;
 use ipnet::IpNet;
 
@@ -187,11 +188,31 @@ pub struct SyncReport {
     pub changed: usize,
     /// Services removed.
     pub removed: usize,
+    /// UDP flows forgotten because their member went.
+    pub forgotten: usize,
+}
+
+/// The UDP members (address, port) of `old` that `new` does not have: their translated
+/// flows would otherwise stay with them.
+fn udp_members_gone(old: Option<&Service>, new: Option<&Service>) -> Vec<(IpAddr, u16)> {
+    let Some(old) = old.filter(|o| o.protocol == Protocol::Udp) else {
+        return Vec::new();
+    };
+    let kept = new
+        .filter(|n| n.protocol == Protocol::Udp)
+        .map_or(&[][..], |n| &n.members[..]);
+    old.members
+        .iter()
+        .filter(|m| !kept.contains(m))
+        .copied()
+        .collect()
 }
 
 /// The services and floating IPs of this host's kernel, as last committed.
 pub struct Services {
     nft: Nftables,
+    /// Where the UDP flows of members that went are forgotten.
+    conntrack: Conntrack,
     /// Set once the table was rebuilt from scratch (the first sync).
     started: bool,
     committed: HashMap<String, Committed>,
@@ -218,6 +239,7 @@ impl Services {
     pub fn open(public_interface: Option<String>, source: Option<IpAddr>) -> Result<Services> {
         Ok(Services {
             nft: Nftables::open()?,
+            conntrack: Conntrack::open()?,
             started: false,
             committed: HashMap::new(),
             next_number: 0,
@@ -308,7 +330,10 @@ impl Services {
             self.rebuild(&mut batch)?;
         }
         let mut report = SyncReport::default();
+        let mut gone_udp = BTreeSet::new();
         for id in ids {
+            let old = self.committed.get(id).map(|c| &c.service);
+            gone_udp.extend(udp_members_gone(old, want.get(id)));
             match (self.committed.remove(id), want.get(id)) {
                 (None, None) => {}
                 (Some(old), None) => {
@@ -354,6 +379,12 @@ impl Services {
         let _lock = super::lock()?;
         self.nft.commit(batch)?;
         self.started = true;
+        // After the commit, so that the flows' next packets find the new members. The
+        // table is as committed either way, so a failure here is only said.
+        match self.conntrack.forget_udp_translated_to(&gone_udp) {
+            Ok(n) => report.forgotten = n,
+            Err(e) => tracing::warn!("forgetting the UDP flows of members that went: {e}"),
+        }
         Ok(report)
     }
 

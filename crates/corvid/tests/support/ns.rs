@@ -89,12 +89,20 @@ impl Ns {
     /// `n` TCP connections (or UDP exchanges) to addr:port, one after the other: what
     /// each answered, or `refused`, `timeout`, `error`.
     pub fn connect(&self, addr: &str, port: u16, n: usize, udp: bool) -> Vec<String> {
+        self.connect_with(addr, port, n, if udp { &["udp"] } else { &[] })
+    }
+
+    /// `n` UDP exchanges with addr:port, all from local port `sport` (one flow): what
+    /// each answered, or `refused`, `timeout`, `error`.
+    pub fn udp_flow(&self, addr: &str, port: u16, n: usize, sport: u16) -> Vec<String> {
+        self.connect_with(addr, port, n, &["udp", &sport.to_string()])
+    }
+
+    fn connect_with(&self, addr: &str, port: u16, n: usize, extra: &[&str]) -> Vec<String> {
         let mut cmd = self.command("python3");
         cmd.arg(testing_script("connect.py"))
-            .args([addr, &port.to_string(), &n.to_string()]);
-        if udp {
-            cmd.arg("udp");
-        }
+            .args([addr, &port.to_string(), &n.to_string()])
+            .args(extra);
         let out = cmd.output().unwrap();
         assert!(
             out.status.success(),
