@@ -207,6 +207,7 @@ done
 [ -x /usr/bin/busybox ] || need+=(busybox-static)
 [ -x /usr/bin/curl ] || need+=(curl)
 [ -x /bin/nc.openbsd ] || need+=(netcat-openbsd)
+[ -x /usr/bin/wget ] || need+=(wget)
 /usr/bin/python3 -c 'import dnslib' 2>/dev/null || need+=(python3-dnslib)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 if [ ${#need[@]} -gt 0 ]; then
@@ -284,7 +285,7 @@ rootfs_with() {
 
 images() {
     local stamp want
-    want="$(cat "$KUBE/agnhost" "$KUBE/regression-issue-74839" /usr/bin/busybox | sha256sum | cut -c1-16) 6"
+    want="$(cat "$KUBE/agnhost" "$KUBE/regression-issue-74839" /usr/bin/busybox | sha256sum | cut -c1-16) 7"
     stamp=$IMAGES/.stamp
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
     say "building the offline images in $IMAGES"
@@ -293,7 +294,9 @@ images() {
     rm -rf "$r" && mkdir -p "$r"
     rootfs_with "$r/pause"
     oci_archive k8s.gcr.io/pause:3.2 "$r/pause" '["/bin/sleep","2147483647"]' 'null' "$IMAGES/pause.tar"
-    rootfs_with "$r/busybox"
+    # Debian's static busybox crashes in its wget applet (a static glibc's name lookup):
+    # GNU wget stands in for it, in this image and agnhost's.
+    rootfs_with "$r/busybox" /usr/bin/wget:/bin/wget
     oci_archive docker.io/library/busybox:1.29 "$r/busybox" 'null' '["sh"]' "$IMAGES/busybox.tar"
     # agnhost as upstream's image has it (test/images/agnhost/Dockerfile): the binary at
     # /agnhost (and agnhost-2), curl, bash, ip, an nc that scans (-z), which busybox's
@@ -301,7 +304,7 @@ images() {
     # anything in PATH), /uploads, and the certificate porter serves TLS with; and a
     # date that tells nanoseconds, for --bench.
     rootfs_with "$r/agnhost" /usr/bin/curl /bin/nc.openbsd:/bin/nc /bin/dash:/bin/sh \
-        /bin/bash /bin/ip /bin/date
+        /bin/bash /bin/ip /bin/date /usr/bin/wget:/bin/wget
     cp "$KUBE/agnhost" "$r/agnhost/agnhost"
     ln -s agnhost "$r/agnhost/agnhost-2"
     mkdir -p "$r/agnhost/uploads"
