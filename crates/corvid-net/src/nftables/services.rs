@@ -20,7 +20,7 @@
 //!     jump services }
 //! chain services {
 //!     ip daddr . meta l4proto . th dport vmap @service-ips4
-//!     ip daddr . meta l4proto . th dport @service-external4 meta mark set mark | 0x8000
+//!     ip daddr . meta l4proto . th dport @service-external4 meta mark set mark | 0x40000
 //!     ip daddr . meta l4proto . th dport vmap @service-external4
 //!     fib daddr type local meta l4proto . th dport @service-nodeports mark set ...
 //!     fib daddr type local meta l4proto . th dport vmap @service-nodeports
@@ -35,7 +35,7 @@
 //! chain services-postrouting { type nat hook postrouting priority srcnat
 //!     ct status dnat ip saddr . ip daddr @service-hairpin4 masquerade   (a pod to itself)
 //!     ct status dnat ip daddr @service-outside4 masquerade    (replies come back here)
-//!     meta mark & 0x8000 masquerade                       (from outside, replies come back)
+//!     meta mark & 0x40000 masquerade                      (from outside, replies come back)
 //!     oifname <public> snat ip to ip saddr map @floating-fixed4
 //!     oifname <public> jump router-snat }
 //! chain router-snat {                               rewritten whole when routers change
@@ -81,8 +81,10 @@ pub struct Service {
 }
 
 /// The mark bit of connections that come from outside and are masqueraded so that the
-/// replies come back through this host.
-pub const MASQUERADE_MARK: u32 = 0x8000;
+/// replies come back through this host. Clear of the bits others on a node set: the
+/// kubelet drops packets with 0x8000 in INPUT and OUTPUT (KUBE-FIREWALL) and kube-proxy
+/// masquerades 0x4000, portmap 0x2000, the security groups' 0x20000.
+pub const MASQUERADE_MARK: u32 = 0x0004_0000;
 
 const CHAIN: &str = "services";
 const PREROUTING: &str = "services-prerouting";

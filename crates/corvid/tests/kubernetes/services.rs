@@ -431,6 +431,36 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
             "node port on {node}: {answers:?}"
         );
     }
+    // From the nodes themselves (host-network pods, the kubelet): their own address and
+    // the other node's; the nodes as the kubelet leaves them, its KUBE-FIREWALL dropping
+    // packets marked 0x8000 in INPUT and OUTPUT.
+    for host in &cluster.hosts {
+        for rule in [
+            "-N KUBE-FIREWALL",
+            "-A KUBE-FIREWALL -m mark --mark 0x8000/0x8000 -j DROP",
+            "-I INPUT -j KUBE-FIREWALL",
+            "-I OUTPUT -j KUBE-FIREWALL",
+        ] {
+            let out = host
+                .command("iptables")
+                .args(["-w"])
+                .args(rule.split(' '))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "iptables {rule}: {out:?}");
+        }
+    }
+    for (h, host) in cluster.hosts.iter().enumerate() {
+        for node in ["10.99.0.1", "10.99.0.2"] {
+            let answers = host.connect(node, node_port, 20, false);
+            assert_eq!(
+                answers_of(&answers),
+                web,
+                "node port on {node} from h{}: {answers:?}",
+                h + 1
+            );
+        }
+    }
 
     // An agent restarted keeps an open connection working and repairs a deleted rule.
     let vip = spec.cluster_ip.unwrap();
