@@ -285,7 +285,7 @@ rootfs_with() {
 
 images() {
     local stamp want
-    want="$(cat "$KUBE/agnhost" "$KUBE/regression-issue-74839" /usr/bin/busybox | sha256sum | cut -c1-16) 7"
+    want="$(cat "$KUBE/agnhost" "$KUBE/regression-issue-74839" /usr/bin/busybox | sha256sum | cut -c1-16) 8"
     stamp=$IMAGES/.stamp
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
     say "building the offline images in $IMAGES"
@@ -317,8 +317,12 @@ images() {
     # The server of the connection-reset regression spec, built from the same source.
     rootfs_with "$r/regression"
     cp "$KUBE/regression-issue-74839" "$r/regression/regression-issue-74839"
+    # The source is that of the image's 1.2, which reads the pod's address from POD_IP;
+    # the suite asks for 1.0, which found it itself, and sets no POD_IP. So the
+    # entrypoint finds it and passes it on.
     oci_archive gcr.io/kubernetes-e2e-test-images/regression-issue-74839-amd64:1.0 "$r/regression" \
-        '["/regression-issue-74839"]' 'null' "$IMAGES/regression-issue-74839.tar"
+        '["/bin/sh","-c","POD_IP=$(ip -4 addr show dev eth0 | awk '"'"'/inet /{split($2,a,\"/\"); print a[1]}'"'"'); export POD_IP; exec /regression-issue-74839"]' \
+        'null' "$IMAGES/regression-issue-74839.tar"
     rm -rf "$r"
     echo "$want" >"$stamp"
 }
@@ -556,7 +560,9 @@ EOF
     done
     mkdir -p /var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni
     local script
+    # The node's own hostname too (a UTS namespace): host-network pods answer with it.
     script="set -e
+hostname $(node_name "$i")
 mount --make-rslave /
 mount --bind $n/kubelet /var/lib/kubelet
 mount --bind $n/pods-logs /var/log/pods
@@ -572,7 +578,7 @@ exec $KUBE/kubelet --config=$n/kubelet.yaml --kubeconfig=$WORK/node-$i.conf \
   --container-runtime=remote --container-runtime-endpoint=unix://$n/containerd.sock \
   --hostname-override=$(node_name "$i") --node-ip=$(node_ip "$i") --root-dir=/var/lib/kubelet \
   --cert-dir=$n/pki --volume-plugin-dir=$n/volume-plugins --v=2"
-    spawn "$n/kubelet.log" nsenter --net="/run/netns/$ns" unshare --mount --propagation slave \
+    spawn "$n/kubelet.log" nsenter --net="/run/netns/$ns" unshare --mount --uts --propagation slave \
         bash -c "$script"
     if [ "$CNI" = corvid ]; then
         spawn "$n/corvid-agent.log" nsenter --net="/run/netns/$ns" "$CORVID" agent \
