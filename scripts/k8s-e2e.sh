@@ -43,7 +43,7 @@ IMAGES=${E2E_IMAGE_CACHE:-/var/cache/corvid-e2e-images}
 # DNS needs CoreDNS, which no registry here offers; the rest need what a machine of
 # this kind cannot have (a cloud's load balancers, features the cluster was not built
 # with, tests that break nodes on purpose, IPv6 nodes).
-DEFAULT_SKIP='\[sig-network\] DNS|\[Feature:|\[Disruptive\]|\[Flaky\]|LoadBalancer|ESIPP|IPv6'
+DEFAULT_SKIP='\[sig-network\] DNS|\[Feature:|\[Disruptive\]|\[Flaky\]|LoadBalancer|load balancer|ESIPP|IPv6'
 DEFAULT_FOCUS='\[sig-network\].*\[Conformance\]'
 
 CNI=
