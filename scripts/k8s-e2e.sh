@@ -590,7 +590,7 @@ exec $KUBE/kubelet --config=$n/kubelet.yaml --kubeconfig=$WORK/node-$i.conf \
             --proxy-mode=iptables --cluster-cidr=10.244.0.0/16 \
             --conntrack-max-per-core=0 --conntrack-min=0 \
             --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
-            --metrics-bind-address="$(node_ip "$i"):10249" --healthz-bind-address="$(node_ip "$i"):10256"
+            --metrics-bind-address=0.0.0.0:10249 --healthz-bind-address=0.0.0.0:10256
     fi
 }
 for i in $(seq 1 "$NODES"); do
