@@ -19,8 +19,8 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use crate::netlink::Channel;
 use crate::{netlink_err, Result};
 
-/// One direction of an entry: addresses, protocol and ports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One direction of an entry: addresses, protocol and source port.
+#[derive(Default)]
 struct Flow {
     src: Option<IpAddr>,
     dst: Option<IpAddr>,
@@ -29,12 +29,7 @@ struct Flow {
 }
 
 fn flow(tuple: &[Tuple]) -> Flow {
-    let mut f = Flow {
-        src: None,
-        dst: None,
-        protocol: None,
-        sport: None,
-    };
+    let mut f = Flow::default();
     for t in tuple {
         match t {
             Tuple::Ip(ips) => {

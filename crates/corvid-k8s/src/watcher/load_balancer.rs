@@ -97,12 +97,9 @@ fn build(
     members: impl Fn(&ServicePort, LbProtocol) -> Vec<(IpAddr, u16)>,
 ) -> Option<Wanted> {
     let spec = svc.spec.as_ref()?;
-    let labels = svc.metadata.labels.as_ref();
-    if spec.type_.as_deref() == Some("ExternalName")
-        || NOT_OURS
-            .iter()
-            .any(|l| labels.is_some_and(|m| m.contains_key(*l)))
-    {
+    let not_ours =
+        (svc.metadata.labels.as_ref()).is_some_and(|m| NOT_OURS.iter().any(|l| m.contains_key(*l)));
+    if spec.type_.as_deref() == Some("ExternalName") || not_ours {
         return None;
     }
     let vip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;

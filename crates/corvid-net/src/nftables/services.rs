@@ -334,9 +334,12 @@ impl Services {
         let mut report = SyncReport::default();
         let mut gone_udp = BTreeSet::new();
         for id in ids {
-            let old = self.committed.get(id).map(|c| &c.service);
-            gone_udp.extend(udp_members_gone(old, want.get(id)));
-            match (self.committed.remove(id), want.get(id)) {
+            let old = self.committed.remove(id);
+            gone_udp.extend(udp_members_gone(
+                old.as_ref().map(|c| &c.service),
+                want.get(id),
+            ));
+            match (old, want.get(id)) {
                 (None, None) => {}
                 (Some(old), None) => {
                     self.remove(&mut batch, id, &old);
