@@ -8,6 +8,7 @@ use corvid_net::announce::Announcer;
 use corvid_net::binding::{
     ensure_bridge, ensure_gateway, ensure_plugged, BridgeSpec, Plugged, VethSpec,
 };
+use corvid_net::conntrack::TcpTimeouts;
 use corvid_net::link::{Link, LinkKind};
 use corvid_net::nftables::masquerade;
 use corvid_net::nftables::routing::Routing;
@@ -38,6 +39,8 @@ pub struct Datapath {
     extra_routes: Option<BTreeSet<ExtraRoute>>,
     /// The interface floating IPs are answered on, and the ones it was given.
     public: Option<(String, BTreeSet<IpAddr>)>,
+    /// Set when the services' table opens.
+    conntrack: TcpTimeouts,
     /// The security groups' filter: opened at the first sync when the agent filters,
     /// and `Removed` once a filter an earlier agent left is gone when it does not.
     security: SecurityState,
@@ -76,7 +79,11 @@ pub enum Held<'a> {
 
 impl Datapath {
     /// Opens the datapath of the calling thread's namespace; `local` is the underlay address.
-    pub fn open(local: IpAddr, public_interface: Option<String>) -> Result<Datapath> {
+    pub fn open(
+        local: IpAddr,
+        public_interface: Option<String>,
+        conntrack: TcpTimeouts,
+    ) -> Result<Datapath> {
         Ok(Datapath {
             cluster: String::new(),
             nl: Netlink::open()?,
@@ -86,6 +93,7 @@ impl Datapath {
             routing: None,
             extra_routes: None,
             public: public_interface.map(|i| (i, BTreeSet::new())),
+            conntrack,
             security: SecurityState::Unknown,
             announcer: Announcer::open()
                 .inspect_err(|e| tracing::warn!("remote ports will not be announced: {e}"))
@@ -136,6 +144,9 @@ impl Datapath {
             }
             let public = self.public.as_ref().map(|(i, _)| i.clone());
             self.services = Some(Services::open(public, Some(self.local))?);
+            if let Err(e) = self.conntrack.apply() {
+                tracing::warn!("conntrack's TCP timeouts: {e}");
+            }
         }
         let services = self.services.as_mut().expect("opened above");
         let synced = match changed {

@@ -50,6 +50,8 @@ pub struct Config {
     /// Whether every router's networks are held here, whether or not a port of one is
     /// bound here (a Kubernetes node reaches every pod).
     pub all_routers: bool,
+    /// The TCP timeouts of the host's conntrack, set once it serves services.
+    pub conntrack: corvid_net::conntrack::TcpTimeouts,
 }
 
 /// Why the agent stopped.
@@ -139,7 +141,7 @@ impl Agent {
         };
         let client = cfg.credentials.client(&cfg.controller)?;
         Ok(Agent {
-            dp: Datapath::open(underlay, cfg.public_interface.clone())?,
+            dp: Datapath::open(underlay, cfg.public_interface.clone(), cfg.conntrack)?,
             client,
             cfg,
             cache: Cache::default(),

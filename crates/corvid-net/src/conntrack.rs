@@ -2,6 +2,7 @@
 //! is no longer one. UDP has no end, so a client that keeps sending from one port keeps
 //! its conntrack entry, and with it the gone member, for as long as it sends; new
 //! members never see it. kube-proxy deletes these entries for the same reason.
+//! And the TCP timeouts a host that translates connections sets, as kube-proxy does.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -17,7 +18,44 @@ use netlink_packet_netfilter::{
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::netlink::Channel;
-use crate::{netlink_err, Result};
+use crate::{netlink_err, sysctl, Result};
+
+/// How long the calling namespace's conntrack remembers TCP connections in two states;
+/// `None` leaves the kernel's setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpTimeouts {
+    /// A connection one side closed (`CLOSE_WAIT`). The kernel's 60 s forgets a
+    /// translated connection whose server still sends after the client's FIN: its
+    /// packets then leave untranslated and the client answers them with resets.
+    pub close_wait: Option<std::time::Duration>,
+    /// An open connection (`ESTABLISHED`); the kernel's five days keep idle entries of
+    /// vanished peers long after they matter.
+    pub established: Option<std::time::Duration>,
+}
+
+impl TcpTimeouts {
+    /// kube-proxy's defaults (`--conntrack-tcp-timeout-close-wait` and
+    /// `--conntrack-tcp-timeout-established`): an hour and a day.
+    pub const KUBE_PROXY: TcpTimeouts = TcpTimeouts {
+        close_wait: Some(std::time::Duration::from_secs(3600)),
+        established: Some(std::time::Duration::from_secs(86400)),
+    };
+
+    /// Writes the timeouts given; conntrack must be loaded (the services' NAT loads it).
+    pub fn apply(&self) -> Result<()> {
+        let keys = [
+            ("close_wait", self.close_wait),
+            ("established", self.established),
+        ];
+        for (state, timeout) in keys {
+            if let Some(t) = timeout {
+                let key = format!("net/netfilter/nf_conntrack_tcp_timeout_{state}");
+                sysctl::set(&key, &t.as_secs().to_string())?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// One direction of an entry: addresses, protocol and source port.
 #[derive(Default)]

@@ -214,6 +214,23 @@ struct AgentArgs {
     /// (port 10249, `/proxyMode`).
     #[arg(long, env = "CORVID_KUBE_PROXY_LISTEN")]
     kube_proxy_listen: Option<std::net::IpAddr>,
+    /// Seconds conntrack remembers a TCP connection one side closed (CLOSE_WAIT), so that
+    /// a translated one still open the other way keeps its translation; 0 leaves the
+    /// kernel's 60. kube-proxy's flag and default.
+    #[arg(
+        long,
+        env = "CORVID_CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT",
+        default_value_t = 3600
+    )]
+    conntrack_tcp_timeout_close_wait: u64,
+    /// Seconds conntrack remembers an idle open TCP connection; 0 leaves the kernel's
+    /// five days. kube-proxy's flag and default.
+    #[arg(
+        long,
+        env = "CORVID_CONNTRACK_TCP_TIMEOUT_ESTABLISHED",
+        default_value_t = 86400
+    )]
+    conntrack_tcp_timeout_established: u64,
     #[command(flatten)]
     metrics: MetricsArgs,
 }
@@ -315,6 +332,11 @@ fn exit(daemon: &str, outcome: anyhow::Result<()>) -> ExitCode {
     }
 }
 
+/// A duration in seconds, none for 0.
+fn seconds(s: u64) -> Option<std::time::Duration> {
+    (s > 0).then(|| std::time::Duration::from_secs(s))
+}
+
 fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let config = corvid_agent::Config {
         host_id: a.host.host_id,
@@ -325,6 +347,10 @@ fn agent(a: AgentArgs) -> anyhow::Result<()> {
         public_interface: a.public_interface,
         security_groups: a.security_groups,
         all_routers: a.all_routers,
+        conntrack: corvid_net::conntrack::TcpTimeouts {
+            close_wait: seconds(a.conntrack_tcp_timeout_close_wait),
+            established: seconds(a.conntrack_tcp_timeout_established),
+        },
     };
     let mut agent = corvid_agent::Agent::new(config)?;
     let health = agent.health();

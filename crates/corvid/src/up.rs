@@ -121,6 +121,8 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         public_interface: None,
         security_groups: a.security_groups,
         all_routers: false,
+        // A workstation's conntrack is left as its owner set it.
+        conntrack: Default::default(),
     })
     .context("agent")?;
     corvid_metrics::serve(

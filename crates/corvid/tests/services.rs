@@ -325,3 +325,78 @@ fn members_changed_under_traffic_are_followed_at_once() {
         "m3 chosen again, or the others not: {answers:?}"
     );
 }
+
+#[test]
+fn a_connection_half_closed_through_a_vip_keeps_its_translation_for_an_hour() {
+    let cluster = Cluster::new("sc");
+    cluster.network("teal", "10.53.0.0/24", false);
+    let (server, client) = (cluster.pod("srv"), cluster.pod("client"));
+    let server_ip = result_ip(&cni_result(&cluster.add(1, "teal", &server)));
+    cni_result(&cluster.add(0, "teal", &client));
+    // A server that greets and never closes its side: after a client's FIN, the
+    // connection is CLOSE_WAIT in the client host's conntrack.
+    let (_server, _) = server.python_ready(
+        "import socket\n\
+         s = socket.socket(); s.bind(('0.0.0.0', 8080)); s.listen(8)\n\
+         print('ready', flush=True)\n\
+         held = []\n\
+         while True:\n\
+         \x20   c, _ = s.accept(); c.sendall(b'hi'); held.append(c)",
+    );
+    let (_, subnet) = services_network(&cluster, "10.96.0.0/24");
+    let lb = post(
+        &cluster,
+        "/v2/lbaas/loadbalancers",
+        json!({"loadbalancer": {"name": "web", "vip_subnet_id": subnet.id, "vip_address": "10.96.0.10"}}),
+    );
+    let listener = post(
+        &cluster,
+        "/v2/lbaas/listeners",
+        json!({"listener": {"loadbalancer_id": lb["loadbalancer"]["id"], "protocol": "TCP", "protocol_port": 80}}),
+    );
+    let pool = post(
+        &cluster,
+        "/v2/lbaas/pools",
+        json!({"pool": {"listener_id": listener["listener"]["id"],
+            "loadbalancer_id": lb["loadbalancer"]["id"], "protocol": "TCP",
+            "lb_algorithm": "ROUND_ROBIN"}}),
+    );
+    add_member(&cluster, pool["pool"]["id"].as_str().unwrap(), &server_ip);
+    wait_until("the VIP to answer", Duration::from_secs(10), || {
+        client.connect("10.96.0.10", 80, 1, false) == ["hi"]
+    });
+    let (_client, _) = client.python_ready(
+        "import socket, time\n\
+         s = socket.create_connection(('10.96.0.10', 80), timeout=5)\n\
+         s.shutdown(socket.SHUT_WR)\n\
+         print('ready', flush=True)\n\
+         time.sleep(120)",
+    );
+    let mut entry = String::new();
+    wait_until(
+        "the connection to be CLOSE_WAIT in conntrack",
+        Duration::from_secs(10),
+        || {
+            let table = cluster.hosts[0]
+                .command("cat")
+                .arg("/proc/net/nf_conntrack")
+                .output()
+                .unwrap();
+            entry = String::from_utf8_lossy(&table.stdout)
+                .lines()
+                .find(|l| l.contains("CLOSE_WAIT") && l.contains("dst=10.96.0.10"))
+                .unwrap_or_default()
+                .to_string();
+            !entry.is_empty()
+        },
+    );
+    // "ipv4 2 tcp 6 TIMEOUT CLOSE_WAIT src=...": kube-proxy's hour, not the kernel's minute.
+    let timeout: u64 = entry.split_whitespace().nth(4).unwrap().parse().unwrap();
+    assert!(timeout > 3500, "{entry}");
+    let established = cluster.hosts[0]
+        .command("cat")
+        .arg("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&established.stdout).trim(), "86400");
+}
