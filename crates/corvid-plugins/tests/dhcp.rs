@@ -1,7 +1,8 @@
 //! dhcp with macvlan, against dnsmasq in a namespace on the master's segment: leases got,
 //! renewed at T1 and released on DEL in every version; the same results as the
 //! reference's daemon and plugin, and lists mixing theirs and ours; options provided and
-//! routes from option 121; GC; and refusals that leave no interface behind.
+//! routes from option 121; GC; a DEL while the server is gone; and refusals that leave
+//! no interface behind.
 
 mod support;
 
@@ -261,6 +262,29 @@ fn leases_are_got_renewed_and_released_in_every_version() {
             assert!(!o.success, "{version}: CHECK passed with no lease");
         }
     }
+}
+
+#[test]
+fn a_del_while_the_server_is_gone_ends_with_the_renewal_under_way() {
+    let mut seg = Segment::new(&[]);
+    let socket = seg.socket("gone.sock");
+    let _daemon = seg.daemon(false, &socket);
+    let c = seg.conf("1.1.0", &socket, json!({}));
+    let r = seg.call(false, false, "ADD", "cvtgone", &c).ok();
+    assert!(address(&r).starts_with("10.89.0."), "{r}");
+    // The server goes: the renewal at T1 (2 s) fails after the daemon's resends (4 s),
+    // then the daemon waits for T2. The DEL comes during the renewal.
+    if let Some(mut d) = seg.dnsmasq.take() {
+        d.kill().unwrap();
+        d.wait().unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let started = Instant::now();
+    seg.call(false, false, "DEL", "cvtgone", &c).ok();
+    // It ends when the renewal does, not when the lease expires (2 minutes).
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "the DEL took {took:?}");
+    assert!(seg.pod.links().is_empty());
 }
 
 #[test]

@@ -408,29 +408,32 @@ fn keep(client: Client, mut nl: Netlink, bound: Arc<Mutex<Bound>>, stopped: mpsc
         let renew_at = granted + now_bound.renew;
         let rebind_at = granted + now_bound.rebind;
         let expire_at = granted + now_bound.lease;
-        let wait = renew_at.saturating_duration_since(Instant::now());
-        match stopped.recv_timeout(wait) {
-            Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
-                match client.release(&now_bound) {
-                    Ok(()) => tracing::info!("{id}: lease of {} released", now_bound.address),
-                    Err(e) => tracing::warn!("{id}: failed to send DHCPRELEASE: {e}"),
-                }
-                return;
-            }
+        // Told to stop (or dropped) while waiting for T1 or, after a failed renewal, for
+        // T2: release and end, wherever the wait was.
+        let stop = |wait: Duration| stopped.recv_timeout(wait) != Err(RecvTimeoutError::Timeout);
+        let release = || match client.release(&now_bound) {
+            Ok(()) => tracing::info!("{id}: lease of {} released", now_bound.address),
+            Err(e) => tracing::warn!("{id}: failed to send DHCPRELEASE: {e}"),
+        };
+        if stop(renew_at.saturating_duration_since(Instant::now())) {
+            release();
+            return;
         }
         let Ok(Some(link)) = nl.link_by_name(&client.ifname) else {
             tracing::info!("{id}: the interface is gone; the lease is no longer kept");
             return;
         };
-        let renewed = client.extend(&now_bound, now_bound.server).or_else(|e| {
-            tracing::warn!("{id}: renewing: {e}");
-            let wait = rebind_at.saturating_duration_since(Instant::now());
-            if stopped.recv_timeout(wait) != Err(RecvTimeoutError::Timeout) {
-                return Err(e);
+        let renewed = match client.extend(&now_bound, now_bound.server) {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                tracing::warn!("{id}: renewing: {e}");
+                if stop(rebind_at.saturating_duration_since(Instant::now())) {
+                    release();
+                    return;
+                }
+                client.extend(&now_bound, Ipv4Addr::BROADCAST)
             }
-            client.extend(&now_bound, Ipv4Addr::BROADCAST)
-        });
+        };
         match renewed {
             Ok(b) => {
                 tracing::info!(
