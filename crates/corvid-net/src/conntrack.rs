@@ -34,13 +34,6 @@ pub struct TcpTimeouts {
 }
 
 impl TcpTimeouts {
-    /// kube-proxy's defaults (`--conntrack-tcp-timeout-close-wait` and
-    /// `--conntrack-tcp-timeout-established`): an hour and a day.
-    pub const KUBE_PROXY: TcpTimeouts = TcpTimeouts {
-        close_wait: Some(std::time::Duration::from_secs(3600)),
-        established: Some(std::time::Duration::from_secs(86400)),
-    };
-
     /// Writes the timeouts given; conntrack must be loaded (the services' NAT loads it).
     pub fn apply(&self) -> Result<()> {
         let keys = [
