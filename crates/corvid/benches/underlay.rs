@@ -3,7 +3,9 @@
 //! turns in each round: iperf3 TCP throughput. Beside them the floor of the overlay
 //! itself: the same devices made bare (pods' veths, a bridge and a vxlan device per host,
 //! static forwarding entries) in private namespaces with no nftables and no bridge
-//! netfilter hooks. Prints the medians and their ratios.
+//! netfilter hooks; and, the floor of a routed mode, the same hosts routing two more pods
+//! to each other without encapsulation (each pod a /32 behind its host's veth, the
+//! remote one via the other host's underlay address). Prints the medians and ratios.
 //!
 //! Needs root and iperf3. `cargo bench -p corvid --bench underlay`
 //! (`CORVID_BENCH_ROUNDS`, default 7).
@@ -40,55 +42,61 @@ fn main() {
     // iperf3 listens a moment after it starts.
     std::thread::sleep(Duration::from_millis(300));
 
-    let (mut overlay, mut floor, mut underlay) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut overlay, mut floor, mut routed, mut underlay) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         overlay.push(a.iperf(&ip_b));
         floor.push(bare.pods[0].iperf(BareOverlay::SERVER));
+        routed.push(bare.routed[0].iperf(BareOverlay::ROUTED_SERVER));
         underlay.push(cluster.hosts[0].iperf(&host_b));
     }
-    let (overlay, floor, underlay) = (median(overlay), median(floor), median(underlay));
+    let (overlay, floor) = (median(overlay), median(floor));
+    let (routed, underlay) = (median(routed), median(underlay));
     println!(
         "across two hosts, iperf3 TCP 2 s, taking turns ({rounds} rounds, medians, {} cores)",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!(
-        "{:<44} {overlay:>8.2} Gbit/s",
-        "corvid: pod to pod over VXLAN"
-    );
-    println!(
-        "{:<44} {floor:>8.2} Gbit/s",
-        "bare kernel: pod to pod over VXLAN"
-    );
-    println!(
-        "{:<44} {underlay:>8.2} Gbit/s",
-        "host to host on the underlay"
-    );
+    for (what, gbits) in [
+        ("corvid: pod to pod over VXLAN", overlay),
+        ("bare kernel: pod to pod over VXLAN", floor),
+        ("bare kernel: pod to pod routed, no VXLAN", routed),
+        ("host to host on the underlay", underlay),
+    ] {
+        println!("{what:<44} {gbits:>8.2} Gbit/s");
+    }
     println!(
         "ratios: corvid/underlay {:.3} (target >= 0.85), bare/underlay {:.3}, corvid/bare {:.3}",
         overlay / underlay,
         floor / underlay,
         overlay / floor
     );
+    println!(
+        "the routed floor: bare routed/underlay {:.3} (a routed mode's target >= 0.97)",
+        routed / underlay
+    );
 }
 
 /// Two hosts on a lan bridge, each with a bridge, a vxlan device (VNI 42, forwarding
-/// everything to the other host) and a pod, all made by hand: the overlay's floor.
+/// everything to the other host) and a pod, all made by hand: the overlay's floor; and
+/// a routed pod each, reached without encapsulation.
 struct BareOverlay {
-    // Dropped in this order: the server, the pods, the hosts, the lan.
-    _server: Proc,
+    // Dropped in this order: the servers, the pods, the hosts, the lan.
+    _servers: [Proc; 2],
     pods: Vec<Ns>,
+    routed: Vec<Ns>,
     _hosts: Vec<Ns>,
     _lan: Ns,
 }
 
 impl BareOverlay {
     const SERVER: &'static str = "10.93.0.2";
+    const ROUTED_SERVER: &'static str = "10.93.9.2";
 
     fn new(tag: &str) -> BareOverlay {
         let lan = Ns::new(tag, "ol");
         lan.ip("link add cvtol type bridge");
         lan.ip("link set cvtol up");
-        let (mut hosts, mut pods) = (Vec::new(), Vec::new());
+        let (mut hosts, mut pods, mut routed) = (Vec::new(), Vec::new(), Vec::new());
         for i in 1..=2 {
             let host = Ns::new(tag, &format!("oh{i}"));
             lan.ip(&format!(
@@ -128,16 +136,47 @@ impl BareOverlay {
             pod.ip("link set eth0 mtu 1450");
             pod.ip(&format!("addr add 10.93.0.{i}/24 dev eth0"));
             pod.ip("link set eth0 up");
+            // The routed pod: its /32 behind the host's veth, its gateway the veth's
+            // address-less end; the other's /32 via the other host.
+            let r = Ns::new(tag, &format!("or{i}"));
+            host.ip(&format!(
+                "link add cvtor type veth peer name eth0 netns {}",
+                r.name()
+            ));
+            host.ip("link set cvtor up");
+            host.open()
+                .run(|| {
+                    corvid_net::sysctl::set("net/ipv4/ip_forward", "1").unwrap();
+                })
+                .unwrap();
+            host.ip(&format!("route add 10.93.9.{i}/32 dev cvtor"));
+            host.ip(&format!("route add 10.93.9.{other}/32 via 10.98.1.{other}"));
+            r.ip(&format!("addr add 10.93.9.{i}/32 dev eth0"));
+            r.ip("link set eth0 up");
+            r.ip("route add 169.254.1.1 dev eth0");
+            // No ARP for the gateway: its neighbour entry is given.
+            let link = host
+                .command("ip")
+                .args(["-o", "link", "show", "cvtor"])
+                .output()
+                .unwrap();
+            let link = String::from_utf8(link.stdout).unwrap();
+            let mac = link.split("link/ether ").nth(1).unwrap();
+            let mac = mac.split_whitespace().next().unwrap();
+            r.ip(&format!("neigh add 169.254.1.1 lladdr {mac} dev eth0"));
+            r.ip("route add default via 169.254.1.1 dev eth0");
             hosts.push(host);
             pods.push(pod);
+            routed.push(r);
         }
-        let server = pods[1].serve_iperf();
+        let servers = [pods[1].serve_iperf(), routed[1].serve_iperf()];
         wait_until("the bare pods to answer", Duration::from_secs(10), || {
-            pods[0].ping(Self::SERVER)
+            pods[0].ping(Self::SERVER) && routed[0].ping(Self::ROUTED_SERVER)
         });
         BareOverlay {
-            _server: server,
+            _servers: servers,
             pods,
+            routed,
             _hosts: hosts,
             _lan: lan,
         }
