@@ -106,12 +106,14 @@ impl BareOverlay {
             lan.ip(&format!("link set cvtolv{i} master cvtol up"));
             host.ip(&format!("addr add 10.98.1.{i}/24 dev eth0"));
             host.ip("link set eth0 up");
-            // What a host with br_netfilter loaded does by default, undone: the floor
-            // has no hooks on bridged frames.
-            let _ = host
-                .command("sysctl")
-                .args(["-qw", "net.bridge.bridge-nf-call-iptables=0"])
-                .status();
+            host.open()
+                .run(|| {
+                    corvid_net::sysctl::set("net/ipv4/ip_forward", "1").unwrap();
+                    // What a host with br_netfilter loaded does by default, undone: the
+                    // floor has no hooks on bridged frames (none to undo without it).
+                    let _ = corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", "0");
+                })
+                .unwrap();
             host.ip("link add cvtob type bridge");
             host.ip(&format!(
                 "link add cvtox type vxlan id 42 local 10.98.1.{i} dstport 4789 nolearning dev eth0"
@@ -144,25 +146,13 @@ impl BareOverlay {
                 r.name()
             ));
             host.ip("link set cvtor up");
-            host.open()
-                .run(|| {
-                    corvid_net::sysctl::set("net/ipv4/ip_forward", "1").unwrap();
-                })
-                .unwrap();
             host.ip(&format!("route add 10.93.9.{i}/32 dev cvtor"));
             host.ip(&format!("route add 10.93.9.{other}/32 via 10.98.1.{other}"));
             r.ip(&format!("addr add 10.93.9.{i}/32 dev eth0"));
             r.ip("link set eth0 up");
             r.ip("route add 169.254.1.1 dev eth0");
             // No ARP for the gateway: its neighbour entry is given.
-            let link = host
-                .command("ip")
-                .args(["-o", "link", "show", "cvtor"])
-                .output()
-                .unwrap();
-            let link = String::from_utf8(link.stdout).unwrap();
-            let mac = link.split("link/ether ").nth(1).unwrap();
-            let mac = mac.split_whitespace().next().unwrap();
+            let mac = host.netlink().link_by_name("cvtor").unwrap().unwrap().mac;
             r.ip(&format!("neigh add 169.254.1.1 lladdr {mac} dev eth0"));
             r.ip("route add default via 169.254.1.1 dev eth0");
             hosts.push(host);
