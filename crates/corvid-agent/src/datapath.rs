@@ -31,6 +31,12 @@ pub struct Datapath {
     /// with it (or with no mark, from an older corvid) are this agent's to remove.
     cluster: String,
     local: IpAddr,
+    /// This host's own addresses, one per family, that what it sends into a bridge
+    /// leaves from: the underlay address and, on the same device, one of the other family.
+    host_addresses: Vec<IpAddr>,
+    /// The largest MTU a pod's frame may have and still cross the underlay once
+    /// encapsulated; a network's own MTU above it is lowered to it on this host.
+    max_mtu: u32,
     masquerade: Option<BTreeMap<String, Vec<IpNet>>>,
     services: Option<Services>,
     /// Which bridges may forward to which, opened at the first sync.
@@ -77,17 +83,73 @@ pub enum Held<'a> {
     Dumped(&'a mut OverlayEntries),
 }
 
+/// What VXLAN adds to a pod's frame over an IPv4 underlay: outer IPv4, UDP and VXLAN
+/// headers and the inner Ethernet header.
+const VXLAN4_OVERHEAD: u32 = 20 + 8 + 8 + 14;
+/// The same over an IPv6 underlay.
+const VXLAN6_OVERHEAD: u32 = 40 + 8 + 8 + 14;
+
+/// What the agent takes from the device holding the underlay address: its MTU, and its
+/// global address of the other family, if any.
+#[derive(Default)]
+struct Underlay {
+    mtu: Option<u32>,
+    other_family: Option<IpAddr>,
+}
+
+/// The device holding the underlay address, as [`Underlay`] says; nothing when no
+/// device holds it (the agent then trusts the networks' MTUs).
+fn underlay(nl: &mut Netlink, local: IpAddr) -> Result<Underlay> {
+    let addresses = nl.addresses(None)?;
+    let Some(&(index, _)) = addresses.iter().find(|(_, a)| a.addr() == local) else {
+        tracing::warn!("no device holds the underlay address {local}: networks' MTUs are not checked against it");
+        return Ok(Underlay::default());
+    };
+    let other_family = addresses
+        .iter()
+        .filter(|(i, a)| *i == index && a.addr().is_ipv4() != local.is_ipv4())
+        .map(|(_, a)| a.addr())
+        .find(|a| match a {
+            IpAddr::V4(v4) => !v4.is_link_local() && !v4.is_loopback(),
+            IpAddr::V6(v6) => !v6.is_unicast_link_local() && !v6.is_loopback(),
+        });
+    Ok(Underlay {
+        mtu: nl.link_by_index(index)?.map(|l| l.mtu),
+        other_family,
+    })
+}
+
 impl Datapath {
+    /// The MTU a network's devices get on this host: its own, unless the underlay
+    /// cannot carry that much once encapsulated (an IPv6 underlay's headers are 20 bytes
+    /// longer than the 50 the controller's default allows for).
+    pub fn mtu(&self, network_mtu: u32) -> u32 {
+        network_mtu.min(self.max_mtu)
+    }
+
     /// Opens the datapath of the calling thread's namespace; `local` is the underlay address.
     pub fn open(
         local: IpAddr,
         public_interface: Option<String>,
         conntrack: TcpTimeouts,
     ) -> Result<Datapath> {
+        let mut nl = Netlink::open()?;
+        let underlay = underlay(&mut nl, local)?;
+        let max_mtu = underlay.mtu.map_or(u32::MAX, |m| {
+            m.saturating_sub(if local.is_ipv6() {
+                VXLAN6_OVERHEAD
+            } else {
+                VXLAN4_OVERHEAD
+            })
+        });
         Ok(Datapath {
             cluster: String::new(),
-            nl: Netlink::open()?,
+            nl,
             local,
+            host_addresses: std::iter::once(local)
+                .chain(underlay.other_family)
+                .collect(),
+            max_mtu,
             masquerade: None,
             services: None,
             routing: None,
@@ -267,11 +329,12 @@ impl Datapath {
     /// bridge and the vxlan device.
     pub fn sync_network(&mut self, n: &NetworkPlan, held: Held) -> Result<(Link, Link)> {
         let mark = names::owner_mark(&self.cluster, &n.id);
+        let mtu = self.mtu(n.mtu);
         let bridge = ensure_bridge(
             &mut self.nl,
             &BridgeSpec {
                 name: &n.bridge,
-                mtu: Some(n.mtu),
+                mtu: Some(mtu),
                 vlan_filtering: false,
                 promisc: false,
                 alias: Some(&mark),
@@ -291,7 +354,7 @@ impl Datapath {
                     vni: n.vni,
                     local: self.local,
                     master: bridge.index,
-                    mtu: Some(n.mtu),
+                    mtu: Some(mtu),
                 })?;
                 self.nl
                     .link_by_name(&n.vxlan)?
@@ -299,8 +362,11 @@ impl Datapath {
             }
         };
         let mut vxlan = vxlan;
-        if !fresh {
-            // Made by an older corvid, with the kernel's default.
+        if n.gateways.iter().any(|g| g.addr().is_ipv6()) {
+            sysctl::set_ipv6_neighbours_only(&n.vxlan)?;
+        } else if !fresh {
+            // Made by an older corvid with the kernel's default, or for a network that
+            // has lost its IPv6 subnet.
             sysctl::set_ipv6(&n.vxlan, false)?;
         }
         corvid_net::binding::mark(&mut self.nl, &mut vxlan, Some(&mark))?;
@@ -336,6 +402,14 @@ impl Datapath {
             && sysctl::get("net/ipv4/ip_forward")?.trim() != "1"
         {
             sysctl::set("net/ipv4/ip_forward", "1")?;
+        }
+        if n.gateways.iter().any(|g| g.addr().is_ipv6()) {
+            for dev in sysctl::enable_ipv6_forwarding(names::PREFIX)? {
+                tracing::info!(
+                    device = %dev,
+                    "IPv6 forwarding on: accept_ra set to 2 so the device keeps its router advertisements"
+                );
+            }
         }
         Ok((bridge, vxlan))
     }
@@ -533,7 +607,7 @@ impl Datapath {
                 .map(|(id, subnets)| (id.as_str(), subnets.as_slice()))
                 .collect();
             // On failure nothing is held: the next pass writes the whole chain.
-            masquerade::set_network_masquerade(&networks, Some(self.local))?;
+            masquerade::set_network_masquerade(&networks, &self.host_addresses)?;
         }
         self.masquerade = Some(want);
         Ok(())

@@ -554,7 +554,7 @@ impl Agent {
         let Some(n) = self.plans.get(net) else {
             return;
         };
-        let mtu = n.mtu;
+        let mtu = self.dp.mtu(n.mtu);
         let bridge = match self.links.get(&n.bridge) {
             Some(b) => b.clone(),
             // Gone since it was last seen: the network is brought up again first.

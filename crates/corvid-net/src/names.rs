@@ -11,6 +11,8 @@ fn name(prefix: &str, id: &str) -> String {
     format!("{prefix}{:012x}", h.finish() & 0xffff_ffff_ffff)
 }
 
+/// What the names of every device the agent owns start with.
+pub const PREFIX: &str = "cv";
 /// Prefix of the bridges the agent owns.
 pub const BRIDGE_PREFIX: &str = "cvb";
 /// Prefix of the vxlan devices the agent owns.

@@ -106,7 +106,7 @@ fn routed_traffic_keeps_its_source_where_networks_masquerade() {
         .run(|| {
             routing.sync(&mut nl, &want([Some("r1"), Some("r1"), None]))?;
             let subnet = "10.210.0.0/24".parse().unwrap();
-            set_network_masquerade(&[("net-a", &[subnet])], None)
+            set_network_masquerade(&[("net-a", &[subnet])], &[])
         })
         .unwrap()
         .unwrap();

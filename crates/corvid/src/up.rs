@@ -1,6 +1,7 @@
 //! `corvid up`: the whole stack on one machine. The controller on the embedded store, an
-//! agent for this host, and a default network with masquerade; then it prints the CNI
-//! configuration that attaches containers to that network and stays in the foreground.
+//! agent for this host, and a default dual-stack network with masquerade; then it prints
+//! the CNI configuration that attaches containers to that network and stays in the
+//! foreground.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,9 +28,15 @@ pub struct UpArgs {
     /// Name of the default network (and of its CNI configuration).
     #[arg(long, default_value = "corvid")]
     network: String,
-    /// The default network's subnet.
+    /// The default network's IPv4 subnet.
     #[arg(long, default_value = "10.77.0.0/16")]
-    subnet: ipnet::IpNet,
+    subnet: ipnet::Ipv4Net,
+    /// The default network's IPv6 subnet (a unique local /64 by default).
+    #[arg(long, default_value = "fd77:0:0:1::/64", conflicts_with = "no_ipv6")]
+    ipv6_cidr: ipnet::Ipv6Net,
+    /// An IPv4-only default network: containers get no IPv6 address.
+    #[arg(long)]
+    no_ipv6: bool,
     /// Where the agent serves /metrics, /healthz and /readyz (`corvid doctor` looks there).
     #[arg(long, env = "CORVID_METRICS_LISTEN", default_value = "127.0.0.1:9697")]
     metrics_listen: SocketAddr,
@@ -46,12 +53,14 @@ pub struct UpArgs {
     security_groups: bool,
 }
 
-/// The default network and its subnet, created on the first run and found afterwards.
+/// The default network, with a subnet in each of `cidrs`' families, created on the first
+/// run and found afterwards: a subnet of a family the network lacks is added (an IPv4
+/// network of an earlier corvid becomes dual stack), one it has is kept as it is.
 fn default_network(
     client: &Client,
     name: &str,
-    cidr: ipnet::IpNet,
-) -> Result<Subnet, corvid_api::ApiError> {
+    cidrs: &[ipnet::IpNet],
+) -> Result<(Network, Vec<Subnet>), corvid_api::ApiError> {
     let (nets, _) = client.list::<Network>(&[("name", name)])?;
     let net = match nets.into_iter().next() {
         Some(n) => n,
@@ -61,15 +70,26 @@ fn default_network(
             ..Default::default()
         })?,
     };
-    if let Some(id) = net.subnets.first() {
-        return client.get::<Subnet>(id);
+    let mut subnets = Vec::new();
+    for id in &net.subnets {
+        subnets.push(client.get::<Subnet>(id)?);
     }
-    client.create(SubnetCreate {
-        network_id: net.id,
-        name: Some(name.to_string()),
-        cidr: Some(cidr.trunc()),
-        ..Default::default()
-    })
+    for cidr in cidrs {
+        if subnets
+            .iter()
+            .any(|s| s.cidr.addr().is_ipv4() == cidr.addr().is_ipv4())
+        {
+            continue;
+        }
+        subnets.push(client.create(SubnetCreate {
+            network_id: net.id.clone(),
+            name: Some(name.to_string()),
+            cidr: Some(cidr.trunc()),
+            ip_version: Some(if cidr.addr().is_ipv4() { 4 } else { 6 }),
+            ..Default::default()
+        })?);
+    }
+    Ok((net, subnets))
 }
 
 /// Runs the stack until SIGINT or SIGTERM.
@@ -110,7 +130,23 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let subnet = default_network(&client, &a.network, a.subnet).context("the default network")?;
+    let mut cidrs = vec![ipnet::IpNet::V4(a.subnet)];
+    if !a.no_ipv6 {
+        cidrs.push(ipnet::IpNet::V6(a.ipv6_cidr));
+    }
+    let (net, subnets) =
+        default_network(&client, &a.network, &cidrs).context("the default network")?;
+    // A network's ID gives each port an address in every subnet of it; one subnet's, in
+    // that subnet alone.
+    let (target, subnets): (&str, Vec<&Subnet>) = if a.no_ipv6 {
+        let v4 = subnets
+            .iter()
+            .find(|s| s.cidr.addr().is_ipv4())
+            .ok_or_else(|| anyhow!("network {} has no IPv4 subnet", a.network))?;
+        (&v4.id, vec![v4])
+    } else {
+        (&net.id, subnets.iter().collect())
+    };
     let host_id = a.host_id.unwrap_or_else(corvid_net::hostname);
     let mut agent = corvid_agent::Agent::new(corvid_agent::Config {
         host_id: host_id.clone(),
@@ -137,8 +173,8 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         "plugins": [{
             "type": "corvid",
             "mpurl": url,
-            "project": subnet.project_id,
-            "subnet": subnet.id,
+            "project": net.project_id,
+            "subnet": target,
             "hostId": host_id,
         }]
     });
@@ -160,7 +196,11 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
          ip netns exec a ping <the address b got>\n\n\
          Stop with Ctrl-C.",
         a.network,
-        subnet.cidr,
+        subnets
+            .iter()
+            .map(|s| s.cidr.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
         path.display(),
         net = a.network,
     );

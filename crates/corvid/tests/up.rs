@@ -32,20 +32,53 @@ fn up_then_two_namespaces_ping_each_other() {
 
     let a = Ns::new(&tag, "a");
     let b = Ns::new(&tag, "b");
-    let (ip_a, ip_b) = (stack.add(&host, &a), stack.add(&host, &b));
+    let (ra, rb) = (stack.add_result(&host, &a), stack.add_result(&host, &b));
+    let ips = |r: &Value| -> Vec<String> {
+        r["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|ip| {
+                ip["address"]
+                    .as_str()
+                    .unwrap()
+                    .split('/')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let (ips_a, ips_b) = (ips(&ra), ips(&rb));
+    // Dual stack by default: an address in 10.77.0.0/16 and one in fd77:0:0:1::/64.
+    let in_fd77 = |ip: &str| {
+        ip.parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|ip| ip.segments()[..4] == [0xfd77, 0, 0, 1])
+    };
     assert!(
-        ip_a.starts_with("10.77.") && ip_b.starts_with("10.77."),
-        "{ip_a} {ip_b}"
+        ips_a.len() == 2 && ips_a[0].starts_with("10.77.") && in_fd77(&ips_a[1]),
+        "{ra}"
     );
-    assert!(a.ping(&ip_b));
-    assert!(b.ping(&ip_a));
+    assert_eq!(ra["routes"][0]["dst"], "0.0.0.0/0", "{ra}");
+    assert_eq!(ra["routes"][1]["dst"], "::/0", "{ra}");
+    let (ip_a, ip_b) = (ips_a[0].clone(), ips_b[0].clone());
+    for (from, to) in [(&a, &ips_b), (&b, &ips_a)] {
+        for ip in to {
+            assert!(from.ping(ip), "{ip}");
+        }
+    }
+    // The host over both families: the gateways its bridge holds.
+    for gw in [&ra["ips"][0]["gateway"], &ra["ips"][1]["gateway"]] {
+        assert!(a.ping(gw.as_str().unwrap()), "{gw}");
+    }
 
     // One Ctrl-C stops it at once: the agent's open watch request does not hold it.
     stop(&mut running, libc::SIGINT, Duration::from_secs(5));
     // Started again on the same state, filtering by security groups this time: the
     // containers keep working (the plugin's ports have port security off), the agent is
     // ready and serves its metrics, a new attach works and a DEL removes its devices.
-    running = stack.start(&host, &["--security-groups"]);
+    // Without IPv6, new containers get an IPv4 address alone.
+    running = stack.start(&host, &["--security-groups", "--no-ipv6"]);
     let agent_ready = || {
         host.open()
             .run(|| ureq::get("http://127.0.0.1:9697/readyz").call().is_ok())
@@ -67,7 +100,11 @@ fn up_then_two_namespaces_ping_each_other() {
         "{tables:?}"
     );
     let c = Ns::new(&tag, "c");
-    let ip_c = stack.add(&host, &c);
+    let rc = stack.add_result(&host, &c);
+    let ip_c = match &ips(&rc)[..] {
+        [v4] => v4.clone(),
+        _ => panic!("one address: {rc}"),
+    };
     assert!(c.ping(&ip_a));
     assert!(a.ping(&ip_c));
     assert_eq!(host.links("cvp").len(), 3);

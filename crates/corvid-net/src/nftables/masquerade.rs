@@ -221,10 +221,11 @@ pub fn masquerade_tags() -> Result<Vec<String>> {
 /// Sets the agent's masquerade: for each network, traffic from its subnets leaving them
 /// (and not multicast). Replaces what was there in one transaction.
 ///
-/// With `host` (an address of this host only), what the host itself sends into a corvid
-/// bridge leaves from it: the bridges' own addresses are gateways every host holds, so
-/// a pod on another host would answer its own host, not this one.
-pub fn set_network_masquerade(networks: &[(&str, &[IpNet])], host: Option<IpAddr>) -> Result<()> {
+/// What the host itself sends into a corvid bridge leaves from the address of `hosts`
+/// (addresses of this host only, one per family) of its family: the bridges' own
+/// addresses are gateways every host holds, so a pod on another host would answer its
+/// own host, not this one.
+pub fn set_network_masquerade(networks: &[(&str, &[IpNet])], hosts: &[IpAddr]) -> Result<()> {
     let mut batch = Batch::new();
     batch.add_table();
     // The old chain made (or found) and removed in one transaction: no listing first.
@@ -233,13 +234,13 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])], host: Option<IpAddr
     batch.delete_chain(OLD_AGENT_CHAIN);
     batch.add_chain(AGENT_CHAIN, Some(AGENT_SRCNAT));
     batch.flush_chain(AGENT_CHAIN);
-    if let Some(host) = host {
+    for host in hosts {
         let v6 = host.is_ipv6();
         let mut rule = expr::nfproto(v6);
         rule.extend(expr::ifname_prefix(false, BRIDGE_PREFIX, true));
         rule.extend(expr::saddr_local());
         rule.extend([
-            expr::immediate(reg32(0), &addr_bytes(host)),
+            expr::immediate(reg32(0), &addr_bytes(*host)),
             expr::snat(v6, reg32(0)),
         ]);
         batch.add_rule(AGENT_CHAIN, rule, None);

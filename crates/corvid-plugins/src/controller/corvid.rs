@@ -5,7 +5,7 @@
 use std::hash::Hasher;
 use std::time::Duration;
 
-use corvid_api::{ApiError, Client, Port, PortCreate, Status, Subnet};
+use corvid_api::{ApiError, Client, Network, Port, PortCreate, Status, Subnet};
 use corvid_cni::result::{Dns, Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
@@ -220,7 +220,8 @@ fn wait_up(client: &Client, conf: &Conf, id: &str) -> Result<Port, Error> {
     })
 }
 
-/// The CNI result of an UP port: its interface, addresses and the subnet's gateway.
+/// The CNI result of an UP port: its interface, an address per fixed IP with its
+/// subnet's prefix, and a default route per family through that family's first gateway.
 fn result_of(
     client: &Client,
     conf: &Conf,
@@ -228,11 +229,6 @@ fn result_of(
     args: &CmdArgs,
     netns: &str,
 ) -> Result<CniResult, Error> {
-    let subnet: Subnet = client
-        .get(&conf.subnet)
-        .map_err(|e| api(e, conf, "read the subnet"))?;
-    let cidr = subnet.cidr;
-    let gateway = subnet.gateway_ip;
     let mut result = CniResult {
         interfaces: vec![Interface {
             name: args.ifname.clone(),
@@ -242,30 +238,49 @@ fn result_of(
         }],
         ..CniResult::default()
     };
-    for ip in port
-        .fixed_ips
-        .iter()
-        .filter(|ip| cidr.contains(&ip.ip_address))
-    {
+    let mut fixed_ips: Vec<_> = port.fixed_ips.iter().collect();
+    // IPv4 first: the address most runtimes take for "the" pod IP.
+    fixed_ips.sort_by_key(|ip| ip.ip_address.is_ipv6());
+    let mut subnets: Vec<Subnet> = Vec::new();
+    for ip in fixed_ips {
+        let at = match subnets.iter().position(|s| s.id == ip.subnet_id) {
+            Some(at) => at,
+            None => {
+                let s: Subnet = client
+                    .get(&ip.subnet_id)
+                    .map_err(|e| api(e, conf, "read the port's subnet"))?;
+                subnets.push(s);
+                subnets.len() - 1
+            }
+        };
+        let subnet = &subnets[at];
         result.ips.push(IpConfig {
-            address: IpNet::new(ip.ip_address, cidr.prefix_len()).expect("prefix of a valid cidr"),
-            gateway,
+            address: IpNet::new(ip.ip_address, subnet.cidr.prefix_len())
+                .expect("prefix of a valid cidr"),
+            gateway: subnet.gateway_ip,
             interface: Some(0),
         });
+        if let Some(gw) = subnet.gateway_ip {
+            let default = if gw.is_ipv4() {
+                IpNet::V4(Default::default())
+            } else {
+                IpNet::V6(Default::default())
+            };
+            if !result.routes.iter().any(|r| r.dst == default) {
+                result.routes.push(Route {
+                    dst: default,
+                    gw: Some(gw),
+                    ..Route::default()
+                });
+            }
+        }
     }
-    if let Some(gw) = gateway {
-        let default = if gw.is_ipv4() {
-            IpNet::V4(Default::default())
-        } else {
-            IpNet::V6(Default::default())
-        };
-        result.routes.push(Route {
-            dst: default,
-            gw: Some(gw),
-            ..Route::default()
-        });
+    let mut nameservers: Vec<String> = Vec::new();
+    for n in subnets.iter().flat_map(|s| &s.dns_nameservers) {
+        if !nameservers.contains(n) {
+            nameservers.push(n.clone());
+        }
     }
-    let nameservers = subnet.dns_nameservers;
     if !nameservers.is_empty() {
         result.dns = Dns {
             nameservers,
@@ -368,7 +383,8 @@ impl Plugin for Corvid {
         for p in ports {
             let ours = p.name == format!("k8s_{}", p.id)
                 && p.description.starts_with("cni ")
-                && p.fixed_ips.iter().any(|ip| ip.subnet_id == conf.subnet)
+                && (p.network_id == conf.subnet
+                    || p.fixed_ips.iter().any(|ip| ip.subnet_id == conf.subnet))
                 && port_ids(
                     &args.conf.name,
                     p.description
@@ -387,8 +403,14 @@ impl Plugin for Corvid {
 
     fn status(&self, args: &CmdArgs) -> Result<(), Error> {
         let (conf, client) = load(args)?;
-        match client.get::<Subnet>(&conf.subnet) {
-            Ok(_) => Ok(()),
+        let found = match client.get::<Subnet>(&conf.subnet) {
+            Err(ApiError::Neutron { status: 404, .. }) => {
+                client.get::<Network>(&conf.subnet).map(drop)
+            }
+            r => r.map(drop),
+        };
+        match found {
+            Ok(()) => Ok(()),
             Err(e) => Err(Error::new(
                 ErrorCode::PluginNotAvailable,
                 api(e, &conf, "reach the subnet").msg,

@@ -53,6 +53,11 @@ pub fn underlay_ip(host: usize) -> String {
     format!("10.99.0.{}", host + 1)
 }
 
+/// Host `host`'s IPv6 underlay address, beside its IPv4 one.
+pub fn underlay_ip6(host: usize) -> String {
+    format!("fd99::{}", host + 1)
+}
+
 pub fn url() -> String {
     format!("http://10.99.0.254:{CONTROLLER_PORT}")
 }
@@ -86,6 +91,7 @@ impl Cluster {
         let lan = Ns::new(&tag, "lan");
         lan.ip("link add cvtul type bridge");
         lan.ip("addr add 10.99.0.254/24 dev cvtul");
+        lan.ip("addr add fd99::fe/64 dev cvtul nodad");
         lan.ip("link set cvtul up");
         lan.ip("link set lo up");
         let mut hosts = Vec::new();
@@ -97,6 +103,7 @@ impl Cluster {
             ));
             lan.ip(&format!("link set cvtu{i} master cvtul up"));
             h.ip(&format!("addr add {}/24 dev eth0", underlay_ip(i)));
+            h.ip(&format!("addr add {}/64 dev eth0 nodad", underlay_ip6(i)));
             h.ip("link set eth0 up");
             h.ip("link set lo up");
             hosts.push(h);
@@ -177,13 +184,21 @@ impl Cluster {
         }
     }
 
-    /// Starts host `i`'s agent with extra arguments (e.g. `--resync 1`).
+    /// Starts host `i`'s agent with extra arguments (e.g. `--resync 1`); its underlay
+    /// address is the IPv4 one unless they name another.
     pub fn start_agent_with(&mut self, i: usize, extra: &[&str]) {
+        let underlay = underlay_ip(i);
+        let default_underlay = ["--underlay-ip", underlay.as_str()];
+        let underlay_args: &[&str] = if extra.contains(&"--underlay-ip") {
+            &[]
+        } else {
+            &default_underlay
+        };
         let child = self.hosts[i]
             .command(env!("CARGO_BIN_EXE_corvid"))
             .args(["agent", "--host-id", &format!("h{}", i + 1)])
             .args(["--controller", &url()])
-            .args(["--underlay-ip", &underlay_ip(i)])
+            .args(underlay_args)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

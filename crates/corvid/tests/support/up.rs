@@ -81,13 +81,18 @@ impl Up {
             .unwrap()
     }
 
-    /// ADD of `pod` to the `corvid` network: the address it got, without its length.
+    /// ADD of `pod` to the `corvid` network: the IPv4 address it got, without its length.
     pub fn add(&self, host: &Ns, pod: &Ns) -> String {
-        let out = self.cni(host, &["add", "corvid", pod.path.to_str().unwrap()]);
-        assert!(out.status.success(), "ADD: {out:?}");
-        let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let result = self.add_result(host, pod);
         let addr = result["ips"][0]["address"].as_str().unwrap();
         addr.split('/').next().unwrap().to_string()
+    }
+
+    /// ADD of `pod` to the `corvid` network: its CNI result.
+    pub fn add_result(&self, host: &Ns, pod: &Ns) -> Value {
+        let out = self.cni(host, &["add", "corvid", pod.path.to_str().unwrap()]);
+        assert!(out.status.success(), "ADD: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
     }
 
     /// DEL of `pod` from the `corvid` network; it must succeed.

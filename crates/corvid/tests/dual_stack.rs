@@ -1,0 +1,178 @@
+//! Dual stack on two simulated hosts: a network with an IPv4 and an IPv6 subnet gives
+//! each pod an address in both, both default routes, and both families reach the same
+//! host, the other host across the overlay, the host itself and (masqueraded) the
+//! underlay; the overlay runs over an IPv4 or an IPv6 underlay. Runs as root, in
+//! namespaces only, as `overlay.rs` does.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use cluster::ns::{wait_until, Ns};
+use cluster::{cni_result, underlay_ip6, Cluster};
+use corvid_api::{Host, Network, Subnet};
+use serde_json::{json, Value};
+
+/// A network with subnets `v4` and `v6`, masqueraded, and its CNI configuration naming
+/// the network (so each port gets an address in both).
+fn dual_network(cluster: &Cluster, name: &str, v4: &str, v6: &str) -> Network {
+    let net = cluster.api(|c| {
+        let net: Network = c
+            .create(json!({"name": name, "corvid:masquerade": true}))
+            .unwrap();
+        for (cidr, version) in [(v4, 4), (v6, 6)] {
+            let _: Subnet = c
+                .create(json!({"network_id": net.id, "cidr": cidr, "ip_version": version}))
+                .unwrap();
+        }
+        net
+    });
+    cluster.conflist(name, &net.id);
+    net
+}
+
+/// The result's address of the given family, without its prefix.
+fn address(result: &Value, v6: bool) -> String {
+    let ips = result["ips"].as_array().unwrap();
+    let ip = ips
+        .iter()
+        .map(|ip| ip["address"].as_str().unwrap())
+        .find(|a| a.contains(':') == v6)
+        .unwrap_or_else(|| panic!("no {} address in {result}", if v6 { 6 } else { 4 }));
+    ip.split('/').next().unwrap().to_string()
+}
+
+/// A ping of `size` bytes of payload that may not be fragmented.
+fn df_ping(pod: &Ns, to: &str, size: usize) -> bool {
+    pod.command("ping")
+        .args([
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-M",
+            "do",
+            "-s",
+            &size.to_string(),
+            to,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// The MTU of `ifname` in `pod`.
+fn mtu(pod: &Ns, ifname: &str) -> usize {
+    pod.netlink().link_by_name(ifname).unwrap().unwrap().mtu as usize
+}
+
+/// Both families between pods on one host, across hosts, to the gateway and the host,
+/// and out to the underlay; a DF ping at the pod's MTU in both across the overlay.
+fn both_families_reach(cluster: &Cluster, net: &str) {
+    let a1 = cluster.pod("a1");
+    let a2 = cluster.pod("a2");
+    let b1 = cluster.pod("b1");
+    let ra1 = cni_result(&cluster.add(0, net, &a1));
+    let ra2 = cni_result(&cluster.add(0, net, &a2));
+    let rb1 = cni_result(&cluster.add(1, net, &b1));
+    assert_eq!(ra1["ips"].as_array().unwrap().len(), 2, "{ra1}");
+    assert!(
+        !ra1["ips"][0]["address"].as_str().unwrap().contains(':'),
+        "IPv4 first: {ra1}"
+    );
+    let routes: Vec<&str> = ra1["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["dst"].as_str().unwrap())
+        .collect();
+    assert_eq!(routes, ["0.0.0.0/0", "::/0"], "{ra1}");
+    let gw6 = ra1["ips"][1]["gateway"].as_str().unwrap().to_string();
+    let pod_mtu = mtu(&a1, "eth0");
+    for v6 in [false, true] {
+        let (ip_a2, ip_b1) = (address(&ra2, v6), address(&rb1, v6));
+        let family = if v6 { "IPv6" } else { "IPv4" };
+        assert!(a1.ping(&ip_a2), "{family}, same host");
+        assert!(
+            a1.ping(&ip_b1),
+            "{family}, across hosts\n{}",
+            cluster.overlay_state()
+        );
+        assert!(b1.ping(&ip_a2), "{family}, across hosts, the other way");
+        // The host's first packet to the pod may wait on neighbour discovery.
+        wait_until(
+            &format!("{family}: the host to reach its pod"),
+            Duration::from_secs(5),
+            || cluster.hosts[1].ping(&ip_b1),
+        );
+        // From its own address, not the bridge's, which b1's host holds too.
+        wait_until(
+            &format!("{family}: the other host to reach the pod"),
+            Duration::from_secs(5),
+            || cluster.hosts[0].ping(&ip_b1),
+        );
+        let header = if v6 { 48 } else { 28 };
+        assert!(
+            df_ping(&a1, &ip_b1, pod_mtu - header),
+            "{family}: a full-sized packet that may not be fragmented crosses (MTU {pod_mtu})"
+        );
+    }
+    assert!(a1.ping(&gw6), "the IPv6 gateway on the host's bridge");
+    assert!(a1.ping("10.99.0.254"), "IPv4 egress is masqueraded");
+    assert!(a1.ping("fd99::fe"), "IPv6 egress is masqueraded");
+    // The overlay answered b1's IPv6 neighbour solicitation on a1's host: b1's own MAC.
+    let ip6_b1 = address(&rb1, true);
+    let mac_b1 = b1.netlink().link_by_name("eth0").unwrap().unwrap().mac;
+    let out = a1
+        .command("ip")
+        .args(["-6", "neigh", "show", &ip6_b1])
+        .output()
+        .unwrap();
+    let neigh = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(neigh.contains(&mac_b1.to_lowercase()), "{neigh}");
+
+    for (pod, host) in [(&a1, 0), (&a2, 0), (&b1, 1)] {
+        assert!(cluster.del(host, net, pod).status.success());
+    }
+    assert!(cluster.ports().is_empty());
+    wait_until("the bridges to go", Duration::from_secs(10), || {
+        cluster.hosts.iter().all(|h| {
+            h.netlink()
+                .links()
+                .unwrap()
+                .iter()
+                .all(|l| !l.name.starts_with("cv"))
+        })
+    });
+}
+
+#[test]
+fn pods_get_both_families_and_reach_each_other_over_both() {
+    let cluster = Cluster::new("ds");
+    dual_network(&cluster, "duo", "10.52.0.0/24", "fd52::/64");
+    both_families_reach(&cluster, "duo");
+}
+
+#[test]
+fn the_overlay_runs_over_an_ipv6_underlay() {
+    let mut cluster = Cluster::new("d6");
+    for i in 0..2 {
+        cluster.agents[i].take();
+        let underlay = underlay_ip6(i);
+        cluster.start_agent_with(i, &["--underlay-ip", &underlay]);
+    }
+    wait_until(
+        "the hosts to register over IPv6",
+        Duration::from_secs(10),
+        || {
+            let hosts = cluster.api(|c| c.list::<Host>(&[]).unwrap().0);
+            hosts.len() == 2 && hosts.iter().all(|h| h.underlay_ip.is_ipv6())
+        },
+    );
+    dual_network(&cluster, "duo", "10.53.0.0/24", "fd53::/64");
+    both_families_reach(&cluster, "duo");
+}
