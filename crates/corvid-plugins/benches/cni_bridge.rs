@@ -9,8 +9,12 @@
 //! and DEL against its own ADD without it and against the kernel's floor, and whether a
 //! long network stays flat (the first 50 operations against the last 50).
 //!
+//! Two more lanes give each container an IPv6 address beside its IPv4 one (dual stack,
+//! no masquerade), to set the dual-stack ADD against the IPv4-only ADD.
+//!
 //! `cargo bench -p corvid-plugins --bench cni_bridge` (CORVID_BENCH_N sets N, default 64;
-//! CORVID_BENCH_MASQ=0 or 1 runs only one of the two; CORVID_BENCH_PAR=1 skips the 8-way
+//! CORVID_BENCH_MASQ=0 or 1 runs only one of the two; CORVID_BENCH_DUAL=0 leaves the
+//! dual-stack lanes out; CORVID_BENCH_PAR=1 skips the 8-way
 //! phase; CORVID_BENCH_REFERENCE=0 leaves the reference's lanes out; CORVID_BENCH_IPV6=0
 //! turns IPv6 off in every namespace of the run, which takes away the kernel's flood of
 //! each new interface's IPv6 announcements to every port of the bridge).
@@ -166,6 +170,8 @@ struct Lane<'a> {
     label: &'static str,
     imp: &'a Impl,
     masq: bool,
+    /// An IPv6 range beside the IPv4 one: each container gets an address in both.
+    dual: bool,
 }
 
 fn main() {
@@ -189,6 +195,7 @@ fn main() {
     if !with_reference {
         impls.truncate(1);
     }
+    let dual = std::env::var("CORVID_BENCH_DUAL").map_or(true, |v| v != "0");
     // Every lane takes its turn in each round, so what the kernel is busy with (the
     // teardown of namespaces, a neighbour's load) falls on all of them alike.
     let lanes: Vec<Lane> = masqs
@@ -203,8 +210,24 @@ fn main() {
                 },
                 imp,
                 masq,
+                dual: false,
             })
         })
+        .chain(
+            impls
+                .iter()
+                .filter(|_| dual && masqs.contains(&false))
+                .map(|imp| Lane {
+                    label: if imp.label == "corvid" {
+                        "corvid dual"
+                    } else {
+                        "ref dual"
+                    },
+                    imp,
+                    masq: false,
+                    dual: true,
+                }),
+        )
         .collect();
     let window = 50.min(n);
     println!("bridge + host-local, {n} containers per lane; times in ms");
@@ -250,6 +273,21 @@ fn main() {
             add.2 - add.1,
             (add.2 - add.1) - (plug.2 - plug.1)
         );
+    }
+    if let Some(dual) = figures.get(&("corvid dual", "ADD", 1)) {
+        let single = figures[&("corvid", "ADD", 1)];
+        println!("\ndual stack, one at a time (target in brackets)");
+        println!(
+            "  corvid: dual-stack ADD / IPv4-only ADD: {:.3} [<= 1.2]",
+            dual.0 / single.0
+        );
+        if let Some(r) = figures.get(&("ref dual", "ADD", 1)) {
+            println!(
+                "  reference: dual-stack ADD / IPv4-only ADD: {:.3}",
+                r.0 / figures[&("reference", "ADD", 1)].0
+            );
+            println!("  dual-stack ADD, corvid / reference: {:.3}", dual.0 / r.0);
+        }
     }
     if masqs.len() == 2 {
         let add = figures[&("corvid+masq", "ADD", 1)];
@@ -337,9 +375,14 @@ fn run(lanes: &[Lane], n: usize, parallels: &[usize], window: usize) -> Figures 
                 let host_ns = Ns::new(format!("{tag}-{l}-{parallel}-h"));
                 let host = Netns::open(&host_ns.0).unwrap();
                 let data = tempfile::tempdir().unwrap();
+                let ranges = if lane.dual {
+                    r#"[[{"subnet":"10.200.0.0/16"}],[{"subnet":"fd00:200::/64"}]]"#
+                } else {
+                    r#"[[{"subnet":"10.200.0.0/16"}]]"#
+                };
                 let conf = format!(
                     r#"{{"cniVersion":"1.0.0","name":"cvtbench","type":"bridge","bridge":"cvtbrb","isGateway":true,"ipMasq":{},
-                        "ipam":{{"type":"host-local","subnet":"10.200.0.0/16","dataDir":"{}"}}}}"#,
+                        "ipam":{{"type":"host-local","ranges":{ranges},"dataDir":"{}"}}}}"#,
                     lane.masq,
                     data.path().display()
                 );
