@@ -175,10 +175,12 @@ impl Datapath {
             return;
         };
         for e in added {
-            if let IpAddr::V4(ip) = e.ip {
-                if let Err(e) = announcer.gratuitous_arp(bridge, &e.mac, ip) {
-                    tracing::debug!("{e}");
-                }
+            let sent = match e.ip {
+                IpAddr::V4(ip) => announcer.gratuitous_arp(bridge, &e.mac, ip),
+                IpAddr::V6(ip) => announcer.unsolicited_na(bridge, &e.mac, ip),
+            };
+            if let Err(e) = sent {
+                tracing::debug!("{e}");
             }
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cluster::ns::{wait_until, Ns};
 use cluster::{cni_result, underlay_ip6, Cluster};
-use corvid_api::{Host, Network, Subnet};
+use corvid_api::{Host, Network, Port, Subnet};
 use serde_json::{json, Value};
 
 /// A network with subnets `v4` and `v6`, masqueraded, and its CNI configuration naming
@@ -175,4 +175,63 @@ fn the_overlay_runs_over_an_ipv6_underlay() {
     );
     dual_network(&cluster, "duo", "10.53.0.0/24", "fd53::/64");
     both_families_reach(&cluster, "duo");
+}
+
+/// The MAC `pod` has for `ip` in its IPv6 neighbour table, if any.
+fn neighbour_mac(pod: &Ns, ip: &str) -> Option<String> {
+    let out = pod
+        .command("ip")
+        .args(["-6", "neigh", "show", ip])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "lladdr")?;
+    words.get(at + 1).map(|m| m.to_string())
+}
+
+#[test]
+fn an_ipv6_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
+    let cluster = Cluster::new("dn");
+    let net = dual_network(&cluster, "duo", "10.54.0.0/24", "fd54::/64");
+    let v6 = cluster.api(|c| {
+        c.list::<Subnet>(&[("network_id", net.id.as_str()), ("ip_version", "6")])
+            .unwrap()
+            .0
+            .remove(0)
+    });
+    let a = cluster.pod("a");
+    cni_result(&cluster.add(0, "duo", &a));
+    let port_at = |pod: &Ns| {
+        let extra = json!({"port_security_enabled": false,
+            "fixed_ips": [{"subnet_id": v6.id, "ip_address": "fd54::50"}]});
+        let port = cluster.api_port(1, &v6, pod, extra);
+        (port.id, mac_of(pod))
+    };
+    let old = cluster.pod("old");
+    let (old_port, old_mac) = port_at(&old);
+    assert!(a.ping("fd54::50"));
+    assert_eq!(neighbour_mac(&a, "fd54::50"), Some(old_mac.clone()));
+
+    // The port goes and its address comes back at once with another port, MAC and pod
+    // on the same host: a's neighbour entry, still fresh, names the old MAC.
+    cluster.api(|c| c.delete::<Port>(&old_port)).unwrap();
+    wait_until(
+        "the old port to be unplugged",
+        Duration::from_secs(10),
+        || old.links("eth0").is_empty(),
+    );
+    let new = cluster.pod("new");
+    let (_, new_mac) = port_at(&new);
+    assert_ne!(new_mac, old_mac);
+    // h1's agent advertised the new MAC to its local ports when it learned the port.
+    wait_until("a to learn the new MAC", Duration::from_secs(5), || {
+        neighbour_mac(&a, "fd54::50").as_deref() == Some(new_mac.as_str())
+    });
+    assert!(a.ping("fd54::50"), "{}", cluster.overlay_state());
+}
+
+/// The MAC of `pod`'s eth0.
+fn mac_of(pod: &Ns) -> String {
+    pod.netlink().link_by_name("eth0").unwrap().unwrap().mac
 }
