@@ -13,10 +13,10 @@ pub mod tls;
 pub use client::{ApiError, Client, WatchFilter};
 pub use model::{
     AllocationPool, Direction, Ethertype, EventKind, ExternalGatewayInfo, FixedIp, FloatingIp,
-    Host, HostRoute, LbProtocol, Listener, LoadBalancer, Member, Network, Pool, Port, PortDetails,
-    Resource, Router, RouterInterfaceInfo, SecurityGroup, SecurityGroupRule, SessionPersistence,
-    Status, Subnet, SubnetPool, WatchEvent, WatchPage, NODE_PORT_TAG, ROUTER_GATEWAY,
-    ROUTER_INTERFACE,
+    Host, HostRoute, Ipv6Mode, LbProtocol, Listener, LoadBalancer, Member, Network, Pool, Port,
+    PortDetails, Resource, Router, RouterInterfaceInfo, SecurityGroup, SecurityGroupRule,
+    SessionPersistence, Status, Subnet, SubnetPool, WatchEvent, WatchPage, NODE_PORT_TAG,
+    ROUTER_GATEWAY, ROUTER_INTERFACE,
 };
 pub use requests::{
     FixedIpRequest, FloatingIpCreate, FloatingIpUpdate, GatewayRequest, HostCreate, ListenerCreate,

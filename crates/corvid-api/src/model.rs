@@ -25,6 +25,27 @@ pub trait Resource:
     fn id(&self) -> &str;
 }
 
+/// How an IPv6 subnet's hosts get their addresses, as Neutron names the modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ipv6Mode {
+    /// Stateless autoconfiguration: the prefix and the interface's EUI-64.
+    Slaac,
+    /// DHCPv6 assigns the address.
+    #[serde(rename = "dhcpv6-stateful")]
+    Dhcpv6Stateful,
+    /// SLAAC's address; DHCPv6 for the other options.
+    #[serde(rename = "dhcpv6-stateless")]
+    Dhcpv6Stateless,
+}
+
+impl Ipv6Mode {
+    /// Whether an address in this mode is computed from the MAC rather than allocated.
+    pub fn is_auto_address(self) -> bool {
+        matches!(self, Ipv6Mode::Slaac | Ipv6Mode::Dhcpv6Stateless)
+    }
+}
+
 /// The operational status of a network, port or floating IP, as Neutron names it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -164,10 +185,11 @@ pub struct Subnet {
     pub subnetpool_id: Option<String>,
     /// Kept for Neutron clients; corvid runs no DHCP server.
     pub enable_dhcp: bool,
-    /// IPv6 router advertisement mode (kept, not acted on).
-    pub ipv6_ra_mode: Option<String>,
-    /// IPv6 address mode (kept, not acted on).
-    pub ipv6_address_mode: Option<String>,
+    /// How IPv6 router advertisements on the subnet say hosts get addresses.
+    pub ipv6_ra_mode: Option<Ipv6Mode>,
+    /// How ports get their IPv6 address on the subnet: SLAAC's and stateless DHCPv6's
+    /// are computed from the port's MAC (EUI-64), as Neutron does.
+    pub ipv6_address_mode: Option<Ipv6Mode>,
     /// Gateway address, or none.
     pub gateway_ip: Option<IpAddr>,
     /// The subnet's prefix.

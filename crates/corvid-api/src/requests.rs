@@ -207,10 +207,10 @@ pub struct SubnetCreate {
     pub subnetpool_id: Option<String>,
     /// The length of the prefix carved from the pool.
     pub prefixlen: Option<u8>,
-    /// IPv6 router advertisement mode (kept).
-    pub ipv6_ra_mode: Option<String>,
-    /// IPv6 address mode (kept).
-    pub ipv6_address_mode: Option<String>,
+    /// IPv6 router advertisement mode.
+    pub ipv6_ra_mode: Option<crate::model::Ipv6Mode>,
+    /// IPv6 address mode: SLAAC's and stateless DHCPv6's addresses come from the MAC.
+    pub ipv6_address_mode: Option<crate::model::Ipv6Mode>,
     /// Kept for Neutron clients.
     pub service_types: Option<Vec<String>>,
 }

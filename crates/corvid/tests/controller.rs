@@ -1100,3 +1100,101 @@ fn every_list_and_show_carries_the_revision_to_resume_the_watch_from() {
         }
     });
 }
+
+#[test]
+fn slaac_and_stateless_subnets_give_ports_their_eui64_address() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let (net, _) = network_with_subnet(&c, "10.7.0.0/24", json!("10.7.0.1"));
+        let subnet = |cidr: &str, extra: Value| {
+            let mut body = json!({"network_id": net.id, "cidr": cidr, "ip_version": 6});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            c.create::<Subnet>(body)
+        };
+        // Neutron's rules: a /64, the same mode twice, IPv6 only, a mode it knows.
+        let refused = [
+            subnet("fd07:9::/80", json!({"ipv6_address_mode": "slaac"})),
+            subnet(
+                "fd07:9::/64",
+                json!({"ipv6_address_mode": "slaac", "ipv6_ra_mode": "dhcpv6-stateful"}),
+            ),
+            subnet("fd07:9::/64", json!({"ipv6_address_mode": "stateful"})),
+            subnet(
+                "fd07:9::/64",
+                json!({"ipv6_address_mode": "slaac", "enable_dhcp": false}),
+            ),
+            c.create::<Subnet>(json!({"network_id": net.id, "cidr": "10.8.0.0/24",
+                "ip_version": 4, "ipv6_address_mode": "slaac"})),
+        ];
+        for r in refused {
+            assert_eq!(kind(r).0, 400);
+        }
+        assert!(
+            c.list::<Subnet>(&[]).unwrap().0.len() == 1,
+            "nothing was made"
+        );
+
+        let slaac = subnet(
+            "fd07:1::/64",
+            json!({"ipv6_address_mode": "slaac", "ipv6_ra_mode": "slaac"}),
+        )
+        .unwrap();
+        assert_eq!(slaac.ipv6_address_mode, Some(corvid_api::Ipv6Mode::Slaac));
+        let stateless = subnet(
+            "fd07:2::/64",
+            json!({"ipv6_address_mode": "dhcpv6-stateless"}),
+        )
+        .unwrap();
+        let stateful = subnet("fd07:3::/64", json!({})).unwrap();
+
+        // Neutron's default: IPv4 once, the first allocating IPv6 subnet once, and
+        // every automatic one, there at the MAC's EUI-64.
+        let port: Port = c
+            .create(json!({"network_id": net.id, "mac_address": "fa:16:3e:11:22:33"}))
+            .unwrap();
+        let on = |p: &Port, s: &Subnet| -> Vec<String> {
+            p.fixed_ips
+                .iter()
+                .filter(|f| f.subnet_id == s.id)
+                .map(|f| f.ip_address.to_string())
+                .collect()
+        };
+        assert_eq!(port.fixed_ips.len(), 4, "{:?}", port.fixed_ips);
+        assert_eq!(on(&port, &slaac), ["fd07:1::f816:3eff:fe11:2233"]);
+        assert_eq!(on(&port, &stateless), ["fd07:2::f816:3eff:fe11:2233"]);
+        assert_eq!(on(&port, &stateful).len(), 1);
+
+        // Another address on an automatic subnet is refused; its own is fine.
+        let other = c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [
+            {"subnet_id": slaac.id, "ip_address": "fd07:1::5"}]}));
+        assert_eq!(kind(other).0, 400);
+        let own: Port = c
+            .create(
+                json!({"network_id": net.id, "mac_address": "fa:16:3e:00:00:01",
+                "fixed_ips": [{"subnet_id": slaac.id, "ip_address": "fd07:1::f816:3eff:fe00:1"}]}),
+            )
+            .unwrap();
+        assert_eq!(on(&own, &slaac), ["fd07:1::f816:3eff:fe00:1"]);
+
+        // A new MAC on an unbound port moves its automatic addresses and frees the old
+        // ones; the others stay.
+        let moved: Port = c
+            .update(&port.id, json!({"mac_address": "fa:16:3e:44:55:66"}))
+            .unwrap();
+        assert_eq!(on(&moved, &slaac), ["fd07:1::f816:3eff:fe44:5566"]);
+        assert_eq!(on(&moved, &stateless), ["fd07:2::f816:3eff:fe44:5566"]);
+        assert_eq!(on(&moved, &stateful), on(&port, &stateful));
+        let reuse: Port = c
+            .create(
+                json!({"network_id": net.id, "mac_address": "fa:16:3e:11:22:33",
+                "fixed_ips": [{"subnet_id": slaac.id}]}),
+            )
+            .unwrap();
+        assert_eq!(on(&reuse, &slaac), ["fd07:1::f816:3eff:fe11:2233"]);
+        for p in [&port, &own, &reuse] {
+            c.delete::<Port>(&p.id).unwrap();
+        }
+    });
+}

@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Router;
 use corvid_api::{
-    AllocationPool, Network, NetworkCreate, Status, Subnet, SubnetCreate, SubnetPool,
+    AllocationPool, Ipv6Mode, Network, NetworkCreate, Status, Subnet, SubnetCreate, SubnetPool,
     SubnetPoolCreate,
 };
 use ipnet::IpNet;
@@ -308,6 +308,49 @@ async fn update_subnet(
     Ok(answer_as(StatusCode::OK, "subnet", &subnet))
 }
 
+/// Neutron's rules for the IPv6 modes: IPv6 subnets only, with DHCP on; the two modes
+/// the same when both are given; and an address computed from the MAC (EUI-64) needs a
+/// /64.
+fn check_ipv6_modes(req: &SubnetCreate, cidr: &IpNet) -> Result<(), NeutronError> {
+    let (ra, address) = (req.ipv6_ra_mode, req.ipv6_address_mode);
+    if ra.is_none() && address.is_none() {
+        return Ok(());
+    }
+    if cidr.addr().is_ipv4() {
+        return Err(NeutronError::invalid_input(
+            "ipv6_ra_mode or ipv6_address_mode cannot be set when ip_version is 4",
+        ));
+    }
+    if req.enable_dhcp == Some(false) {
+        return Err(NeutronError::invalid_input(
+            "ipv6_ra_mode or ipv6_address_mode cannot be set when enable_dhcp is set to False.",
+        ));
+    }
+    if let (Some(r), Some(a)) = (ra, address) {
+        if r != a {
+            return Err(NeutronError::invalid_input(format!(
+                "ipv6_ra_mode set to '{}' with ipv6_address_mode set to '{}' is not valid. If both attributes are set, they must be the same value",
+                mode_name(r),
+                mode_name(a)
+            )));
+        }
+    }
+    if address.is_some_and(Ipv6Mode::is_auto_address) && cidr.prefix_len() != 64 {
+        return Err(NeutronError::invalid_input(format!(
+            "Invalid CIDR {cidr} for IPv6 address mode. OpenStack uses the EUI-64 address format, which requires the prefix to be /64"
+        )));
+    }
+    Ok(())
+}
+
+/// A mode as the API spells it.
+fn mode_name(m: Ipv6Mode) -> String {
+    serde_json::to_value(m)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// Where a new subnet's prefix comes from.
 fn subnet_cidr(
     req: &SubnetCreate,
@@ -423,6 +466,7 @@ async fn create_subnet(
                     "Cidr {cidr} does not match ip_version {version}"
                 )));
             }
+            check_ipv6_modes(&req, &cidr)?;
             if let Some(o) = siblings.iter().find(|s| pools::overlaps(&s.cidr, &cidr)) {
                 return Err(NeutronError::invalid_input(format!(
                     "Requested subnet with cidr: {cidr} for network: {network_id} overlaps with another subnet ({})",
@@ -450,8 +494,8 @@ async fn create_subnet(
                 ip_version: version,
                 subnetpool_id: pool_id.clone(),
                 enable_dhcp: req.enable_dhcp.unwrap_or(true),
-                ipv6_ra_mode: req.ipv6_ra_mode.clone(),
-                ipv6_address_mode: req.ipv6_address_mode.clone(),
+                ipv6_ra_mode: req.ipv6_ra_mode,
+                ipv6_address_mode: req.ipv6_address_mode,
                 gateway_ip,
                 cidr,
                 allocation_pools: pools,

@@ -29,7 +29,9 @@ use super::{
 };
 use crate::controller::Controller;
 use crate::error::NeutronError;
-use crate::ipam::fixed_ips::{assign_fixed_ips, change_mac, mac_valid, take_mac, FixedIpRequest};
+use crate::ipam::fixed_ips::{
+    assign_fixed_ips, change_mac, is_auto_address, mac_valid, take_mac, FixedIpRequest,
+};
 use crate::ipam::Pending;
 use crate::keys;
 use crate::query::ListQuery;
@@ -347,8 +349,8 @@ pub(super) fn draft_port(
         Compare::CreateRevision(keys::resource("networks", &network_id), net.create_revision),
         Compare::CreateRevision(port_key.clone(), 0),
     ]);
-    let fixed_ips = assign_fixed_ips(v, pending, &net.obj, requests, &id, &[], txn)?;
     let mac = take_mac(v, pending, req.mac_address.clone(), &network_id, &id, txn)?;
+    let fixed_ips = assign_fixed_ips(v, pending, &net.obj, requests, &id, &mac, &[], txn)?;
     txn.ops
         .push(Op::Put(keys::network_user(&network_id, &id), Vec::new()));
     let project = project_of(req.project_id.as_deref(), req.tenant_id.as_deref(), headers);
@@ -518,8 +520,23 @@ async fn update_port(
         let old_mac = p.mac_address.clone();
         merge(p, &attrs)?;
         p.mac_address = p.mac_address.to_ascii_lowercase();
+        let mut requests = requests.clone();
         if p.mac_address != old_mac {
             change_mac(v, p, &old_mac, &old_host, txn)?;
+            // The addresses computed from the MAC follow it, as in Neutron.
+            requests.get_or_insert_with(|| {
+                p.fixed_ips
+                    .iter()
+                    .map(|f| FixedIpRequest {
+                        subnet_id: Some(f.subnet_id.clone()),
+                        ip_address: v
+                            .subnets
+                            .get(f.subnet_id.as_str())
+                            .is_none_or(|s| !is_auto_address(&s.obj))
+                            .then_some(f.ip_address),
+                    })
+                    .collect()
+            });
         }
         if let Some(r) = &requests {
             let net = lookup::<Network>(v, &p.network_id)?;
@@ -530,6 +547,7 @@ async fn update_port(
                 &net.obj,
                 Some(r.clone()),
                 &p.id,
+                &p.mac_address,
                 &p.fixed_ips,
                 txn,
             )?;

@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 
 use axum::http::StatusCode;
-use corvid_api::{FixedIp, Network, Port, Subnet};
+use corvid_api::{FixedIp, Ipv6Mode, Network, Port, Subnet};
+use ipnet::IpNet;
 use serde::Deserialize;
 
 use super::Pending;
@@ -35,6 +36,32 @@ pub fn mac_valid(mac: &str) -> bool {
         && u8::from_str_radix(parts[0], 16).is_ok_and(|b| b & 1 == 0)
 }
 
+/// The address a port with `mac` has on a /64 `prefix` by stateless autoconfiguration:
+/// the prefix and the modified EUI-64 of the MAC (RFC 4291, appendix A), which Neutron
+/// gives ports on SLAAC and stateless DHCPv6 subnets. None for an IPv4 prefix or a MAC
+/// that does not parse.
+pub fn eui64(prefix: &IpNet, mac: &str) -> Option<IpAddr> {
+    let IpNet::V6(prefix) = prefix else {
+        return None;
+    };
+    let m: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [m0, m1, m2, m3, m4, m5] = m[..] else {
+        return None;
+    };
+    let mut octets = prefix.network().octets();
+    octets[8..].copy_from_slice(&[m0 ^ 0x02, m1, m2, 0xff, 0xfe, m3, m4, m5]);
+    Some(IpAddr::from(octets))
+}
+
+/// Whether ports' addresses on `s` are computed from their MAC rather than allocated.
+pub fn is_auto_address(s: &Subnet) -> bool {
+    s.ipv6_address_mode.is_some_and(Ipv6Mode::is_auto_address)
+}
+
 /// The subnets of `net`, in its order.
 fn subnets_of<'v>(v: &'v View, net: &Network) -> Vec<&'v Subnet> {
     net.subnets
@@ -44,16 +71,20 @@ fn subnets_of<'v>(v: &'v View, net: &Network) -> Vec<&'v Subnet> {
 }
 
 /// Resolves requested addresses (`None`: Neutron's default, one address from the first
-/// subnet of each IP version) into the port's fixed IPs on `net`, adding to `txn` the
-/// compares and puts that take each new one for `owner`. An address in `held` (the port's
-/// own, on an update) that is asked for again stays as it is; one not asked for again is
-/// freed.
+/// subnet of each IP version that allocates, and one on every SLAAC or stateless DHCPv6
+/// subnet) into the port's fixed IPs on `net`, adding to `txn` the compares and puts
+/// that take each new one for `owner`. On SLAAC and stateless DHCPv6 subnets the
+/// address is `mac`'s EUI-64, and asking for another is an error. An address in `held`
+/// (the port's own, on an update) that is asked for again stays as it is; one not asked
+/// for again is freed.
+#[allow(clippy::too_many_arguments)]
 pub fn assign_fixed_ips(
     v: &View,
     pending: &mut Pending,
     net: &Network,
     requests: Option<Vec<FixedIpRequest>>,
     owner: &str,
+    mac: &str,
     held: &[FixedIp],
     txn: &mut Txn,
 ) -> Result<Vec<FixedIp>, NeutronError> {
@@ -62,7 +93,7 @@ pub fn assign_fixed_ips(
         let mut seen = HashSet::new();
         subnets
             .iter()
-            .filter(|s| seen.insert(s.ip_version))
+            .filter(|s| is_auto_address(s) || seen.insert(s.ip_version))
             .map(|s| FixedIpRequest {
                 subnet_id: Some(s.id.clone()),
                 ip_address: None,
@@ -90,7 +121,21 @@ pub fn assign_fixed_ips(
             (None, None) => return Err(NeutronError::invalid_input("fixed_ips entry needs subnet_id or ip_address")),
         };
         let taken = v.ips.get(&subnet.id);
-        let ip = match r.ip_address {
+        let asked = if is_auto_address(subnet) {
+            let computed = eui64(&subnet.cidr, mac).ok_or_else(|| {
+                NeutronError::invalid_input(format!("'{mac}' is not a valid MAC address"))
+            })?;
+            if let Some(ip) = r.ip_address.filter(|ip| *ip != computed) {
+                return Err(NeutronError::invalid_input(format!(
+                    "IPv6 address {ip} cannot be directly assigned to a port on subnet {} since the subnet is configured for automatic addresses",
+                    subnet.id
+                )));
+            }
+            Some(computed)
+        } else {
+            r.ip_address
+        };
+        let ip = match asked {
             Some(ip) => {
                 if !subnet.cidr.contains(&ip) {
                     return Err(NeutronError::new(
@@ -226,7 +271,25 @@ pub fn change_mac(
 
 #[cfg(test)]
 mod tests {
-    use super::mac_valid;
+    use super::{eui64, mac_valid};
+
+    #[test]
+    fn slaac_addresses_are_the_prefix_and_the_macs_modified_eui64() {
+        // RFC 4291's example form: the universal/local bit flipped, ff:fe in the middle.
+        assert_eq!(
+            eui64(&"fd00:1::/64".parse().unwrap(), "fa:16:3e:11:22:33"),
+            Some("fd00:1::f816:3eff:fe11:2233".parse().unwrap())
+        );
+        assert_eq!(
+            eui64(&"2001:db8:0:7::/64".parse().unwrap(), "00:00:5e:00:53:01"),
+            Some("2001:db8:0:7:200:5eff:fe00:5301".parse().unwrap())
+        );
+        assert_eq!(
+            eui64(&"10.0.0.0/24".parse().unwrap(), "fa:16:3e:11:22:33"),
+            None
+        );
+        assert_eq!(eui64(&"fd00::/64".parse().unwrap(), "fa:16:3e:11:22"), None);
+    }
 
     #[test]
     fn macs_are_checked() {
