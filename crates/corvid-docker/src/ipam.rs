@@ -258,9 +258,15 @@ impl Driver {
             };
             let gw = match asked {
                 Some(a) => a,
-                None => prefix.hosts().next().ok_or_else(|| {
-                    DriverError::new(format!("pool {prefix} has no host address"))
-                })?,
+                // The prefix's first address after its network address, for IPv6 too
+                // (whose `hosts()` starts at the subnet-router anycast address), as
+                // Docker's own IPAM and Neutron pick it.
+                None => prefix
+                    .hosts()
+                    .find(|a| *a != prefix.network())
+                    .ok_or_else(|| {
+                        DriverError::new(format!("pool {prefix} has no host address"))
+                    })?,
             };
             let tag = format!("{GATEWAY_TAG}{gw}");
             self.client.add_tag::<SubnetPool>(&own.id, &tag)?;

@@ -12,8 +12,8 @@ use ipnet::IpNet;
 use serde_json::{json, Value};
 
 use crate::tags::{
-    ADOPTED_TAG, NET_ID_OPTION, NET_NAME_OPTION, POOL_NETWORK_TAG, POOL_TAG, SUBNET_ID_OPTION,
-    SUBNET_POOL_TAG,
+    ADDRESS_TAG, ADOPTED_TAG, NET_ID_OPTION, NET_NAME_OPTION, POOL_NETWORK_TAG, POOL_TAG,
+    SUBNET_ID_OPTION, SUBNET_POOL_TAG,
 };
 use crate::{field, Driver, DriverError, Result};
 
@@ -243,48 +243,81 @@ impl Driver {
 
     /// CreateEndpoint: the port RequestAddress made for this address, bound to this host
     /// and tagged with the EndpointID; a new port when the address came from elsewhere.
+    /// RequestAddress makes a port per address, so on a dual-stack network the IPv6
+    /// address's port is deleted and its address joins the endpoint's port: one port
+    /// per container, holding both, as the agent and the other hosts must see it.
     pub(crate) fn create_endpoint(&self, req: &Value) -> Result<Value> {
         let net = self.network(docker_id(req, "NetworkID")?)?;
         let endpoint = docker_id(req, "EndpointID")?;
         let iface = &req["Interface"];
-        let address = field(iface, "Address");
-        let ip = address.split('/').next().unwrap_or(address);
         let docker_mac = field(iface, "MacAddress");
-        let existing = if ip.is_empty() {
-            None
-        } else {
+        let mut addresses: Vec<std::net::IpAddr> = Vec::new();
+        for key in ["Address", "AddressIPv6"] {
+            let address = field(iface, key);
+            let ip = address.split('/').next().unwrap_or(address);
+            if !ip.is_empty() {
+                addresses.push(ip.parse().map_err(|_| {
+                    DriverError::new(format!("Interface.{key} {address} is not an address"))
+                })?);
+            }
+        }
+        let holding = |ip: &std::net::IpAddr| -> Result<Vec<Port>> {
             let filter = format!("ip_address={ip}");
-            self.client
+            Ok(self
+                .client
                 .list::<Port>(&[("fixed_ips", &filter), ("network_id", &net.id)])?
-                .0
-                .into_iter()
-                .next()
+                .0)
+        };
+        let existing = match addresses.first() {
+            Some(ip) => holding(ip)?.into_iter().next(),
+            None => None,
         };
         let port = match existing {
             Some(p) => p,
-            None => {
-                let address = match ip {
-                    "" => None,
-                    ip => Some(ip.parse().map_err(|_| {
-                        DriverError::new(format!("Interface.Address {address} is not an address"))
-                    })?),
-                };
-                self.client.create(PortCreate {
-                    network_id: net.id.clone(),
-                    device_owner: Some("docker".into()),
-                    fixed_ips: address.map(|a| {
-                        vec![FixedIpRequest {
+            None => self.client.create(PortCreate {
+                network_id: net.id.clone(),
+                device_owner: Some("docker".into()),
+                fixed_ips: (!addresses.is_empty()).then(|| {
+                    addresses
+                        .iter()
+                        .map(|a| FixedIpRequest {
                             subnet_id: None,
-                            ip_address: Some(a),
-                        }]
-                    }),
-                    mac_address: (!docker_mac.is_empty()).then(|| docker_mac.to_string()),
-                    ..Default::default()
-                })?
-            }
+                            ip_address: Some(*a),
+                        })
+                        .collect()
+                }),
+                mac_address: (!docker_mac.is_empty()).then(|| docker_mac.to_string()),
+                ..Default::default()
+            })?,
         };
+        let joining: Vec<std::net::IpAddr> = addresses
+            .iter()
+            .filter(|a| !port.fixed_ips.iter().any(|f| f.ip_address == **a))
+            .copied()
+            .collect();
+        for ip in &joining {
+            // Only RequestAddress's own, unbound placeholder: never another container's.
+            for other in holding(ip)?
+                .iter()
+                .filter(|p| p.binding_host_id.is_empty() && p.tags.iter().any(|t| t == ADDRESS_TAG))
+            {
+                self.delete_gone_ok::<Port>(&other.id)?;
+            }
+        }
+        let fixed_ips = (!joining.is_empty()).then(|| {
+            port.fixed_ips
+                .iter()
+                .map(|f| f.ip_address)
+                .chain(joining.iter().copied())
+                .map(|ip| FixedIpRequest {
+                    subnet_id: None,
+                    ip_address: Some(ip),
+                })
+                .collect()
+        });
         let binding = PortUpdate {
             host_id: Some(self.cfg.host_id.clone()),
+            fixed_ips,
             device_id: Some(endpoint.to_string()),
             // Docker gives the container its own MAC; the port must say the same, or other
             // hosts would forward to a MAC nobody has.

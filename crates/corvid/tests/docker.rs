@@ -337,3 +337,65 @@ fn corvid_ipam_serves_dockers_bridge_driver() {
         "reservations left"
     );
 }
+
+#[test]
+fn ipv6_networks_give_containers_both_families() {
+    let cluster = Cluster::new("d6");
+    let h1 = &cluster.hosts[0];
+    let driver = format!("{}a", cluster.tag);
+    let _plugin = DockerPlugin::start(h1, &driver, "h1", &url());
+    let docker = Dockerd::start(h1);
+    let d = |args: &[&str]| docker.ok(args);
+    // As on Docker's own bridge: --ipv6 and a subnet of each family.
+    let id = docker.create_network(
+        &driver,
+        "cvtn6",
+        &[
+            "--ipv6",
+            "--subnet",
+            "10.218.0.0/24",
+            "--subnet",
+            "fd18::/64",
+        ],
+    );
+    let subnets = cluster.api(|c| {
+        let net = c
+            .list::<Network>(&[("tags", id.as_str())])
+            .unwrap()
+            .0
+            .remove(0);
+        c.list::<Subnet>(&[("network_id", &net.id)]).unwrap().0
+    });
+    let mut cidrs: Vec<String> = subnets.iter().map(|s| s.cidr.to_string()).collect();
+    cidrs.sort();
+    assert_eq!(cidrs, ["10.218.0.0/24", "fd18::/64"]);
+    for name in ["c6a", "c6b"] {
+        d(&[
+            "run", "-d", "--name", name, "--net", "cvtn6", IMAGE, "sleep", "600",
+        ]);
+    }
+    let ip6 = |container: &str| {
+        let format = "{{(index .NetworkSettings.Networks \"cvtn6\").GlobalIPv6Address}}";
+        d(&["inspect", "--format", format, container])
+    };
+    let (a6, b6) = (ip6("c6a"), ip6("c6b"));
+    for ip in [&a6, &b6] {
+        let addr: std::net::Ipv6Addr = ip.parse().unwrap_or_else(|_| panic!("{ip:?}"));
+        assert_eq!(addr.segments()[..4], [0xfd18, 0, 0, 0], "{ip}");
+        assert!(
+            port_at(&cluster, ip).is_some_and(|p| p.fixed_ips.len() == 2),
+            "a port with both addresses holds {ip}"
+        );
+    }
+    // The address is in the container, with the gateway's default route.
+    let shown = d(&["exec", "c6a", "ip", "-6", "addr", "show", "eth0"]);
+    assert!(shown.contains(&format!("{a6}/64")), "{shown}");
+    let routes = d(&["exec", "c6a", "ip", "-6", "route"]);
+    assert!(routes.contains("default via fd18::1"), "{routes}");
+    assert!(docker.ping("c6a", &b6), "IPv6 between containers");
+    assert!(docker.ping("c6a", "fd18::1"), "the IPv6 gateway");
+    assert!(docker.ping("c6a", &docker.ip("c6b", "cvtn6")), "IPv4 still");
+    d(&["rm", "-f", "c6a", "c6b"]);
+    d(&["network", "rm", "cvtn6"]);
+    assert!(cluster.ports().is_empty());
+}
