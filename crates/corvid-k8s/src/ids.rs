@@ -27,9 +27,20 @@ pub fn subnet(namespace_uid: &str) -> String {
     derive("subnet", namespace_uid)
 }
 
-/// The subnet pool the namespaces' subnets are carved from.
+/// The IPv6 subnet of the namespace with UID `namespace_uid` (its IPv4 one is
+/// [`subnet`]'s, named as before dual stack).
+pub fn subnet6(namespace_uid: &str) -> String {
+    derive("subnet6", namespace_uid)
+}
+
+/// The subnet pool the namespaces' IPv4 subnets are carved from.
 pub fn pod_pool() -> String {
     derive("subnetpool", "pods")
+}
+
+/// The subnet pool the namespaces' IPv6 subnets are carved from.
+pub fn pod_pool6() -> String {
+    derive("subnetpool", "pods6")
 }
 
 /// The service network and its subnet.

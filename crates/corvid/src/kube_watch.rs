@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use corvid_k8s::leader::Election;
-use corvid_k8s::watcher::Config;
+use corvid_k8s::watcher::{Config, PodPool};
 
 /// Arguments of `corvid kube-watch`.
 #[derive(clap::Args)]
@@ -28,12 +28,16 @@ pub struct KubeWatchArgs {
     /// cluster router the watcher makes, with its gateway on --public-network].
     #[arg(long, env = "CORVID_ROUTER")]
     router: Option<String>,
-    /// Where each namespace's subnet is carved from.
-    #[arg(long, default_value = "10.64.0.0/10")]
-    pod_pool: ipnet::IpNet,
-    /// Prefix length of each namespace's subnet.
+    /// Where each namespace's subnets are carved from: once per family, twice for dual
+    /// stack (`--pod-pool 10.64.0.0/10 --pod-pool fd64::/48`).
+    #[arg(long, default_value = "10.64.0.0/10", action = clap::ArgAction::Append)]
+    pod_pool: Vec<ipnet::IpNet>,
+    /// Prefix length of each namespace's IPv4 subnet.
     #[arg(long, default_value_t = 16)]
     namespace_prefix: u8,
+    /// Prefix length of each namespace's IPv6 subnet.
+    #[arg(long, default_value_t = 64)]
+    namespace_prefix6: u8,
     /// Seconds between sweeps for ports and networks whose pod or namespace is gone.
     #[arg(long, default_value_t = 300)]
     resync: u64,
@@ -68,6 +72,24 @@ pub fn run(a: KubeWatchArgs) -> ExitCode {
         tracing::error!("kube-watch: {e}");
         return ExitCode::FAILURE;
     }
+    let mut pod_pools: Vec<PodPool> = Vec::new();
+    for cidr in a.pod_pool {
+        if pod_pools
+            .iter()
+            .any(|p| p.cidr.addr().is_ipv4() == cidr.addr().is_ipv4())
+        {
+            tracing::error!(
+                "kube-watch: --pod-pool takes one range per family; {cidr} is a second"
+            );
+            return ExitCode::from(2);
+        }
+        let prefix = if cidr.addr().is_ipv4() {
+            a.namespace_prefix
+        } else {
+            a.namespace_prefix6
+        };
+        pod_pools.push(PodPool { cidr, prefix });
+    }
     let config = Config {
         kubeconfig: a.kubeconfig,
         controller: a.client.url(),
@@ -75,8 +97,7 @@ pub fn run(a: KubeWatchArgs) -> ExitCode {
         service_cidr: a.service_cidr,
         public_network: a.public_network,
         router: a.router,
-        pod_pool: a.pod_pool,
-        namespace_prefix: a.namespace_prefix,
+        pod_pools,
         resync: Duration::from_secs(a.resync.max(1)),
         election: Election {
             namespace: a.lease_namespace,

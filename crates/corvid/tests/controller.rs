@@ -1198,3 +1198,30 @@ fn slaac_and_stateless_subnets_give_ports_their_eui64_address() {
         }
     });
 }
+
+#[test]
+fn a_networks_subnets_share_a_pool_per_ip_version() {
+    let (_dir, spec) = redb_store();
+    let ctl = ControllerProcess::start(&spec, None);
+    let c = ctl.client();
+    let pool = |name: &str, prefix: &str, len: u8| -> SubnetPool {
+        c.create(json!({"name": name, "prefixes": [prefix], "default_prefixlen": len}))
+            .unwrap()
+    };
+    let (v4a, v4b, v6) = (
+        pool("a", "10.90.0.0/16", 24),
+        pool("b", "10.91.0.0/16", 24),
+        pool("c", "fd90::/48", 64),
+    );
+    let net: Network = c.create(json!({"name": "duo"})).unwrap();
+    let from = |p: &SubnetPool, version: u8| {
+        c.create::<Subnet>(json!({"network_id": net.id, "subnetpool_id": p.id,
+            "ip_version": version}))
+    };
+    from(&v4a, 4).unwrap();
+    // Dual stack: the IPv6 subnet comes from a pool of its own.
+    let s6 = from(&v6, 6).unwrap();
+    assert!(s6.cidr.addr().is_ipv6() && s6.cidr.prefix_len() == 64);
+    // A second IPv4 pool on the same network is refused, as Neutron refuses it.
+    assert_eq!(kind(from(&v4b, 4)), (400, "HTTPBadRequest".into()));
+}

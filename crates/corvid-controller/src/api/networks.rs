@@ -447,11 +447,6 @@ async fn create_subnet(
                 .iter()
                 .filter_map(|s| v.subnets.get(s.as_str()).map(|e| &*e.obj))
                 .collect();
-            if siblings.iter().any(|s| s.subnetpool_id != *pool_id) {
-                return Err(NeutronError::bad_request(
-                    "Subnets hosted on the same network must be allocated from the same subnet pool.",
-                ));
-            }
             let pool_taken: Vec<IpNet> = v
                 .subnets
                 .values()
@@ -465,6 +460,16 @@ async fn create_subnet(
                 return Err(NeutronError::invalid_input(format!(
                     "Cidr {cidr} does not match ip_version {version}"
                 )));
+            }
+            // Per IP version, as Neutron checks it: a dual-stack network's IPv4 and IPv6
+            // subnets come from pools of their own.
+            if siblings
+                .iter()
+                .any(|s| s.ip_version == version && s.subnetpool_id != *pool_id)
+            {
+                return Err(NeutronError::bad_request(
+                    "Subnets hosted on the same network must be allocated from the same subnet pool.",
+                ));
             }
             check_ipv6_modes(&req, &cidr)?;
             if let Some(o) = siblings.iter().find(|s| pools::overlaps(&s.cidr, &cidr)) {

@@ -47,6 +47,26 @@ use policies::Policies;
 use retry::{Queue, Retry};
 use services::Services;
 
+/// One family's pod pool: the range, and the prefix length of each namespace's subnet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodPool {
+    /// The range.
+    pub cidr: IpNet,
+    /// The length of each namespace's subnet of it.
+    pub prefix: u8,
+}
+
+impl PodPool {
+    /// The controller's subnet pool for this family.
+    pub fn id(&self) -> String {
+        if self.cidr.addr().is_ipv6() {
+            ids::pod_pool6()
+        } else {
+            ids::pod_pool()
+        }
+    }
+}
+
 /// What `corvid kube-watch` is told.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -64,10 +84,9 @@ pub struct Config {
     /// The router every namespace's network is attached to (ID or name); the watcher
     /// makes its own when none.
     pub router: Option<String>,
-    /// Where the namespaces' subnets are carved from.
-    pub pod_pool: IpNet,
-    /// The prefix length of each namespace's subnet.
-    pub namespace_prefix: u8,
+    /// Where the namespaces' subnets are carved from: one pool per family, each
+    /// namespace a subnet of each (dual stack with both).
+    pub pod_pools: Vec<PodPool>,
     /// How often ports and networks left by missed deletions are swept.
     pub resync: Duration,
     /// The lease that elects the one acting watcher.
@@ -147,7 +166,7 @@ impl Watcher {
                 queue,
                 cluster: Arc::from(""),
             },
-            namespaces: Namespaces::new(cfg.namespace_prefix),
+            namespaces: Namespaces::new(cfg.pod_pools.clone()),
             pods: Pods::new(),
             services: Services::new(None),
             policies: Policies::new(),
@@ -295,16 +314,24 @@ impl Watcher {
         let router = self.router().await?;
         tracing::info!(router = %router, "namespaces' networks are routed by it");
         self.namespaces.set_router(router.clone());
-        let pool = SubnetPoolCreate {
-            id: Some(ids::pod_pool()),
-            name: Some("k8s-pods".into()),
-            prefixes: vec![self.cfg.pod_pool],
-            default_prefixlen: Some(self.cfg.namespace_prefix),
-            ..Default::default()
-        };
-        self.ctx
-            .call(move |c| c.create_or_get(&ids::pod_pool(), pool))
-            .await?;
+        for pool in self.cfg.pod_pools.clone() {
+            let id = pool.id();
+            let create = SubnetPoolCreate {
+                id: Some(id.clone()),
+                name: Some(
+                    if pool.cidr.addr().is_ipv6() {
+                        "k8s-pods6"
+                    } else {
+                        "k8s-pods"
+                    }
+                    .into(),
+                ),
+                prefixes: vec![pool.cidr],
+                default_prefixlen: Some(pool.prefix),
+                ..Default::default()
+            };
+            self.ctx.call(move |c| c.create_or_get(&id, create)).await?;
+        }
         let (net_id, subnet_id) = ids::service_network();
         let cidr = match self.cfg.service_cidr {
             Some(cidr) => cidr,
@@ -351,7 +378,8 @@ impl Watcher {
             self.namespaces.reconcile(&self.ctx, &default).await;
         }
         tracing::info!(
-            pod_pool = %self.cfg.pod_pool, service_cidr = %cidr,
+            pod_pools = ?self.cfg.pod_pools.iter().map(|p| p.cidr.to_string()).collect::<Vec<_>>(),
+            service_cidr = %cidr,
             "set up: the pod pool, the service network and the default namespace's network"
         );
         Ok(())

@@ -1,5 +1,6 @@
-//! The namespace reconciler: every namespace a network with one subnet carved from the
-//! pod pool, deleted once the namespace and the last of its pods' ports are gone.
+//! The namespace reconciler: every namespace a network with a subnet carved from each pod
+//! pool (one per family: dual stack with two), deleted once the namespace and the last of
+//! its pods' ports are gone.
 
 use std::collections::{HashMap, HashSet};
 
@@ -13,7 +14,7 @@ use kube::runtime::reflector::{self, store::Writer, ObjectRef};
 use kube::ResourceExt;
 
 use super::retry::{namespace_key, Retry};
-use super::Ctx;
+use super::{Ctx, PodPool};
 use crate::ids;
 use crate::metrics::{self, Kind};
 
@@ -33,12 +34,19 @@ pub struct Wanted {
     pub uid: String,
     /// Its network.
     pub network: NetworkCreate,
-    /// Its subnet, of `prefix` bits from the pod pool.
-    pub subnet: SubnetCreate,
+    /// Its subnets, one of each pod pool.
+    pub subnets: Vec<SubnetCreate>,
 }
 
-/// What `n` should have: a network and subnet, unless it is going away.
-pub fn wanted(n: &Namespace, prefix: u8) -> Option<Wanted> {
+/// The IDs of a namespace's subnets, IPv4's first; the IDs of both families, whichever
+/// it has.
+fn subnet_ids(namespace_uid: &str) -> [String; 2] {
+    [ids::subnet(namespace_uid), ids::subnet6(namespace_uid)]
+}
+
+/// What `n` should have: a network and a subnet of each of `pools`, unless it is going
+/// away.
+pub fn wanted(n: &Namespace, pools: &[PodPool]) -> Option<Wanted> {
     let (name, uid) = (n.name_any(), n.uid()?);
     if n.metadata.deletion_timestamp.is_some() {
         return None;
@@ -54,19 +62,25 @@ pub fn wanted(n: &Namespace, prefix: u8) -> Option<Wanted> {
         ]),
         ..Default::default()
     };
-    let subnet = SubnetCreate {
-        id: Some(ids::subnet(&uid)),
-        network_id,
-        name: Some(format!("k8s-{name}")),
-        ip_version: Some(4),
-        subnetpool_id: Some(ids::pod_pool()),
-        prefixlen: Some(prefix),
-        ..Default::default()
-    };
+    let subnets = pools
+        .iter()
+        .map(|pool| {
+            let v6 = pool.cidr.addr().is_ipv6();
+            SubnetCreate {
+                id: Some(subnet_ids(&uid)[usize::from(v6)].clone()),
+                network_id: network_id.clone(),
+                name: Some(format!("k8s-{name}")),
+                ip_version: Some(if v6 { 6 } else { 4 }),
+                subnetpool_id: Some(pool.id()),
+                prefixlen: Some(pool.prefix),
+                ..Default::default()
+            }
+        })
+        .collect();
     Some(Wanted {
         uid,
         network,
-        subnet,
+        subnets,
     })
 }
 
@@ -105,15 +119,15 @@ pub struct Namespaces {
     pending: HashSet<String>,
     /// The first whole list has arrived.
     pub listed: bool,
-    /// The prefix length of each namespace's subnet.
-    prefix: u8,
+    /// The pools each namespace has a subnet of.
+    pools: Vec<PodPool>,
     /// The router the networks are attached to, once set up.
     router: Option<String>,
 }
 
 impl Namespaces {
-    /// No namespaces yet; subnets of `prefix` bits.
-    pub fn new(prefix: u8) -> Self {
+    /// No namespaces yet; subnets of `pools`.
+    pub fn new(pools: Vec<PodPool>) -> Self {
         let (store, writer) = reflector::store();
         Namespaces {
             store,
@@ -121,7 +135,7 @@ impl Namespaces {
             networks: HashMap::new(),
             pending: HashSet::new(),
             listed: false,
-            prefix,
+            pools,
             router: None,
         }
     }
@@ -147,7 +161,7 @@ impl Namespaces {
         if n.uid().is_some_and(|uid| self.networks.contains_key(&uid)) {
             return;
         }
-        let Some(want) = wanted(n, self.prefix) else {
+        let Some(want) = wanted(n, &self.pools) else {
             return;
         };
         let uid = want.uid.clone();
@@ -182,8 +196,8 @@ impl Namespaces {
     /// pod, of `pods`, is gone too); while some remain it is tried again as each goes (and
     /// at the next sweep), and after a failure with backoff.
     pub async fn remove(&mut self, ctx: &Ctx, namespace_uid: &str, pods: &HashSet<String>) {
-        let (net, subnet) = (ids::network(namespace_uid), ids::subnet(namespace_uid));
-        let (n, s) = (net.clone(), subnet.clone());
+        let net = ids::network(namespace_uid);
+        let (n, subnets) = (net.clone(), subnet_ids(namespace_uid));
         let pods = pods.clone();
         let done = ctx
             .call(move |c| {
@@ -192,7 +206,13 @@ impl Namespaces {
                 if !stay {
                     // The router's interface first: the subnet cannot go while it has one.
                     for p in ports.iter().filter(|p| p.device_owner == ROUTER_INTERFACE) {
-                        detach(c, &p.device_id, &s)?;
+                        for s in p
+                            .fixed_ips
+                            .iter()
+                            .filter(|f| subnets.contains(&f.subnet_id))
+                        {
+                            detach(c, &p.device_id, &s.subnet_id)?;
+                        }
                     }
                 }
                 for id in delete {
@@ -201,7 +221,9 @@ impl Namespaces {
                 if stay {
                     return Ok(false);
                 }
-                c.delete_if_present::<Subnet>(&s)?;
+                for s in &subnets {
+                    c.delete_if_present::<Subnet>(s)?;
+                }
                 c.delete_if_present::<Network>(&n)?;
                 Ok(true)
             })
@@ -256,7 +278,7 @@ impl Namespaces {
     }
 }
 
-/// Makes (or finds) the namespace's network and subnet, attached to `router`.
+/// Makes (or finds) the namespace's network and subnets, each attached to `router`.
 async fn make(
     ctx: &Ctx,
     want: Wanted,
@@ -264,21 +286,27 @@ async fn make(
 ) -> Result<NamespaceNetwork, ApiError> {
     ctx.call(move |c| {
         let network = c.create_or_get(&ids::network(&want.uid), want.network)?;
-        let subnet: Subnet = c.create_or_get(&ids::subnet(&want.uid), want.subnet)?;
+        let mut subnets: Vec<Subnet> = Vec::new();
+        for create in want.subnets {
+            let id = create.id.clone().unwrap_or_default();
+            subnets.push(c.create_or_get(&id, create)?);
+        }
         if let Some(router) = router {
             let (attached, _) = c.list::<Port>(&[
                 ("network_id", network.id.as_str()),
                 ("device_owner", ROUTER_INTERFACE),
                 ("device_id", router.as_str()),
             ])?;
-            if attached.is_empty() {
-                c.add_router_interface(&router, &on_subnet(&subnet.id))?;
+            for subnet in &subnets {
+                let on = attached
+                    .iter()
+                    .any(|p| p.fixed_ips.iter().any(|f| f.subnet_id == subnet.id));
+                if !on {
+                    c.add_router_interface(&router, &on_subnet(&subnet.id))?;
+                }
             }
         }
-        Ok(NamespaceNetwork {
-            network,
-            subnets: vec![subnet],
-        })
+        Ok(NamespaceNetwork { network, subnets })
     })
     .await
 }
@@ -322,24 +350,61 @@ mod tests {
 
     #[test]
     fn a_namespace_gets_a_network_named_by_its_uid_and_a_subnet_from_the_pool() {
+        let v4 = PodPool {
+            cidr: "10.64.0.0/10".parse().unwrap(),
+            prefix: 24,
+        };
         let w = wanted(
             &namespace(json!({"metadata": {"name": "team-a", "uid": "u1"}})),
-            24,
+            &[v4],
         )
         .unwrap();
         assert_eq!(w.network.id.as_deref(), Some(ids::network("u1").as_str()));
-        assert_eq!(w.subnet.network_id, ids::network("u1"));
-        assert_eq!(w.subnet.subnetpool_id, Some(ids::pod_pool()));
-        assert_eq!(w.subnet.prefixlen, Some(24));
+        let [subnet] = &w.subnets[..] else {
+            panic!("one subnet: {:?}", w.subnets)
+        };
+        assert_eq!(subnet.id, Some(ids::subnet("u1")));
+        assert_eq!(subnet.network_id, ids::network("u1"));
+        assert_eq!(subnet.subnetpool_id, Some(ids::pod_pool()));
+        assert_eq!(subnet.prefixlen, Some(24));
+        // Dual stack: a subnet of each pool, of each one's prefix, named apart.
+        let v6 = PodPool {
+            cidr: "fd64::/48".parse().unwrap(),
+            prefix: 64,
+        };
+        let dual = wanted(
+            &namespace(json!({"metadata": {"name": "team-a", "uid": "u1"}})),
+            &[v4, v6],
+        )
+        .unwrap();
+        let got: Vec<_> = dual
+            .subnets
+            .iter()
+            .map(|s| {
+                (
+                    s.id.clone().unwrap(),
+                    s.ip_version,
+                    s.subnetpool_id.clone().unwrap(),
+                    s.prefixlen,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (ids::subnet("u1"), Some(4), ids::pod_pool(), Some(24)),
+                (ids::subnet6("u1"), Some(6), ids::pod_pool6(), Some(64))
+            ]
+        );
         let tags = w.network.tags.unwrap();
         assert!(tags.contains(&"namespace:team-a".to_string()), "{tags:?}");
         assert!(tags.contains(&"namespace-uid:u1".to_string()), "{tags:?}");
         // Going away, or not yet named by the API server: nothing.
         let deleting = json!({"metadata": {"name": "b", "uid": "u2",
             "deletionTimestamp": "2026-01-01T00:00:00Z"}});
-        assert_eq!(wanted(&namespace(deleting), 24), None);
+        assert_eq!(wanted(&namespace(deleting), &[v4]), None);
         assert_eq!(
-            wanted(&namespace(json!({"metadata": {"name": "c"}})), 24),
+            wanted(&namespace(json!({"metadata": {"name": "c"}})), &[v4]),
             None
         );
     }

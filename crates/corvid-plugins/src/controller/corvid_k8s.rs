@@ -268,7 +268,19 @@ fn result_of(a: &PortAnnotation, args: &CmdArgs, netns: &str) -> CniResult {
             .iter()
             .map(|addr| IpConfig {
                 address: *addr,
-                gateway: a.gateway.filter(|g| g.is_ipv4() == addr.addr().is_ipv4()),
+                // The annotation's gateway is IPv4's; IPv6's is its default route's.
+                gateway: a
+                    .gateway
+                    .filter(|g| g.is_ipv4() == addr.addr().is_ipv4())
+                    .or_else(|| {
+                        a.routes
+                            .iter()
+                            .find(|r| {
+                                r.dst.prefix_len() == 0
+                                    && r.dst.addr().is_ipv4() == addr.addr().is_ipv4()
+                            })
+                            .and_then(|r| r.gw)
+                    }),
                 interface: Some(0),
             })
             .collect(),

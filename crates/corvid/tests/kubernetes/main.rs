@@ -11,6 +11,7 @@ mod support {
 }
 
 mod cluster_dns;
+mod dual_stack;
 mod network_policy;
 mod pods;
 mod routing;

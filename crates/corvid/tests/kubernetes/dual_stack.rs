@@ -1,0 +1,128 @@
+//! Dual stack in Kubernetes: the watcher given a pod pool of each family gives every
+//! namespace a subnet of each, and every pod an address in both, which the `corvid-k8s`
+//! plugin answers to the kubelet (its `status.podIPs`); pods reach each other over both
+//! families, across nodes and across namespaces.
+
+use super::*;
+
+/// The pod's addresses in its CNI result, IPv4's first.
+fn result_addresses(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| {
+            ip["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn pods_get_an_address_of_each_family_and_reach_each_other_over_both() {
+    let (cluster, kube) = setup("kd");
+    let _watcher = start_watcher(
+        &cluster,
+        &kube,
+        &["--pod-pool", "10.64.0.0/10", "--pod-pool", "fd64::/48"],
+    );
+    // (namespace, pod, node)
+    let pods = [("a", "p0", 0), ("a", "p1", 1), ("b", "p0", 1)];
+    for ns in ["a", "b"] {
+        namespace(&kube, ns);
+    }
+    let mut sandboxes = Vec::new();
+    for (ns, name, host) in pods {
+        let uid = pod(&kube, ns, name, &format!("h{}", host + 1));
+        let a = wait_annotation(&kube, ns, name);
+        let families: Vec<bool> = a.addresses.iter().map(|a| a.addr().is_ipv6()).collect();
+        assert_eq!(families, [false, true], "{:?}", a.addresses);
+        assert_eq!(a.addresses[1].prefix_len(), 64);
+        assert!("fd64::/48"
+            .parse::<ipnet::IpNet>()
+            .unwrap()
+            .contains(&a.addresses[1].addr()));
+        let netns = cluster.pod(&format!("{ns}{name}"));
+        let result = cni_result(&run_plugin(
+            &cluster,
+            &K8sCall {
+                host,
+                command: "ADD",
+                ns,
+                name,
+                uid: &uid,
+                netns: Some(&netns.path),
+            },
+        ));
+        let got = result_addresses(&result);
+        assert_eq!(got.len(), 2, "{result}");
+        assert!(
+            result["ips"][1]["gateway"]
+                .as_str()
+                .is_some_and(|g| g.contains(':')),
+            "the IPv6 address names its gateway: {result}"
+        );
+        let routes: Vec<&str> = result["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["dst"].as_str().unwrap())
+            .collect();
+        assert!(routes.contains(&"::/0"), "{result}");
+        wait_until("the port ACTIVE", Duration::from_secs(10), || {
+            port(&cluster, &a.port_id).is_some_and(|p| p.status == Status::Active)
+        });
+        sandboxes.push((ns, name, netns, got));
+    }
+    // Each namespace's network has a subnet of each family, both on the cluster router.
+    let net = &networks_of_namespace(&cluster, "a")[0];
+    assert_eq!(net.subnets.len(), 2, "{net:?}");
+    let on_router = cluster
+        .api(|c| {
+            c.list::<Port>(&[
+                ("network_id", net.id.as_str()),
+                ("device_owner", corvid_api::ROUTER_INTERFACE),
+            ])
+        })
+        .unwrap()
+        .0;
+    let routed: std::collections::BTreeSet<&str> = on_router
+        .iter()
+        .flat_map(|p| p.fixed_ips.iter().map(|f| f.subnet_id.as_str()))
+        .collect();
+    assert_eq!(routed.len(), 2, "{on_router:?}");
+    // Over both families: across nodes in a namespace, and to the other namespace.
+    for (i, j) in [(0, 1), (1, 0), (0, 2), (2, 1)] {
+        let (from, to) = (&sandboxes[i], &sandboxes[j]);
+        for addr in &to.3 {
+            wait_until(
+                &format!("{}/{} to reach {}/{} at {addr}", from.0, from.1, to.0, to.1),
+                Duration::from_secs(10),
+                || from.2.ping(addr),
+            );
+        }
+    }
+    for (ns, name, ..) in &sandboxes {
+        delete_pod(&kube, ns, name);
+    }
+    for ns in ["a", "b"] {
+        delete_namespace(&kube, ns);
+    }
+    wait_until(
+        "both subnets of each namespace to go with it",
+        Duration::from_secs(60),
+        || {
+            cluster
+                .api(|c| c.list::<Subnet>(&[]))
+                .unwrap()
+                .0
+                .iter()
+                .all(|s| !s.name.starts_with("k8s-a") && !s.name.starts_with("k8s-b"))
+        },
+    );
+}
