@@ -14,7 +14,8 @@ out = []
 for _ in range(n):
     try:
         if udp:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            s = socket.socket(family, socket.SOCK_DGRAM)
             s.settimeout(2)
             if sport is not None:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

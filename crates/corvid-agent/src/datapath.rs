@@ -207,7 +207,7 @@ impl Datapath {
                 }
             }
             let public = self.public.as_ref().map(|(i, _)| i.clone());
-            self.services = Some(Services::open(public, Some(self.local))?);
+            self.services = Some(Services::open(public, self.host_addresses.clone())?);
             if let Err(e) = self.conntrack.apply() {
                 tracing::warn!("conntrack's TCP timeouts: {e}");
             }

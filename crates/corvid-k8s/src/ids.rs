@@ -43,9 +43,14 @@ pub fn pod_pool6() -> String {
     derive("subnetpool", "pods6")
 }
 
-/// The service network and its subnet.
+/// The service network and its subnet (its IPv4 one on a dual-stack cluster).
 pub fn service_network() -> (String, String) {
     (derive("network", "services"), derive("subnet", "services"))
+}
+
+/// The service network's IPv6 subnet on a dual-stack cluster.
+pub fn service_subnet6() -> String {
+    derive("subnet6", "services")
 }
 
 /// The cluster router every namespace's network is attached to.

@@ -105,7 +105,7 @@ fn service(vip: &str, protocol: Protocol, port: u16, members: &[usize]) -> Servi
 fn opened(site: &Site) -> Services {
     site.host
         .open()
-        .run(|| Services::open(None, None))
+        .run(|| Services::open(None, Vec::new()))
         .unwrap()
         .unwrap()
 }
@@ -273,7 +273,7 @@ fn a_thousand_services_go_in_one_transaction_and_out_again() {
     let host = Ns::new(&tag, "h");
     let mut services = host
         .open()
-        .run(|| Services::open(None, None))
+        .run(|| Services::open(None, Vec::new()))
         .unwrap()
         .unwrap();
     let want: BTreeMap<String, Service> = (0..1000u32)

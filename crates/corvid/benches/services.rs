@@ -373,7 +373,7 @@ fn at_scale(changes: usize) {
         let (full, singles, plans) = ns
             .open()
             .run(|| {
-                let mut services = Services::open(None, None).unwrap();
+                let mut services = Services::open(None, Vec::new()).unwrap();
                 let start = Instant::now();
                 let plan = corvid_agent::services::plan(&cache);
                 services.sync(&plan.services, &plan.floating).unwrap();

@@ -17,10 +17,12 @@ pub struct KubeWatchArgs {
     client: crate::ControllerClientArgs,
     #[command(flatten)]
     metrics: crate::MetricsArgs,
-    /// The API server's --service-cluster-ip-range: the service network's subnet [default:
-    /// kubeadm's ClusterConfiguration, else the range the API server names].
-    #[arg(long, env = "CORVID_SERVICE_CIDR")]
-    service_cidr: Option<ipnet::IpNet>,
+    /// The API server's --service-cluster-ip-range: the service network's subnet, given
+    /// once per family on a dual-stack cluster (or comma-separated, as the API server
+    /// takes it) [default: kubeadm's ClusterConfiguration, else the range the API server
+    /// names].
+    #[arg(long, env = "CORVID_SERVICE_CIDR", value_delimiter = ',', action = clap::ArgAction::Append)]
+    service_cidr: Vec<ipnet::IpNet>,
     /// The network floating IPs come from; the watcher will not start while it is missing.
     #[arg(long, env = "CORVID_PUBLIC_NETWORK")]
     public_network: Option<String>,
@@ -94,7 +96,7 @@ pub fn run(a: KubeWatchArgs) -> ExitCode {
         kubeconfig: a.kubeconfig,
         controller: a.client.url(),
         credentials,
-        service_cidr: a.service_cidr,
+        service_cidrs: a.service_cidr,
         public_network: a.public_network,
         router: a.router,
         pod_pools,

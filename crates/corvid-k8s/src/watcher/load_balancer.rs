@@ -80,7 +80,36 @@ pub fn wanted<'a>(
     svc: &Service,
     groups: impl Iterator<Item = &'a EndpointGroup> + Clone,
 ) -> Option<Wanted> {
-    build(svc, |p, protocol| {
+    wanted_at(svc, 0, groups)
+}
+
+/// What a dual-stack service's second cluster IP (`spec.clusterIPs[1]`, of the other
+/// family) should be: a load balancer of its own, with that family's members and the
+/// same node ports, and no floating IP (the public network's are IPv4).
+pub fn wanted_secondary<'a>(
+    svc: &Service,
+    groups: impl Iterator<Item = &'a EndpointGroup> + Clone,
+) -> Option<Wanted> {
+    wanted_at(svc, 1, groups)
+}
+
+/// The key the second cluster IP's load balancer is named by, where the first's is the
+/// service's UID: its objects' IDs derive from it, and its tag carries it.
+pub fn secondary_key(service_uid: &str) -> String {
+    format!("{service_uid}/secondary")
+}
+
+/// The service's UID of a key [`secondary_key`] made, or of a UID itself.
+pub fn service_of(key: &str) -> &str {
+    key.strip_suffix("/secondary").unwrap_or(key)
+}
+
+fn wanted_at<'a>(
+    svc: &Service,
+    index: usize,
+    groups: impl Iterator<Item = &'a EndpointGroup> + Clone,
+) -> Option<Wanted> {
+    build(svc, index, |p, protocol| {
         let name = p.name.as_deref().unwrap_or("");
         groups
             .clone()
@@ -90,10 +119,12 @@ pub fn wanted<'a>(
     })
 }
 
-/// A service's load balancer with each port's members as `members` gives them (by the
-/// service port and its protocol); the VIP's family only.
+/// The load balancer of the service's cluster IP number `index` with each port's
+/// members as `members` gives them (by the service port and its protocol); the VIP's
+/// family only.
 fn build(
     svc: &Service,
+    index: usize,
     members: impl Fn(&ServicePort, LbProtocol) -> Vec<(IpAddr, u16)>,
 ) -> Option<Wanted> {
     let spec = svc.spec.as_ref()?;
@@ -102,7 +133,13 @@ fn build(
     if spec.type_.as_deref() == Some("ExternalName") || not_ours {
         return None;
     }
-    let vip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
+    // `clusterIPs` (1.20 and later) lists the families' addresses, the first being
+    // `clusterIP`.
+    let vip: IpAddr = match (index, spec.cluster_ips.as_deref()) {
+        (_, Some(ips)) if !ips.is_empty() => ips.get(index)?.parse().ok()?,
+        (0, _) => spec.cluster_ip.as_deref()?.parse().ok()?,
+        _ => return None,
+    };
     let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         spec.session_affinity_config
             .as_ref()
@@ -128,7 +165,7 @@ fn build(
         };
         listeners.insert(listener.key(), listener);
     }
-    let floating = (spec.type_.as_deref() == Some("LoadBalancer")).then(|| {
+    let floating = (index == 0 && spec.type_.as_deref() == Some("LoadBalancer")).then(|| {
         spec.load_balancer_ip
             .as_deref()
             .and_then(|ip| ip.parse().ok())
@@ -162,8 +199,10 @@ pub struct Trouble {
 
 /// Where the watcher's load balancers live.
 pub struct Networks<'a> {
-    /// The service network's subnet.
+    /// The service network's IPv4 subnet.
     pub service_subnet: &'a str,
+    /// Its IPv6 subnet.
+    pub service_subnet6: &'a str,
     /// The public network floating IPs come from, if there is one.
     pub public: Option<&'a str>,
 }
@@ -273,7 +312,14 @@ pub fn apply(
             LoadBalancerCreate {
                 id: Some(lb_id.clone()),
                 name: Some(name.to_string()),
-                vip_subnet_id: Some(nets.service_subnet.to_string()),
+                vip_subnet_id: Some(
+                    if want.vip.is_ipv6() {
+                        nets.service_subnet6
+                    } else {
+                        nets.service_subnet
+                    }
+                    .to_string(),
+                ),
                 vip_address: Some(want.vip),
                 tags: tags(service_uid),
                 ..Default::default()

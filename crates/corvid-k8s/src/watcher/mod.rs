@@ -76,9 +76,9 @@ pub struct Config {
     pub controller: String,
     /// The token and TLS side the controller is reached with.
     pub credentials: corvid_api::Credentials,
-    /// The API server's `--service-cluster-ip-range`; found from the API server when
-    /// not given.
-    pub service_cidr: Option<IpNet>,
+    /// The API server's `--service-cluster-ip-range`, a range per family; found from
+    /// the API server when none is given.
+    pub service_cidrs: Vec<IpNet>,
     /// The network floating IPs come from; must exist when named.
     pub public_network: Option<String>,
     /// The router every namespace's network is attached to (ID or name); the watcher
@@ -333,37 +333,53 @@ impl Watcher {
             self.ctx.call(move |c| c.create_or_get(&id, create)).await?;
         }
         let (net_id, subnet_id) = ids::service_network();
-        let cidr = match self.cfg.service_cidr {
-            Some(cidr) => cidr,
-            None => {
-                let found = crate::service_cidr::discover(&self.ctx.kube).await?;
-                tracing::info!(service_cidr = %found, "the API server's service range");
-                self.cfg.service_cidr = Some(found);
-                found
-            }
-        };
+        if self.cfg.service_cidrs.is_empty() {
+            let found = crate::service_cidr::discover(&self.ctx.kube).await?;
+            tracing::info!(service_cidr = %found, "the API server's service range");
+            self.cfg.service_cidrs.push(found);
+        }
         let net = NetworkCreate {
             id: Some(net_id.clone()),
             name: Some("k8s-services".into()),
             tags: Some(vec![ids::NETWORK_TAG.into()]),
             ..Default::default()
         };
-        let subnet = SubnetCreate {
-            id: Some(subnet_id.clone()),
-            network_id: net_id.clone(),
-            name: Some("k8s-services".into()),
-            cidr: Some(cidr),
-            ip_version: Some(if cidr.addr().is_ipv4() { 4 } else { 6 }),
-            // The API server gives the range's first address to the `kubernetes`
-            // service: no gateway takes it.
-            gateway_ip: Some(None),
-            ..Default::default()
-        };
+        // A subnet per family, named by it: load balancers find theirs by their VIP's.
+        let subnets: Vec<SubnetCreate> = self
+            .cfg
+            .service_cidrs
+            .iter()
+            .map(|cidr| {
+                let v6 = cidr.addr().is_ipv6();
+                SubnetCreate {
+                    id: Some(if v6 {
+                        ids::service_subnet6()
+                    } else {
+                        subnet_id.clone()
+                    }),
+                    network_id: net_id.clone(),
+                    name: Some("k8s-services".into()),
+                    cidr: Some(*cidr),
+                    ip_version: Some(if v6 { 6 } else { 4 }),
+                    // The API server gives the range's first address to the `kubernetes`
+                    // service: no gateway takes it.
+                    gateway_ip: Some(None),
+                    ..Default::default()
+                }
+            })
+            .collect();
         self.ctx
             .call(move |c| {
                 c.create_or_get(&net_id, net)?;
-                let subnet: Subnet = c.create_or_get(&subnet_id, subnet)?;
-                attach_services(c, &router, &subnet)
+                for create in subnets {
+                    let id = create.id.clone().unwrap_or_default();
+                    let subnet: Subnet = c.create_or_get(&id, create)?;
+                    // Floating IPs, which are IPv4, reach VIPs through the router.
+                    if subnet.cidr.addr().is_ipv4() {
+                        attach_services(c, &router, &subnet)?;
+                    }
+                }
+                Ok(())
             })
             .await?;
         // The groups every pod's port names exist before the first port is made.
@@ -379,7 +395,7 @@ impl Watcher {
         }
         tracing::info!(
             pod_pools = ?self.cfg.pod_pools.iter().map(|p| p.cidr.to_string()).collect::<Vec<_>>(),
-            service_cidr = %cidr,
+            service_cidrs = ?self.cfg.service_cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
             "set up: the pod pool, the service network and the default namespace's network"
         );
         Ok(())

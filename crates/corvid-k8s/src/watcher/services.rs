@@ -36,11 +36,16 @@ pub fn unserved(svc: &Service, want: &Wanted) -> Option<Trouble> {
 
 /// The UIDs of the services whose load balancers the controller holds but which are gone.
 pub fn gone(lbs: &[LoadBalancer], known: &HashMap<String, Service>) -> Vec<String> {
-    lbs.iter()
+    let mut uids: Vec<String> = lbs
+        .iter()
         .filter_map(|lb| lb.tags.iter().find_map(|t| t.strip_prefix("service-uid:")))
+        .map(load_balancer::service_of)
         .filter(|uid| !known.contains_key(*uid))
         .map(str::to_string)
-        .collect()
+        .collect();
+    uids.sort();
+    uids.dedup();
+    uids
 }
 
 /// The services and endpoints as listed and watched, and what the controller holds for
@@ -130,8 +135,78 @@ impl Services {
     }
 
     /// Makes the controller hold what the service with UID `uid` should be (nothing once
-    /// it is gone), and its status show its floating IP.
+    /// it is gone), and its status show its floating IP; a dual-stack service's second
+    /// cluster IP is a load balancer of its own.
     pub async fn reconcile(&mut self, ctx: &Ctx, uid: &str) {
+        self.reconcile_primary(ctx, uid).await;
+        self.reconcile_secondary(ctx, uid).await;
+    }
+
+    /// The load balancer of the service's second cluster IP, if it has one (or had).
+    /// What it is not, is remembered as empty, so a single-stack service costs no call
+    /// after the first.
+    async fn reconcile_secondary(&mut self, ctx: &Ctx, uid: &str) {
+        if !self.endpoints.listed() && self.known.contains_key(uid) {
+            return;
+        }
+        let key = load_balancer::secondary_key(uid);
+        let svc = self.known.get(uid).cloned();
+        let want = svc.as_ref().and_then(|s| {
+            load_balancer::wanted_secondary(s, self.endpoints.groups_of(&object_key(s)))
+        });
+        let known = self.made.get(&key).cloned();
+        if want.is_none() && known == Some(Made::default()) {
+            if svc.is_none() {
+                self.made.remove(&key);
+            }
+            return;
+        }
+        let name = svc
+            .as_ref()
+            .map(|s| format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()))
+            .unwrap_or_default();
+        let (k, want2, name2) = (key.clone(), want.clone(), name.clone());
+        let result = ctx
+            .call(move |c| {
+                let mut made = match known {
+                    Some(m) => m,
+                    None => load_balancer::load(c, &k)?,
+                };
+                let nets = load_balancer::Networks {
+                    service_subnet: &ids::service_network().1,
+                    service_subnet6: &ids::service_subnet6(),
+                    public: None,
+                };
+                let r = load_balancer::apply(c, &k, &name2, want2.as_ref(), &nets, &mut made);
+                Ok((made, r))
+            })
+            .await;
+        match result {
+            Ok((made, Ok(trouble))) => {
+                if svc.is_none() && made == Made::default() {
+                    self.made.remove(&key);
+                } else {
+                    self.made.insert(key, made);
+                }
+                if let Some(t) = trouble {
+                    tracing::warn!(service = %name, reason = t.reason, "{}", t.message);
+                }
+            }
+            Ok((made, Err(e))) => {
+                self.made.insert(key, made);
+                tracing::warn!(service = %name, "making the load balancer of its second cluster IP: {e}");
+                ctx.queue.retry(Retry::Service(uid.to_string()));
+            }
+            Err(e) => {
+                tracing::warn!(service = %name, "reading the load balancer of its second cluster IP: {e}");
+                ctx.queue.retry(Retry::Service(uid.to_string()));
+            }
+        }
+    }
+
+    /// The load balancer of the service's (first) cluster IP, its floating IP and what
+    /// it reports.
+    async fn reconcile_primary(&mut self, ctx: &Ctx, uid: &str) {
         // Before the first whole list of endpoints, a service's members are not known: a
         // restarted watcher would take every healthy service's members away for a moment.
         // A gone service's load balancer goes at once.
@@ -157,6 +232,7 @@ impl Services {
                 };
                 let nets = load_balancer::Networks {
                     service_subnet: &ids::service_network().1,
+                    service_subnet6: &ids::service_subnet6(),
                     public: public.as_deref(),
                 };
                 let r =

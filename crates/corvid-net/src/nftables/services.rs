@@ -6,9 +6,10 @@
 //! ```text
 //! map service-ips4       { type ipv4_addr . inet_proto . inet_service : verdict }  cluster IPs
 //! map service-external4  { same }               floating IPs of load balancers (masqueraded)
-//! map service-nodeports  { type inet_proto . inet_service : verdict }
+//! map service-nodeports4 { type inet_proto . inet_service : verdict }  a family's own:
+//!                          a dual-stack service's node port leads to that family's members
 //! set service-reject4    { type ipv4_addr . inet_proto . inet_service }  no member: refused
-//! set service-nodeports-reject { type inet_proto . inet_service }
+//! set service-nodeports-reject4 { type inet_proto . inet_service }
 //! map service-members4   { type mark . mark : ipv4_addr . inet_service }
 //!                          (index . service number) to a member
 //! set service-hairpin4   { type ipv4_addr . ipv4_addr }        (member . member)
@@ -22,8 +23,8 @@
 //!     ip daddr . meta l4proto . th dport vmap @service-ips4
 //!     ip daddr . meta l4proto . th dport @service-external4 meta mark set mark | 0x40000
 //!     ip daddr . meta l4proto . th dport vmap @service-external4
-//!     fib daddr type local meta l4proto . th dport @service-nodeports mark set ...
-//!     fib daddr type local meta l4proto . th dport vmap @service-nodeports
+//!     meta nfproto ipv4 fib daddr type local meta l4proto . th dport @service-nodeports4 mark set ...
+//!     meta nfproto ipv4 fib daddr type local meta l4proto . th dport vmap @service-nodeports4
 //!     ip daddr @floating-ips4 meta mark set ...; dnat ip to ip daddr map @floating-ips4 }
 //! chain svc-<hash> {                            one per service port
 //!     [ip saddr . <i> @affinity-<hash> update @affinity-<hash> { ip saddr . <i> }
@@ -104,8 +105,8 @@ const BASE_CHAINS: [&str; 7] = [
 ];
 const SERVICE_CHAIN_PREFIX: &str = "svc-";
 const AFFINITY_PREFIX: &str = "affinity-";
-const NODEPORTS: &str = "service-nodeports";
-const NODEPORTS_REJECT: &str = "service-nodeports-reject";
+/// The node ports' maps of an agent from before they were per family: removed at start.
+const LEGACY_NODEPORTS: [&str; 2] = ["service-nodeports", "service-nodeports-reject"];
 
 /// The per-family maps and sets.
 struct Family {
@@ -117,6 +118,8 @@ struct Family {
     outside: &'static str,
     floating: &'static str,
     fixed: &'static str,
+    nodeports: &'static str,
+    nodeports_reject: &'static str,
 }
 
 const V4: Family = Family {
@@ -128,6 +131,8 @@ const V4: Family = Family {
     outside: "service-outside4",
     floating: "floating-ips4",
     fixed: "floating-fixed4",
+    nodeports: "service-nodeports4",
+    nodeports_reject: "service-nodeports-reject4",
 };
 const V6: Family = Family {
     ips: "service-ips6",
@@ -138,6 +143,8 @@ const V6: Family = Family {
     outside: "service-outside6",
     floating: "floating-ips6",
     fixed: "floating-fixed6",
+    nodeports: "service-nodeports6",
+    nodeports_reject: "service-nodeports-reject6",
 };
 
 fn family(v6: bool) -> &'static Family {
@@ -228,17 +235,19 @@ pub struct Services {
     /// Router subnets and the gateway address what they send out leaves from.
     router_snat: Option<BTreeMap<IpNet, IpAddr>>,
     public_interface: Option<String>,
-    source: Option<IpAddr>,
+    /// This host's own addresses, one per family, that connections from outside leave
+    /// with.
+    sources: Vec<IpAddr>,
 }
 
 impl Services {
     /// Opens the calling thread's namespace's table; `public_interface` is where floating
     /// IPs' traffic leaves (their SNAT), if this host has one. Connections from outside
-    /// (floating IPs, node ports) leave with `source`, an address of this host only, so
-    /// that a member on another host answers here: an interface's own address may be
-    /// a gateway every host holds. Without one (or for the other family) they are
-    /// masqueraded.
-    pub fn open(public_interface: Option<String>, source: Option<IpAddr>) -> Result<Services> {
+    /// (floating IPs, node ports) leave with the address of `sources` (addresses of this
+    /// host only, one per family) of their family, so that a member on another host
+    /// answers here: an interface's own address may be a gateway every host holds.
+    /// Without one of their family they are masqueraded.
+    pub fn open(public_interface: Option<String>, sources: Vec<IpAddr>) -> Result<Services> {
         Ok(Services {
             nft: Nftables::open()?,
             conntrack: Conntrack::open()?,
@@ -251,7 +260,7 @@ impl Services {
             floating: BTreeMap::new(),
             router_snat: None,
             public_interface,
-            source,
+            sources,
         })
     }
 
@@ -421,11 +430,19 @@ impl Services {
             .iter()
             .flat_map(|f| {
                 [
-                    f.ips, f.external, f.reject, f.members, f.hairpin, f.outside, f.floating,
+                    f.ips,
+                    f.external,
+                    f.reject,
+                    f.members,
+                    f.hairpin,
+                    f.outside,
+                    f.floating,
                     f.fixed,
+                    f.nodeports,
+                    f.nodeports_reject,
                 ]
             })
-            .chain([NODEPORTS, NODEPORTS_REJECT])
+            .chain(LEGACY_NODEPORTS)
             .collect();
         for s in sets
             .iter()
@@ -462,18 +479,11 @@ impl Services {
                 (f.outside, addr, None),
                 (f.floating, addr, Some(addr)),
                 (f.fixed, addr, Some(addr)),
+                (f.nodeports, DataType::concat(&port), verdict),
+                (f.nodeports_reject, DataType::concat(&port), None),
             ] {
                 batch.add_set(&SetSpec::new(name, key, data));
             }
-        }
-        for (name, data) in [(NODEPORTS, verdict), (NODEPORTS_REJECT, None)] {
-            batch.add_set(&SetSpec {
-                name,
-                key: DataType::concat(&port),
-                data,
-                interval: false,
-                timeout: None,
-            });
         }
         let base = |kind, hook, priority| {
             Some(BaseChain {
@@ -555,30 +565,34 @@ impl Services {
             ]);
             batch.add_rule(POSTROUTING, outside, None);
         }
-        let nodeport = || {
-            let mut e = expr::daddr_local();
-            e.extend([
-                expr::load_l4proto(reg32(0)),
-                expr::load(Field::DstPort, false, reg32(1)),
-            ]);
-            e
-        };
-        let mut mark = nodeport();
-        mark.push(expr::lookup(NODEPORTS, reg32(0), true));
-        mark.extend(expr::set_mark(MASQUERADE_MARK));
-        batch.add_rule(CHAIN, mark, None);
-        let mut jump = nodeport();
-        jump.push(expr::vmap(NODEPORTS, reg32(0)));
-        batch.add_rule(CHAIN, jump, None);
-        for chain in [FILTER_PREROUTING, FILTER_OUTPUT] {
-            for tcp in [true, false] {
-                let mut reject = nodeport();
-                reject.push(expr::lookup(NODEPORTS_REJECT, reg32(0), true));
-                if tcp {
-                    reject.extend(expr::is_tcp());
+        for v6 in [false, true] {
+            let f = family(v6);
+            let nodeport = || {
+                let mut e = expr::nfproto(v6);
+                e.extend(expr::daddr_local());
+                e.extend([
+                    expr::load_l4proto(reg32(0)),
+                    expr::load(Field::DstPort, false, reg32(1)),
+                ]);
+                e
+            };
+            let mut mark = nodeport();
+            mark.push(expr::lookup(f.nodeports, reg32(0), true));
+            mark.extend(expr::set_mark(MASQUERADE_MARK));
+            batch.add_rule(CHAIN, mark, None);
+            let mut jump = nodeport();
+            jump.push(expr::vmap(f.nodeports, reg32(0)));
+            batch.add_rule(CHAIN, jump, None);
+            for chain in [FILTER_PREROUTING, FILTER_OUTPUT] {
+                for tcp in [true, false] {
+                    let mut reject = nodeport();
+                    reject.push(expr::lookup(f.nodeports_reject, reg32(0), true));
+                    if tcp {
+                        reject.extend(expr::is_tcp());
+                    }
+                    reject.push(expr::reject(tcp));
+                    batch.add_rule(chain, reject, None);
                 }
-                reject.push(expr::reject(tcp));
-                batch.add_rule(chain, reject, None);
             }
         }
         for v6 in [false, true] {
@@ -598,7 +612,7 @@ impl Services {
             ]);
             batch.add_rule(CHAIN, dnat, None);
         }
-        if let Some(source) = self.source {
+        for &source in &self.sources {
             let v6 = source.is_ipv6();
             let mut snat = expr::nfproto(v6);
             snat.extend(expr::has_mark(MASQUERADE_MARK));
@@ -715,7 +729,11 @@ impl Services {
         }
         if let Some(p) = s.node_port {
             out.push((
-                if serving { NODEPORTS } else { NODEPORTS_REJECT },
+                if serving {
+                    f.nodeports
+                } else {
+                    f.nodeports_reject
+                },
                 port_key(s.protocol, p),
                 serving,
             ));

@@ -126,3 +126,89 @@ fn pods_get_an_address_of_each_family_and_reach_each_other_over_both() {
         },
     );
 }
+
+#[test]
+fn dual_stack_services_are_served_on_both_cluster_ips_and_node_ports() {
+    let (cluster, kube) = setup_with(
+        "kv",
+        &[
+            "--feature-gates=IPv6DualStack=true",
+            "--service-cluster-ip-range=10.0.0.0/24,fd00:10::/112",
+        ],
+    );
+    let _watcher = start_watcher(
+        &cluster,
+        &kube,
+        &[
+            "--pod-pool",
+            "10.64.0.0/10",
+            "--pod-pool",
+            "fd64::/48",
+            "--service-cidr",
+            "10.0.0.0/24,fd00:10::/112",
+        ],
+    );
+    namespace(&kube, "shop");
+    let served = served_pods(
+        &cluster,
+        &kube,
+        "shop",
+        &[("p0", 0, "web"), ("p1", 1, "web"), ("client", 0, "client")],
+    );
+    let client = &served.pods[2].3;
+    let svc = service(
+        &kube,
+        "shop",
+        "web",
+        json!({"spec": {"selector": {"app": "web"}, "type": "NodePort",
+            "ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"],
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+        false,
+    );
+    let spec = svc.spec.unwrap();
+    let vips = spec.cluster_ips.unwrap();
+    assert_eq!(vips.len(), 2, "{vips:?}");
+    assert!(vips[1].contains(':'), "{vips:?}");
+    let node_port = spec.ports.unwrap()[0].node_port.unwrap() as u16;
+    let web = std::collections::BTreeSet::from(["p0", "p1"]);
+    // Each cluster IP reaches both members, of its own family.
+    for vip in &vips {
+        wait_until(
+            &format!("both members to answer on {vip}"),
+            Duration::from_secs(30),
+            || answers_of(&client.connect(vip, 80, 20, false)) == web,
+        );
+    }
+    // The node port on each node's address of each family.
+    for node in ["10.99.0.2", "fd99::2"] {
+        wait_until(
+            &format!("both members to answer on {node}:{node_port}"),
+            Duration::from_secs(20),
+            || answers_of(&cluster.lan.connect(node, node_port, 20, false)) == web,
+        );
+    }
+    // Deleted, the service leaves no load balancer of either family.
+    let name = "web".to_string();
+    kube.admin(|c| async move {
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(c, "shop")
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+    });
+    wait_until("both load balancers to go", Duration::from_secs(20), || {
+        cluster
+            .api(|c| c.list::<corvid_api::LoadBalancer>(&[("tags", corvid_k8s::ids::SERVICE_TAG)]))
+            .unwrap()
+            .0
+            .iter()
+            .all(|lb| lb.name != "shop/web")
+    });
+    wait_until(
+        "the IPv6 cluster IP to serve no more",
+        Duration::from_secs(10),
+        || {
+            let after = client.connect(&vips[1], 80, 1, false);
+            !web.contains(after[0].as_str())
+        },
+    );
+}

@@ -390,13 +390,15 @@ fn served_pods(
     }
 }
 
-/// Sets the pod's Ready condition and its IP (the first of its annotation's), as its
-/// kubelet would.
+/// Sets the pod's Ready condition and its IPs (its annotation's, the first as `podIP`),
+/// as its kubelet would.
 fn set_ready(kube: &KubeApi, ns: &str, name: &str, ready: bool) {
-    let ip = annotation(kube, ns, name).map(|a| a.addresses[0].addr().to_string());
+    let ips: Vec<String> = annotation(kube, ns, name)
+        .map(|a| a.addresses.iter().map(|a| a.addr().to_string()).collect())
+        .unwrap_or_default();
     let (ns, name) = (ns.to_string(), name.to_string());
     kube.admin(|c| async move {
-        let patch = json!({"status": {"podIP": ip, "podIPs": ip.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+        let patch = json!({"status": {"podIP": ips.first(), "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
             "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}});
         Api::<Pod>::namespaced(c, &ns)
             .patch_status(

@@ -260,6 +260,8 @@ impl KubeApi {
                 "--port=0",
                 "--secure-port=0",
             ])
+            // The API server's feature gates (IPv6DualStack) are the controllers' too.
+            .args(extra.iter().filter(|a| a.starts_with("--feature-gates=")))
             .stdout(Stdio::null())
             .stderr(log);
         ns.apply_to(&mut kcm).unwrap();
