@@ -1,7 +1,8 @@
 //! `corvid up` on hosts as users have them, each a private "host" namespace: one with
 //! dockerd's rules (FORWARD DROP behind `DOCKER-USER`, `bridge-nf-call-iptables` on),
-//! one with ufw's (FORWARD DROP alone) and one whose own nftables table drops forwarding.
-//! Containers reach each other and the outside of the bridge where iptables filters (the
+//! one with ufw's (FORWARD DROP alone) and one whose own nftables table drops forwarding,
+//! each in iptables and ip6tables. Containers reach each other and the outside of the
+//! bridge, over both families, where iptables filters (the
 //! agent lets corvid's bridges through, puts that back after a firewall reload and takes
 //! it away with the last bridge); where another nftables table drops, `corvid doctor`
 //! names the chain, and its fix works. Runs as root, in `cvt*` namespaces only.
@@ -49,6 +50,8 @@ fn iptables_rules(ns: &Ns) -> String {
 }
 
 fn firewall_on(host: &Ns, kind: Firewall) {
+    // Both families: ufw filters IPv6 as IPv4, and so does dockerd since 27 (ip6tables
+    // on by default).
     match kind {
         Firewall::Docker => {
             for args in [
@@ -58,10 +61,12 @@ fn firewall_on(host: &Ns, kind: Firewall) {
                 "-P FORWARD DROP",
             ] {
                 run(host, "iptables", args);
+                run(host, "ip6tables", args);
             }
         }
         Firewall::Ufw => {
             run(host, "iptables", "-P FORWARD DROP");
+            run(host, "ip6tables", "-P FORWARD DROP");
         }
         Firewall::Nftables => {
             run(host, "nft", "add table inet cvtfw");
@@ -90,19 +95,39 @@ fn attach_and_ping(kind: Firewall) {
         outside.name()
     ));
     host.ip("addr add 10.98.0.1/24 dev cvtout");
+    host.ip("addr add fd98::1/64 dev cvtout nodad");
     host.ip("link set cvtout up");
     outside.ip("addr add 10.98.0.2/24 dev eth0");
+    outside.ip("addr add fd98::2/64 dev eth0 nodad");
     outside.ip("link set eth0 up");
     firewall_on(&host, kind);
 
     let stack = Up::new();
-    let _up = stack.start(&host, &["--resync", "1"]);
+    let up = stack.start(&host, &["--resync", "1"]);
     let (conf, bin) = (stack.conf(), stack.bin());
     let pods = [Ns::new(&tag, "a"), Ns::new(&tag, "b")];
-    let ips: Vec<String> = pods.iter().map(|p| stack.add(&host, p)).collect();
+    // corvid up's default network is dual stack: an address of each family.
+    let results: Vec<Value> = pods.iter().map(|p| stack.add_result(&host, p)).collect();
+    let address = |r: &Value, v6: bool| -> String {
+        r["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|ip| ip["address"].as_str().unwrap().split('/').next().unwrap())
+            .find(|a| a.contains(':') == v6)
+            .unwrap_or_else(|| panic!("no address of that family: {r}"))
+            .to_string()
+    };
+    let ips: Vec<String> = results.iter().map(|r| address(r, false)).collect();
+    let ips6: Vec<String> = results.iter().map(|r| address(r, true)).collect();
     let reach = |what: &str| {
         wait_until(what, Duration::from_secs(10), || {
-            pods[0].ping(&ips[1]) && pods[1].ping(&ips[0]) && pods[0].ping("10.98.0.2")
+            pods[0].ping(&ips[1])
+                && pods[1].ping(&ips[0])
+                && pods[0].ping("10.98.0.2")
+                && pods[0].ping(&ips6[1])
+                && pods[1].ping(&ips6[0])
+                && pods[0].ping("fd98::2")
         });
     };
 
@@ -164,8 +189,23 @@ fn attach_and_ping(kind: Firewall) {
         } else {
             "FORWARD"
         };
+        // The agent is held while the jumps are gone, or its next full pass (every
+        // second here) could put them back before the pings show the drop.
+        let agent = up.0.id() as i32;
+        assert_eq!(unsafe { libc::kill(agent, libc::SIGSTOP) }, 0);
         run(&host, "iptables", &format!("-D {parent} -j CORVID-BRIDGES"));
-        assert!(!pods[0].ping(&ips[1]), "without the jump, FORWARD drops");
+        run(
+            &host,
+            "ip6tables",
+            &format!("-D {parent} -j CORVID-BRIDGES"),
+        );
+        let dropped = (!pods[0].ping(&ips[1]), !pods[0].ping(&ips6[1]));
+        assert_eq!(unsafe { libc::kill(agent, libc::SIGCONT) }, 0);
+        assert_eq!(
+            dropped,
+            (true, true),
+            "without the jumps, FORWARD drops both families"
+        );
         reach("the containers after the agent restored the jump");
     }
 
@@ -186,7 +226,11 @@ fn attach_and_ping(kind: Firewall) {
                 "{rules}"
             );
         }
-        Firewall::Ufw => assert!(iptables_rules(&host).contains("-P FORWARD DROP")),
+        Firewall::Ufw => {
+            assert!(iptables_rules(&host).contains("-P FORWARD DROP"));
+            let rules6 = String::from_utf8(run(&host, "ip6tables", "-S").stdout).unwrap();
+            assert!(rules6.contains("-P FORWARD DROP"), "{rules6}");
+        }
         Firewall::Nftables => {
             let out = run(&host, "nft", "list chain inet cvtfw forward");
             assert!(String::from_utf8_lossy(&out.stdout).contains("policy drop"));
