@@ -160,13 +160,16 @@ impl Client {
         };
         let status = resp.status();
         let revision = resp.header(REVISION_HEADER).and_then(|v| v.parse().ok());
-        let text = resp
-            .into_string()
+        // Read whole, without `into_string`'s 10 MiB cap: an agent lists every port,
+        // which passes that at about 13,600 ports.
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut resp.into_reader(), &mut bytes)
             .map_err(|e| ApiError::Transport(e.to_string()))?;
-        let value = if text.trim().is_empty() {
+        let value = if bytes.iter().all(u8::is_ascii_whitespace) {
             Value::Null
         } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
         };
         Ok((status, value, revision))
     }
@@ -397,3 +400,33 @@ const QUERY_COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPH
     .remove(b'_')
     .remove(b'~')
     .remove(b':');
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn an_answer_above_ten_mebibytes_is_read_whole() {
+        // 11 MiB of JSON: ureq's `into_string` refused anything above 10.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let body = serde_json::to_vec(&json!({"ports": [], "pad": "x".repeat(11 << 20)})).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = [0u8; 4096];
+            let _ = conn.read(&mut request).unwrap();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            conn.write_all(head.as_bytes()).unwrap();
+            conn.write_all(&body).unwrap();
+        });
+        let client = Client::new(&format!("http://{addr}"));
+        let (status, value, _) = client.request("GET", "/v2.0/ports", None).unwrap();
+        server.join().unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(value["pad"].as_str().map(str::len), Some(11 << 20));
+    }
+}
