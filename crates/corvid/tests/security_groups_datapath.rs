@@ -240,3 +240,71 @@ fn restarted_agents_filter_as_before_and_one_that_does_not_filter_cleans_up() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains("corvid-sg"));
 }
+
+/// The address of `p` of the given family.
+fn address_of(p: &Port, v6: bool) -> String {
+    p.fixed_ips
+        .iter()
+        .map(|f| f.ip_address)
+        .find(|a| a.is_ipv6() == v6)
+        .unwrap_or_else(|| panic!("no address of that family: {p:?}"))
+        .to_string()
+}
+
+#[test]
+fn groups_filter_ipv6_as_they_filter_ipv4() {
+    let cluster = filtering("s6");
+    // A dual-stack network: ports get an address of each family.
+    let (net, v6) = cluster.api(|c| {
+        let net: corvid_api::Network = c.create(json!({"name": "sg6"})).unwrap();
+        let _: Subnet = c
+            .create(json!({"network_id": net.id, "cidr": "10.63.0.0/24", "ip_version": 4}))
+            .unwrap();
+        let v6: Subnet = c
+            .create(json!({"network_id": net.id, "cidr": "fd63::/64", "ip_version": 6}))
+            .unwrap();
+        (net, v6)
+    });
+    cluster.conflist("sg6", &net.id);
+    let (a, b, c) = (cluster.pod("a"), cluster.pod("b"), cluster.pod("c"));
+    let a_port = cluster.api_port(0, &v6, &a, json!({}));
+    let b_port = cluster.api_port(1, &v6, &b, json!({}));
+    cni_result(&cluster.add(0, "sg6", &c));
+    let (ip_a, ip_b) = (address_of(&a_port, true), address_of(&b_port, true));
+    // Members of the default group reach each other over IPv6 across hosts; nobody else
+    // gets in, not a pod outside the group, not the host.
+    assert!(reaches(&a, &ip_b), "{}", cluster.overlay_state());
+    assert!(b.ping(&ip_a));
+    assert!(!c.ping(&ip_a));
+    assert!(!c.ping(&ip_b));
+    assert!(!cluster.hosts[0].ping(&ip_a));
+
+    // An IPv6 rule opens TCP 80 from the IPv6 subnet, and only that.
+    let web = cluster.security_group("web6");
+    cluster.call(
+        "POST",
+        "/v2.0/security-group-rules",
+        json!({"security_group_rule": {"security_group_id": web.id, "direction": "ingress",
+            "ethertype": "IPv6", "protocol": "tcp", "port_range_min": 80, "port_range_max": 80,
+            "remote_ip_prefix": "fd63::/64"}}),
+    );
+    let mut groups = b_port.security_groups.clone();
+    groups.push(web.id.clone());
+    update_port(&cluster, &b_port.id, json!({"security_groups": groups}));
+    let _web = b.serve_name("web", 80);
+    let _other = b.serve_name("other", 81);
+    wait_until(
+        "c to reach b on 80 over IPv6",
+        Duration::from_secs(5),
+        || connect(&c, &ip_b, 80) == "web",
+    );
+    assert_eq!(connect(&c, &ip_b, 81), "timeout");
+    // The IPv4 address is not opened by an IPv6 rule.
+    assert_eq!(connect(&c, &address_of(&b_port, false), 80), "timeout");
+
+    // A port sends from its own IPv6 addresses only.
+    let spoofed = "fd63::dead";
+    a.ip(&format!("addr add {spoofed}/64 dev eth0 nodad"));
+    assert!(a.ping_from(&ip_a, &ip_b), "from its own address");
+    assert!(!a.ping_from(spoofed, &ip_b), "from an address not its own");
+}
