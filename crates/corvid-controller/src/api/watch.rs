@@ -8,13 +8,17 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
-use serde_json::{json, Value};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use corvid_api::EventKind;
+use serde::Serialize;
+use serde_json::value::RawValue;
 
-use super::{answer, Ctl, Query};
+use super::Ctl;
+use super::Query;
 use crate::error::NeutronError;
 use crate::query::pairs;
-use crate::view::View;
+use crate::view::{FeedEntry, View};
 
 /// Longest wait a client may ask for.
 const MAX_WAIT: u64 = 300;
@@ -27,8 +31,40 @@ struct Filter {
     resources: Vec<String>,
 }
 
+/// One event as it is answered. The object is the feed's JSON text, written out as it
+/// is: building a `Value` tree of it for each subscriber cost a parse and an allocation
+/// per node, under the view's lock, for every host a change goes to.
+#[derive(Serialize)]
+struct Event<'a> {
+    revision: i64,
+    #[serde(rename = "type")]
+    kind: EventKind,
+    resource: &'a str,
+    id: &'a str,
+    object: &'a RawValue,
+}
+
+impl<'a> From<&'a FeedEntry> for Event<'a> {
+    fn from(e: &'a FeedEntry) -> Self {
+        Event {
+            revision: e.revision,
+            kind: e.kind,
+            resource: &e.resource,
+            id: &e.id,
+            object: &e.object,
+        }
+    }
+}
+
+/// An answer of the feed: where to resume, and the events up to there.
+#[derive(Serialize)]
+struct Page<'a> {
+    revision: i64,
+    events: Vec<Event<'a>>,
+}
+
 /// Events after `since` passing the filter, and the revision to resume from.
-fn collect(v: &View, f: &Filter) -> Result<(Vec<Value>, i64), NeutronError> {
+fn collect<'v>(v: &'v View, f: &Filter) -> Result<(Vec<Event<'v>>, i64), NeutronError> {
     if f.since + 1 < v.feed_start {
         return Err(NeutronError::new(
             StatusCode::GONE,
@@ -40,15 +76,11 @@ fn collect(v: &View, f: &Filter) -> Result<(Vec<Value>, i64), NeutronError> {
         ));
     }
     let start = v.feed.partition_point(|e| e.revision <= f.since);
-    let mut events = Vec::new();
+    let mut events: Vec<Event> = Vec::new();
     let mut resume = v.revision.max(f.since);
     for e in v.feed.range(start..) {
-        if events.len() >= PAGE
-            && events
-                .last()
-                .is_some_and(|l: &(i64, Value)| l.0 != e.revision)
-        {
-            resume = events.last().map_or(resume, |l| l.0);
+        if events.len() >= PAGE && events.last().is_some_and(|l| l.revision != e.revision) {
+            resume = events.last().map_or(resume, |l| l.revision);
             break;
         }
         let wanted = (f.resources.is_empty() || f.resources.iter().any(|r| **r == *e.resource))
@@ -57,13 +89,10 @@ fn collect(v: &View, f: &Filter) -> Result<(Vec<Value>, i64), NeutronError> {
                 _ => true,
             };
         if wanted {
-            events.push((
-                e.revision,
-                json!({"revision": e.revision, "type": e.kind, "resource": &*e.resource, "id": &*e.id, "object": &*e.object}),
-            ));
+            events.push(e.into());
         }
     }
-    Ok((events.into_iter().map(|(_, v)| v).collect(), resume))
+    Ok((events, resume))
 }
 
 pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronError> {
@@ -100,13 +129,19 @@ pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronEr
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
     let _watching = crate::metrics::Watching::start();
     loop {
-        let (events, resume) = collect(&c.view(), &f)?;
-        if !events.is_empty() || tokio::time::Instant::now() >= deadline || c.stopping() {
-            return Ok(answer(
-                StatusCode::OK,
-                json!({"revision": resume, "events": events}),
-            ));
-        }
+        let resume = {
+            // The answer is written while the view is held: the events borrow from it.
+            let view = c.view();
+            let (events, resume) = collect(&view, &f)?;
+            if !events.is_empty() || tokio::time::Instant::now() >= deadline || c.stopping() {
+                let page = Page {
+                    revision: resume,
+                    events,
+                };
+                return Ok((StatusCode::OK, Json(page)).into_response());
+            }
+            resume
+        };
         // Nothing for this client up to `resume`: skip ahead and wait for more.
         f.since = resume;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
