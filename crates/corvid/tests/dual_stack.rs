@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use cluster::ns::{wait_until, Ns};
-use cluster::{cni_result, underlay_ip6, Cluster};
+use cluster::{cni_result, result_ips, underlay_ip6, Cluster};
 use corvid_api::{Host, Network, Port, Subnet};
 use serde_json::{json, Value};
 
@@ -35,13 +35,10 @@ fn dual_network(cluster: &Cluster, name: &str, v4: &str, v6: &str) -> Network {
 
 /// The result's address of the given family, without its prefix.
 fn address(result: &Value, v6: bool) -> String {
-    let ips = result["ips"].as_array().unwrap();
-    let ip = ips
-        .iter()
-        .map(|ip| ip["address"].as_str().unwrap())
+    result_ips(result)
+        .into_iter()
         .find(|a| a.contains(':') == v6)
-        .unwrap_or_else(|| panic!("no {} address in {result}", if v6 { 6 } else { 4 }));
-    ip.split('/').next().unwrap().to_string()
+        .unwrap_or_else(|| panic!("no {} address in {result}", if v6 { 6 } else { 4 }))
 }
 
 /// A ping of `size` bytes of payload that may not be fragmented.
@@ -177,19 +174,6 @@ fn the_overlay_runs_over_an_ipv6_underlay() {
     both_families_reach(&cluster, "duo");
 }
 
-/// The MAC `pod` has for `ip` in its IPv6 neighbour table, if any.
-fn neighbour_mac(pod: &Ns, ip: &str) -> Option<String> {
-    let out = pod
-        .command("ip")
-        .args(["-6", "neigh", "show", ip])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "lladdr")?;
-    words.get(at + 1).map(|m| m.to_string())
-}
-
 #[test]
 fn an_ipv6_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
     let cluster = Cluster::new("dn");
@@ -211,7 +195,7 @@ fn an_ipv6_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
     let old = cluster.pod("old");
     let (old_port, old_mac) = port_at(&old);
     assert!(a.ping("fd54::50"));
-    assert_eq!(neighbour_mac(&a, "fd54::50"), Some(old_mac.clone()));
+    assert_eq!(a.neighbour_mac("fd54::50"), Some(old_mac.clone()));
 
     // The port goes and its address comes back at once with another port, MAC and pod
     // on the same host: a's neighbour entry, still fresh, names the old MAC.
@@ -226,7 +210,7 @@ fn an_ipv6_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
     assert_ne!(new_mac, old_mac);
     // h1's agent advertised the new MAC to its local ports when it learned the port.
     wait_until("a to learn the new MAC", Duration::from_secs(5), || {
-        neighbour_mac(&a, "fd54::50").as_deref() == Some(new_mac.as_str())
+        a.neighbour_mac("fd54::50").as_deref() == Some(new_mac.as_str())
     });
     assert!(a.ping("fd54::50"), "{}", cluster.overlay_state());
 }

@@ -268,19 +268,6 @@ fn api_port(
     cluster.api_port(host, subnet, pod, extra).id
 }
 
-/// The MAC pod `pod` has for `ip` in its neighbour table, if any.
-fn neighbour_mac(pod: &Ns, ip: &str) -> Option<String> {
-    let out = pod
-        .command("ip")
-        .args(["neigh", "show", ip])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "lladdr")?;
-    words.get(at + 1).map(|m| m.to_string())
-}
-
 #[test]
 fn an_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
     let cluster = Cluster::new("ra");
@@ -291,7 +278,7 @@ fn an_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
     let old_port = api_port(&cluster, 1, &subnet, "10.53.0.50", &old);
     assert!(a.ping("10.53.0.50"));
     let old_mac = mac_in(&old, "eth0").unwrap();
-    assert_eq!(neighbour_mac(&a, "10.53.0.50"), Some(old_mac.clone()));
+    assert_eq!(a.neighbour_mac("10.53.0.50"), Some(old_mac.clone()));
 
     // The port goes and its address comes back at once with another port, MAC and pod
     // on the same host: a's neighbour entry, still fresh, names the old MAC.
@@ -307,7 +294,7 @@ fn an_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
     assert_ne!(new_mac, old_mac);
     // h1's agent announced the new MAC to its local ports when it learned the port.
     wait_until("a to learn the new MAC", Duration::from_secs(5), || {
-        neighbour_mac(&a, "10.53.0.50").as_deref() == Some(new_mac.as_str())
+        a.neighbour_mac("10.53.0.50").as_deref() == Some(new_mac.as_str())
     });
     assert!(a.ping("10.53.0.50"), "{}", cluster.overlay_state());
 }

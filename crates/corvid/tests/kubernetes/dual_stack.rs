@@ -5,24 +5,6 @@
 
 use super::*;
 
-/// The pod's addresses in its CNI result, IPv4's first.
-fn result_addresses(result: &Value) -> Vec<String> {
-    result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ip| {
-            ip["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string()
-        })
-        .collect()
-}
-
 #[test]
 fn pods_get_an_address_of_each_family_and_reach_each_other_over_both() {
     let (cluster, kube) = setup("kd");
@@ -59,7 +41,7 @@ fn pods_get_an_address_of_each_family_and_reach_each_other_over_both() {
                 netns: Some(&netns.path),
             },
         ));
-        let got = result_addresses(&result);
+        let got = support::cluster::result_ips(&result);
         assert_eq!(got.len(), 2, "{result}");
         assert!(
             result["ips"][1]["gateway"]

@@ -73,6 +73,19 @@ pub fn cni_result(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("a JSON result")
 }
 
+/// Every address of a CNI result, in its order, without their prefix lengths.
+pub fn result_ips(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| {
+            let a = ip["address"].as_str().unwrap();
+            a.split('/').next().unwrap().to_string()
+        })
+        .collect()
+}
+
 /// The first address of a CNI result, without its prefix length.
 pub fn result_ip(result: &Value) -> String {
     result["ips"][0]["address"]

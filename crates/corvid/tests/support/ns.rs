@@ -76,6 +76,19 @@ impl Ns {
             .success()
     }
 
+    /// The MAC the namespace has for `ip` (either family) in its neighbour table, if any.
+    pub fn neighbour_mac(&self, ip: &str) -> Option<String> {
+        let out = self
+            .command("ip")
+            .args(["neigh", "show", ip])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "lladdr")?;
+        words.get(at + 1).map(|m| m.to_string())
+    }
+
     pub fn netlink(&self) -> Netlink {
         Netlink::open_in(&self.open()).unwrap()
     }
