@@ -14,12 +14,12 @@ use corvid_net::nftables::masquerade;
 use corvid_net::nftables::routing::Routing;
 use corvid_net::nftables::security_groups::{Report, SecurityGroups, Touched, Want};
 use corvid_net::nftables::services::{Services, SyncReport};
-use corvid_net::overlay::{FdbEntry, NeighbourEntry, OverlayEntries, VxlanSpec};
+use corvid_net::overlay::{NeighbourEntry, OverlayEntries, VxlanSpec};
 use corvid_net::route::RouteSpec;
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
 
-use crate::plan::{ExtraRoute, NetworkPlan, PortPlan};
+use crate::plan::{ExtraRoute, NetworkPlan, PortPlan, RemotePort};
 use crate::services::ServicePlan;
 use corvid_net::names::{self, BRIDGE_PREFIX, VETH_PREFIX, VXLAN_PREFIX};
 
@@ -53,6 +53,27 @@ pub struct Datapath {
     /// Tells local ports where a remote port's address now is; none when no packet
     /// socket could be opened (announcing is best effort).
     announcer: Option<Announcer>,
+    /// Direct routing's routes, and where they go when it is on.
+    direct: Direct,
+}
+
+/// Direct routing's state: remote ports on hosts of this host's underlay subnet are
+/// routed to those hosts' underlay addresses, not encapsulated.
+#[derive(Default)]
+struct Direct {
+    /// The subnet of the underlay address, when direct routing is on.
+    segment: Option<IpNet>,
+    /// The device holding it, which the routes leave through.
+    device: u32,
+    /// Whether a full pass has looked for routes an earlier agent left: with direct
+    /// routing off, that one pass reads the routes.
+    swept: bool,
+    /// The direct routes (address, via) committed, by network.
+    routes: HashMap<String, BTreeSet<(IpAddr, IpAddr)>>,
+    /// Networks whose addresses changed since the routing filter last heard of them.
+    changed: BTreeSet<String>,
+    /// The kernel's direct routes, read at the start of a full pass.
+    kernel: Option<BTreeSet<(IpAddr, IpAddr)>>,
 }
 
 fn missing(what: String) -> Error {
@@ -95,13 +116,15 @@ const VXLAN6_OVERHEAD: u32 = 40 + 8 + 8 + 14;
 struct Underlay {
     mtu: Option<u32>,
     other_family: Option<IpAddr>,
+    /// The device and the underlay address's subnet.
+    segment: Option<(u32, IpNet)>,
 }
 
 /// The device holding the underlay address, as [`Underlay`] says; nothing when no
 /// device holds it (the agent then trusts the networks' MTUs).
 fn underlay(nl: &mut Netlink, local: IpAddr) -> Result<Underlay> {
     let addresses = nl.addresses(None)?;
-    let Some(&(index, _)) = addresses.iter().find(|(_, a)| a.addr() == local) else {
+    let Some(&(index, net)) = addresses.iter().find(|(_, a)| a.addr() == local) else {
         tracing::warn!("no device holds the underlay address {local}: networks' MTUs are not checked against it");
         return Ok(Underlay::default());
     };
@@ -116,6 +139,7 @@ fn underlay(nl: &mut Netlink, local: IpAddr) -> Result<Underlay> {
     Ok(Underlay {
         mtu: nl.link_by_index(index)?.map(|l| l.mtu),
         other_family,
+        segment: Some((index, net.trunc())),
     })
 }
 
@@ -127,14 +151,30 @@ impl Datapath {
         network_mtu.min(self.max_mtu)
     }
 
-    /// Opens the datapath of the calling thread's namespace; `local` is the underlay address.
+    /// Opens the datapath of the calling thread's namespace; `local` is the underlay
+    /// address, and with `direct_routing` hosts on its subnet are routed to directly.
     pub fn open(
         local: IpAddr,
         public_interface: Option<String>,
         conntrack: TcpTimeouts,
+        direct_routing: bool,
     ) -> Result<Datapath> {
         let mut nl = Netlink::open()?;
         let underlay = underlay(&mut nl, local)?;
+        let direct = match (direct_routing, underlay.segment) {
+            (false, _) => Direct::default(),
+            (true, None) => {
+                tracing::warn!(
+                    "direct routing is off: no device holds the underlay address {local}"
+                );
+                Direct::default()
+            }
+            (true, Some((device, segment))) => Direct {
+                segment: Some(segment),
+                device,
+                ..Direct::default()
+            },
+        };
         let max_mtu = underlay.mtu.map_or(u32::MAX, |m| {
             m.saturating_sub(if local.is_ipv6() {
                 VXLAN6_OVERHEAD
@@ -160,7 +200,95 @@ impl Datapath {
             announcer: Announcer::open()
                 .inspect_err(|e| tracing::warn!("remote ports will not be announced: {e}"))
                 .ok(),
+            direct,
         })
+    }
+
+    /// The underlay's subnet, whose hosts are routed to directly; none without direct
+    /// routing.
+    pub fn segment(&self) -> Option<IpNet> {
+        self.direct.segment
+    }
+
+    /// Reads the kernel's direct routes once for the full pass about to sync every
+    /// network.
+    pub fn begin_full_pass(&mut self) -> Result<()> {
+        let d = &mut self.direct;
+        if d.segment.is_none() && d.swept {
+            return Ok(());
+        }
+        let held = self
+            .nl
+            .routes()?
+            .into_iter()
+            .filter(|r| r.protocol == Some(names::DIRECT_ROUTE_PROTOCOL))
+            .filter_map(|r| Some((r.dst.addr(), r.gw?)))
+            .collect();
+        d.kernel = Some(held);
+        Ok(())
+    }
+
+    /// Ends a full pass over the networks of `planned`: the direct routes of no network
+    /// planned (an earlier agent's, or one that failed) go.
+    pub fn end_full_pass(&mut self, planned: &BTreeMap<String, NetworkPlan>) -> Result<()> {
+        let d = &mut self.direct;
+        let Some(kernel) = d.kernel.take() else {
+            return Ok(());
+        };
+        let gone: Vec<String> = d
+            .routes
+            .keys()
+            .filter(|id| !planned.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            d.routes.remove(&id);
+            d.changed.insert(id);
+        }
+        let wanted: BTreeSet<&(IpAddr, IpAddr)> = d.routes.values().flatten().collect();
+        let device = d.device;
+        for r in kernel.iter().filter(|r| !wanted.contains(r)) {
+            self.nl.delete_route(&direct_route(*r, device))?;
+        }
+        self.direct.swept = true;
+        Ok(())
+    }
+
+    /// Takes away network `id`'s direct routes: it has no datapath here any more.
+    pub fn forget_network(&mut self, id: &str) -> Result<()> {
+        self.sync_direct(id, BTreeSet::new())
+    }
+
+    /// Makes network `id`'s direct routes `want`, against what was committed (and, in
+    /// a full pass, what the kernel holds).
+    fn sync_direct(&mut self, id: &str, want: BTreeSet<(IpAddr, IpAddr)>) -> Result<()> {
+        let d = &mut self.direct;
+        let had = d.routes.remove(id).unwrap_or_default();
+        if had.is_empty() && want.is_empty() {
+            return Ok(());
+        }
+        for r in had.difference(&want) {
+            // An address moved to another host keeps its route, replaced below.
+            if !want.iter().any(|w| w.0 == r.0) {
+                self.nl.delete_route(&direct_route(*r, d.device))?;
+            }
+        }
+        for r in &want {
+            let held = match &d.kernel {
+                Some(kernel) => kernel.contains(r),
+                None => had.contains(r),
+            };
+            if !held {
+                self.nl.replace_route(&direct_route(*r, d.device))?;
+            }
+        }
+        if had != want {
+            d.changed.insert(id.to_string());
+        }
+        if !want.is_empty() {
+            d.routes.insert(id.to_string(), want);
+        }
+        Ok(())
     }
 
     /// Announces remote neighbour entries just added into the bridge `bridge`, so that
@@ -375,12 +503,12 @@ impl Datapath {
         // Overlay entries before the gateway: its address brings the connected route, and
         // a packet routed into the bridge before its neighbour is known waits a second for
         // the next ARP try.
-        let (want_fdb, want_neighbours) = (n.fdb(), n.neighbours());
+        let (want_fdb, want_neighbours) = (n.fdb(), n.neighbours(&bridge.mac));
         // A device just made holds nothing. Dumps walk the host's whole tables, so a
         // change pass goes by the plan it applied before.
         let (fdb, neighbours) = match held {
             _ if fresh => Default::default(),
-            Held::Planned(old) => (old.fdb(), old.neighbours()),
+            Held::Planned(old) => (old.fdb(), old.neighbours(&bridge.mac)),
             Held::Dumped(all) => all.take(vxlan.index),
             Held::Unknown => self.nl.overlay_entries()?.take(vxlan.index),
         };
@@ -397,6 +525,7 @@ impl Datapath {
             self.nl.set_neighbour(&vxlan, e)?;
         }
         self.announce(Some(bridge.index), want_neighbours.difference(&neighbours));
+        self.sync_direct(&n.id, n.direct_routes())?;
         for gw in &n.gateways {
             ensure_gateway(&mut self.nl, &bridge, *gw, true)?;
         }
@@ -416,35 +545,51 @@ impl Datapath {
         Ok((bridge, vxlan))
     }
 
-    /// One remote port's overlay entries on `vxlan`: `old` taken out (what `new` does not
-    /// keep), `new` put in.
+    /// One remote port of network `net` moved: its overlay entries on `vxlan` (whose
+    /// bridge has `bridge_mac`) and its direct routes, `old` taken out (what `new` does
+    /// not keep), `new` put in.
     pub fn move_remote(
         &mut self,
-        vxlan: &Link,
-        old: Option<&(FdbEntry, Vec<NeighbourEntry>)>,
-        new: Option<&(FdbEntry, Vec<NeighbourEntry>)>,
+        net: &str,
+        (vxlan, bridge_mac): (&Link, &str),
+        old: Option<&RemotePort>,
+        new: Option<&RemotePort>,
     ) -> Result<()> {
-        if let Some((fdb, neighbours)) = old {
-            if new.is_none_or(|(f, _)| f != fdb) {
-                self.nl.delete_fdb(vxlan, fdb)?;
-            }
-            for e in neighbours {
-                if new.is_none_or(|(_, n)| !n.contains(e)) {
-                    self.nl.delete_neighbour(vxlan, e)?;
-                }
+        let fdb = |r: Option<&RemotePort>| r.and_then(|r| r.fdb().cloned());
+        let neighbours = |r: Option<&RemotePort>| -> BTreeSet<NeighbourEntry> {
+            r.map(|r| r.neighbours(bridge_mac).collect())
+                .unwrap_or_default()
+        };
+        let (old_fdb, new_fdb) = (fdb(old), fdb(new));
+        let (old_neighbours, new_neighbours) = (neighbours(old), neighbours(new));
+        if let Some(f) = old_fdb.as_ref().filter(|f| new_fdb.as_ref() != Some(*f)) {
+            self.nl.delete_fdb(vxlan, f)?;
+        }
+        for e in old_neighbours.difference(&new_neighbours) {
+            // An address whose MAC changed is replaced, not deleted.
+            if !new_neighbours.iter().any(|n| n.ip == e.ip) {
+                self.nl.delete_neighbour(vxlan, e)?;
             }
         }
-        if let Some((fdb, neighbours)) = new {
-            if old.is_none_or(|(f, _)| f != fdb) {
-                self.nl.add_fdb(vxlan, fdb)?;
-            }
-            for e in neighbours {
-                self.nl.set_neighbour(vxlan, e)?;
-            }
-            let added = neighbours
-                .iter()
-                .filter(|e| old.is_none_or(|(_, n)| !n.contains(e)));
-            self.announce(vxlan.master, added);
+        if let Some(f) = new_fdb.as_ref().filter(|f| old_fdb.as_ref() != Some(*f)) {
+            self.nl.add_fdb(vxlan, f)?;
+        }
+        for e in &new_neighbours {
+            self.nl.set_neighbour(vxlan, e)?;
+        }
+        self.announce(vxlan.master, new_neighbours.difference(&old_neighbours));
+        let routes = |r: Option<&RemotePort>| -> BTreeSet<(IpAddr, IpAddr)> {
+            r.map(|r| r.direct_routes().collect()).unwrap_or_default()
+        };
+        let (old_routes, new_routes) = (routes(old), routes(new));
+        if old_routes != new_routes {
+            let committed = self.direct.routes.get(net).cloned().unwrap_or_default();
+            let want = committed
+                .difference(&old_routes)
+                .chain(&new_routes)
+                .copied()
+                .collect();
+            self.sync_direct(net, want)?;
         }
         Ok(())
     }
@@ -497,18 +642,37 @@ impl Datapath {
             self.routing = Some(Routing::open()?);
         }
         let routing = self.routing.as_mut().expect("opened above");
+        let direct_addresses = |id: &str, routes: &BTreeSet<(IpAddr, IpAddr)>| {
+            (names::bridge(id), routes.iter().map(|r| r.0).collect())
+        };
         if !routing.is_started() {
             let want = plans
                 .values()
                 .map(|n| (n.bridge.clone(), n.router.clone()))
                 .collect();
-            return routing.sync(&mut self.nl, &want);
+            routing.sync(&mut self.nl, &want)?;
+            let d = &mut self.direct;
+            d.changed.clear();
+            return routing.set_direct(d.routes.iter().map(|(id, r)| direct_addresses(id, r)));
         }
         let changes = changed.iter().map(|id| match plans.get(id) {
             Some(n) => (n.bridge.clone(), Some(n.router.clone())),
             None => (names::bridge(id), None),
         });
-        routing.update(&mut self.nl, changes)
+        routing.update(&mut self.nl, changes)?;
+        let d = &mut self.direct;
+        let empty = BTreeSet::new();
+        let changed = std::mem::take(&mut d.changed);
+        routing.set_direct(
+            changed
+                .iter()
+                .map(|id| direct_addresses(id, d.routes.get(id).unwrap_or(&empty))),
+        )
+    }
+
+    /// Whether direct routes changed since the routing filter last heard of them.
+    pub fn direct_changed(&self) -> bool {
+        !self.direct.changed.is_empty()
     }
 
     /// Whether the routing filter and the extra routes were last made whole: after a
@@ -614,4 +778,12 @@ impl Datapath {
         self.masquerade = Some(want);
         Ok(())
     }
+}
+
+/// A direct route as the kernel holds it: the address alone, via a host on the
+/// underlay's subnet, marked as the agent's.
+fn direct_route((addr, via): (IpAddr, IpAddr), device: u32) -> RouteSpec {
+    let mut r = RouteSpec::new(IpNet::from(addr), Some(via), device);
+    r.protocol = Some(names::DIRECT_ROUTE_PROTOCOL);
+    r
 }

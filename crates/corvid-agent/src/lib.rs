@@ -52,6 +52,9 @@ pub struct Config {
     pub all_routers: bool,
     /// The TCP timeouts of the host's conntrack, set once it serves services.
     pub conntrack: corvid_net::conntrack::TcpTimeouts,
+    /// Whether ports on hosts of this host's underlay subnet are routed to directly,
+    /// without encapsulation (VXLAN for the others).
+    pub direct_routing: bool,
 }
 
 /// Why the agent stopped.
@@ -141,7 +144,12 @@ impl Agent {
         };
         let client = cfg.credentials.client(&cfg.controller)?;
         Ok(Agent {
-            dp: Datapath::open(underlay, cfg.public_interface.clone(), cfg.conntrack)?,
+            dp: Datapath::open(
+                underlay,
+                cfg.public_interface.clone(),
+                cfg.conntrack,
+                cfg.direct_routing,
+            )?,
             client,
             cfg,
             cache: Cache::default(),
@@ -356,7 +364,10 @@ impl Agent {
         // Which networks are here and their routers change only with routers and the
         // networks whose plans were set: a pod's own change leaves both alone.
         let changed = self.presence.take_changed();
-        let routed = dirty.all || !dirty.routers.is_empty() || !changed.is_empty();
+        let routed = dirty.all
+            || !dirty.routers.is_empty()
+            || !changed.is_empty()
+            || self.dp.direct_changed();
         if routed || !self.dp.routing_settled() {
             if let Err(e) = self.dp.sync_routing(&self.plans, &changed, dirty.all) {
                 failed(ErrorKind::Routing);
@@ -466,7 +477,7 @@ impl Agent {
 
     /// Unplugs what is no longer bound here, brings up every network, checks every port.
     fn full_pass(&mut self, reports: &mut Vec<Report>) -> Result<(), corvid_net::Error> {
-        let mut plans = plan::plan(&self.cache, &self.cfg.host_id, self.cfg.all_routers);
+        let mut plans = plan::plan(&self.cache, self.here(), self.cfg.all_routers);
         let mut links = self.dp.owned_links()?;
         let mut stale = stale_links(&plans, &links);
         if !stale.is_empty() {
@@ -475,7 +486,7 @@ impl Agent {
             // up with the controller is removed; when it cannot be asked, nothing is.
             match self.catch_up() {
                 Ok(_) => {
-                    plans = plan::plan(&self.cache, &self.cfg.host_id, self.cfg.all_routers);
+                    plans = plan::plan(&self.cache, self.here(), self.cfg.all_routers);
                     stale = stale_links(&plans, &links);
                 }
                 Err(e) => {
@@ -509,10 +520,12 @@ impl Agent {
         self.plans = plans;
         self.presence.reset(&self.plans);
         let mut entries = self.dp.overlay_entries()?;
+        self.dp.begin_full_pass()?;
         let ids: Vec<String> = self.plans.keys().cloned().collect();
         for id in ids {
             self.bring_up(&id, Held::Dumped(&mut entries), true, reports);
         }
+        self.dp.end_full_pass(&self.plans)?;
         self.failed
             .retain(|id, _| self.cache.ports.contains_key(id));
         self.checked
@@ -697,7 +710,7 @@ impl Agent {
                 .cache
                 .ports
                 .get(id)
-                .and_then(|p| plan::port_role(&self.cache, p, &self.cfg.host_id));
+                .and_then(|p| plan::port_role(&self.cache, p, self.here()));
             if self.plans.contains_key(&net) {
                 self.move_port(&net, id, role, reports);
             } else if matches!(role, Some(PortRole::Local(_) | PortRole::External(_))) {
@@ -715,7 +728,7 @@ impl Agent {
             .cache
             .networks
             .get(id)
-            .map(|net| plan::network_plan(&self.cache, net, &self.cfg.host_id))
+            .map(|net| plan::network_plan(&self.cache, net, self.here()))
             .filter(|n| self.needed(n));
         let old = match fresh {
             Some(plan) => self.plans.insert(id.to_string(), plan),
@@ -733,8 +746,7 @@ impl Agent {
                 }
             }
             if !self.plans.contains_key(id) {
-                self.unlink(&old.vxlan);
-                self.unlink(&old.bridge);
+                self.take_down(old);
             }
         }
         let held = old.as_ref().map_or(Held::Unknown, Held::Planned);
@@ -763,8 +775,7 @@ impl Agent {
             if let Some(PortRole::Local(p)) = &old {
                 self.unlink(&p.host_veth);
             }
-            self.unlink(&n.vxlan);
-            self.unlink(&n.bridge);
+            self.take_down(&n);
             return;
         }
         if let Some(PortRole::Local(p)) = &old {
@@ -774,15 +785,19 @@ impl Agent {
             }
         }
         let remote = |r: &Option<PortRole>| match r {
-            Some(PortRole::Remote(f, n)) => Some((f.clone(), n.clone())),
+            Some(PortRole::Remote(r)) => Some(r.clone()),
             _ => None,
         };
         let (was, now) = (remote(&old), remote(&role));
         if was.is_some() || now.is_some() {
             let vxlan = self.links.get(&names::vxlan(net)).cloned();
-            let moved = match vxlan {
-                Some(v) => self.dp.move_remote(&v, was.as_ref(), now.as_ref()),
-                None => Ok(()),
+            let bridge = self.links.get(&names::bridge(net)).map(|b| b.mac.clone());
+            let moved = match (vxlan, bridge) {
+                (Some(v), Some(mac)) => {
+                    self.dp
+                        .move_remote(net, (&v, &mac), was.as_ref(), now.as_ref())
+                }
+                _ => Ok(()),
             };
             if let Err(e) = moved {
                 failed(ErrorKind::Overlay);
@@ -791,6 +806,24 @@ impl Agent {
         }
         if let Some(PortRole::Local(p)) = role {
             self.plug(net, &p, false, reports);
+        }
+    }
+
+    /// Takes away a network's devices and direct routes: it has no datapath here any more.
+    fn take_down(&mut self, n: &NetworkPlan) {
+        self.unlink(&n.vxlan);
+        self.unlink(&n.bridge);
+        if let Err(e) = self.dp.forget_network(&n.id) {
+            failed(ErrorKind::Network);
+            tracing::error!(network = %n.id, "remove its direct routes: {e}");
+        }
+    }
+
+    /// This host as plans see it.
+    fn here(&self) -> plan::Here<'_> {
+        plan::Here {
+            host: &self.cfg.host_id,
+            segment: self.dp.segment(),
         }
     }
 

@@ -45,7 +45,65 @@ pub enum PortRole {
     /// Bound here but plugged by another adapter (Docker's Join): its host end is kept.
     External(String),
     /// On another host: its MAC is found through the overlay and its addresses answered.
-    Remote(FdbEntry, Vec<NeighbourEntry>),
+    Remote(RemotePort),
+}
+
+/// A port on another host, as this host reaches it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemotePort {
+    /// Where its MAC lives: behind the other host's underlay address.
+    pub fdb: FdbEntry,
+    /// Its addresses, answered by the vxlan device with its MAC.
+    pub neighbours: Vec<NeighbourEntry>,
+    /// Those of its addresses routed straight to the other host, which shares this
+    /// host's underlay segment (direct routing): answered with the bridge's MAC instead,
+    /// so that pods send them to this host to route.
+    pub direct: Vec<IpAddr>,
+}
+
+impl RemotePort {
+    /// Its FDB entry, needed unless every address of it is routed directly.
+    pub fn fdb(&self) -> Option<&FdbEntry> {
+        (self.direct.is_empty() || self.direct.len() < self.neighbours.len()).then_some(&self.fdb)
+    }
+
+    /// Its neighbour entries, those routed directly with `bridge_mac`.
+    pub fn neighbours<'a>(
+        &'a self,
+        bridge_mac: &'a str,
+    ) -> impl Iterator<Item = NeighbourEntry> + 'a {
+        self.neighbours.iter().map(move |n| NeighbourEntry {
+            ip: n.ip,
+            mac: if self.direct.contains(&n.ip) {
+                bridge_mac.to_string()
+            } else {
+                n.mac.clone()
+            },
+        })
+    }
+
+    /// Its direct routes: each address routed directly, via its host's underlay address.
+    pub fn direct_routes(&self) -> impl Iterator<Item = (IpAddr, IpAddr)> + '_ {
+        self.direct.iter().map(|ip| (*ip, self.fdb.dst))
+    }
+}
+
+/// This host as a plan sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Here<'a> {
+    /// Its ID, which ports name in `binding:host_id`.
+    pub host: &'a str,
+    /// The subnet of its underlay address when it routes directly to hosts on it.
+    pub segment: Option<IpNet>,
+}
+
+impl<'a> From<&'a str> for Here<'a> {
+    fn from(host: &'a str) -> Here<'a> {
+        Here {
+            host,
+            segment: None,
+        }
+    }
 }
 
 /// One network's datapath on this host.
@@ -72,7 +130,7 @@ pub struct NetworkPlan {
     /// Host ends of ports bound here that another adapter plugs, by port ID.
     pub external: BTreeMap<String, String>,
     /// Where each remote port's MAC lives and its addresses, by port ID.
-    pub remote: BTreeMap<String, (FdbEntry, Vec<NeighbourEntry>)>,
+    pub remote: BTreeMap<String, RemotePort>,
 }
 
 impl NetworkPlan {
@@ -83,7 +141,7 @@ impl NetworkPlan {
             .remove(id)
             .map(PortRole::Local)
             .or_else(|| self.external.remove(id).map(PortRole::External))
-            .or_else(|| self.remote.remove(id).map(|(f, n)| PortRole::Remote(f, n)));
+            .or_else(|| self.remote.remove(id).map(PortRole::Remote));
         match role {
             Some(PortRole::Local(p)) => {
                 self.ports.insert(id.to_string(), p);
@@ -91,8 +149,8 @@ impl NetworkPlan {
             Some(PortRole::External(veth)) => {
                 self.external.insert(id.to_string(), veth);
             }
-            Some(PortRole::Remote(f, n)) => {
-                self.remote.insert(id.to_string(), (f, n));
+            Some(PortRole::Remote(r)) => {
+                self.remote.insert(id.to_string(), r);
             }
             None => {}
         }
@@ -113,14 +171,26 @@ impl NetworkPlan {
 
     /// Where each remote port's MAC lives.
     pub fn fdb(&self) -> BTreeSet<FdbEntry> {
-        self.remote.values().map(|(f, _)| f.clone()).collect()
-    }
-
-    /// Each remote port's addresses, answered by the vxlan device.
-    pub fn neighbours(&self) -> BTreeSet<NeighbourEntry> {
         self.remote
             .values()
-            .flat_map(|(_, n)| n.iter().cloned())
+            .filter_map(|r| r.fdb().cloned())
+            .collect()
+    }
+
+    /// Each remote port's addresses, answered by the vxlan device (with `bridge_mac`
+    /// for those routed directly).
+    pub fn neighbours(&self, bridge_mac: &str) -> BTreeSet<NeighbourEntry> {
+        self.remote
+            .values()
+            .flat_map(|r| r.neighbours(bridge_mac))
+            .collect()
+    }
+
+    /// The direct routes of its remote ports: address, via.
+    pub fn direct_routes(&self) -> BTreeSet<(IpAddr, IpAddr)> {
+        self.remote
+            .values()
+            .flat_map(RemotePort::direct_routes)
             .collect()
     }
 }
@@ -128,14 +198,18 @@ impl NetworkPlan {
 /// The datapath of every network with a port bound to `host`, and of every network
 /// routed with one of them (of every router, with `all_routers`): a host routes its
 /// pods' traffic to the other networks of their router itself.
-pub fn plan(cache: &Cache, host: &str, all_routers: bool) -> BTreeMap<String, NetworkPlan> {
+pub fn plan(cache: &Cache, here: Here, all_routers: bool) -> BTreeMap<String, NetworkPlan> {
     let mut out = BTreeMap::new();
-    for p in cache.ports.values().filter(|p| p.binding_host_id == host) {
+    for p in cache
+        .ports
+        .values()
+        .filter(|p| p.binding_host_id == here.host)
+    {
         let Some(net) = cache.networks.get(&p.network_id) else {
             continue;
         };
         if !out.contains_key(&net.id) {
-            out.insert(net.id.clone(), network_plan(cache, net, host));
+            out.insert(net.id.clone(), network_plan(cache, net, here));
         }
     }
     let routers: BTreeSet<String> = if all_routers {
@@ -149,7 +223,7 @@ pub fn plan(cache: &Cache, host: &str, all_routers: bool) -> BTreeMap<String, Ne
     for r in &routers {
         for id in cache.router_networks(r) {
             if let (false, Some(net)) = (out.contains_key(id), cache.networks.get(id)) {
-                out.insert(id.to_string(), network_plan(cache, net, host));
+                out.insert(id.to_string(), network_plan(cache, net, here));
             }
         }
     }
@@ -203,7 +277,7 @@ pub fn extra_routes<'a>(
 }
 
 /// The datapath of one network, whether or not it has local ports.
-pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
+pub fn network_plan(cache: &Cache, net: &Network, here: Here) -> NetworkPlan {
     let subnets: Vec<_> = net
         .subnets
         .iter()
@@ -232,17 +306,18 @@ pub fn network_plan(cache: &Cache, net: &Network, host: &str) -> NetworkPlan {
         remote: BTreeMap::new(),
     };
     for p in cache.ports_of(&net.id) {
-        plan.place(&p.id, port_role(cache, p, host));
+        plan.place(&p.id, port_role(cache, p, here));
     }
     plan
 }
 
-/// What `p` asks of `host`: none when it is bound nowhere or to a host not registered.
-pub fn port_role(cache: &Cache, p: &Port, host: &str) -> Option<PortRole> {
+/// What `p` asks of this host: none when it is bound nowhere or to a host not
+/// registered.
+pub fn port_role(cache: &Cache, p: &Port, here: Here) -> Option<PortRole> {
     if p.binding_host_id.is_empty() {
         return None;
     }
-    if p.binding_host_id != host {
+    if p.binding_host_id != here.host {
         let remote = cache.hosts.get(&p.binding_host_id)?;
         let mac = p.mac_address.to_ascii_lowercase();
         let neighbours = p
@@ -253,11 +328,23 @@ pub fn port_role(cache: &Cache, p: &Port, host: &str) -> Option<PortRole> {
                 mac: mac.clone(),
             })
             .collect();
-        let fdb = FdbEntry {
-            mac,
-            dst: remote.underlay_ip,
+        // Routed without encapsulation when the other host is on this one's segment;
+        // addresses of the underlay's family alone, which its address can be a next hop of.
+        let underlay = remote.underlay_ip;
+        let direct = if here.segment.is_some_and(|s| s.contains(&underlay)) {
+            p.fixed_ips
+                .iter()
+                .map(|ip| ip.ip_address)
+                .filter(|ip| ip.is_ipv4() == underlay.is_ipv4())
+                .collect()
+        } else {
+            Vec::new()
         };
-        return Some(PortRole::Remote(fdb, neighbours));
+        return Some(PortRole::Remote(RemotePort {
+            fdb: FdbEntry { mac, dst: underlay },
+            neighbours,
+            direct,
+        }));
     }
     let (Some(ifname), Some(netns)) = (&p.veth_name, &p.network_ns) else {
         return Some(PortRole::External(names::host_veth(&p.id)));
@@ -375,7 +462,7 @@ pub(crate) mod tests {
 
     #[test]
     fn local_ports_are_plugged_and_remote_ones_tunnelled() {
-        let plans = plan(&cache(), "h1", false);
+        let plans = plan(&cache(), "h1".into(), false);
         let n = &plans["n1"];
         assert_eq!(n.vni, 42);
         assert_eq!(n.gateways, vec!["10.1.0.1/24".parse::<IpNet>().unwrap()]);
@@ -413,7 +500,7 @@ pub(crate) mod tests {
             }])
         );
         assert_eq!(
-            n.neighbours(),
+            n.neighbours("02:00:00:00:00:01"),
             BTreeSet::from([NeighbourEntry {
                 ip: "10.1.0.6".parse().unwrap(),
                 mac: "fa:16:3e:00:00:02".into()
@@ -443,7 +530,7 @@ pub(crate) mod tests {
             c.ports.insert(p.id.clone(), p);
         }
         c.reindex();
-        let plans = plan(&c, "h1", false);
+        let plans = plan(&c, "h1".into(), false);
         assert_eq!(plans.keys().collect::<Vec<_>>(), ["n1", "n2"]);
         assert_eq!(plans["n2"].router.as_deref(), Some("r1"));
         assert!(!plans["n2"].is_local());
@@ -451,21 +538,68 @@ pub(crate) mod tests {
         assert_eq!(plans["n2"].remote.len(), 1);
         // A host with no port on the router's networks has none of them, unless it
         // holds every router's (a Kubernetes node).
-        assert!(plan(&c, "h9", false).is_empty());
-        let everywhere = plan(&c, "h9", true);
+        assert!(plan(&c, "h9".into(), false).is_empty());
+        let everywhere = plan(&c, "h9".into(), true);
         assert_eq!(everywhere.keys().collect::<Vec<_>>(), ["n1", "n2"]);
         assert!(everywhere.values().all(|n| !n.is_local()));
         c.ports.remove("p21");
         c.reindex();
-        assert_eq!(plan(&c, "h1", false).keys().collect::<Vec<_>>(), ["n1"]);
+        assert_eq!(
+            plan(&c, "h1".into(), false).keys().collect::<Vec<_>>(),
+            ["n1"]
+        );
+    }
+
+    #[test]
+    fn hosts_on_the_underlay_subnet_are_routed_to_directly() {
+        let mut c = cache();
+        c.ports.get_mut("p02").unwrap().fixed_ips.push(FixedIp {
+            subnet_id: "s1".into(),
+            ip_address: "fd01::6".parse().unwrap(),
+        });
+        let here = |segment: &str| Here {
+            host: "h1",
+            segment: Some(segment.parse().unwrap()),
+        };
+        let n = &plan(&c, here("10.99.0.0/24"), false)["n1"];
+        let bridge = "02:00:00:00:00:01";
+        // The IPv4 address goes straight to h2's underlay address and is answered with
+        // the bridge's MAC; the IPv6 one, which an IPv4 next hop cannot carry, keeps
+        // the overlay, and so the port's FDB entry.
+        assert_eq!(
+            n.direct_routes(),
+            BTreeSet::from([("10.1.0.6".parse().unwrap(), "10.99.0.2".parse().unwrap())])
+        );
+        assert_eq!(
+            n.neighbours(bridge),
+            BTreeSet::from([
+                NeighbourEntry {
+                    ip: "10.1.0.6".parse().unwrap(),
+                    mac: bridge.into()
+                },
+                NeighbourEntry {
+                    ip: "fd01::6".parse().unwrap(),
+                    mac: "fa:16:3e:00:00:02".into()
+                },
+            ])
+        );
+        assert_eq!(n.fdb().len(), 1);
+        // IPv4 alone: no FDB entry, nothing crosses the overlay.
+        c.ports.get_mut("p02").unwrap().fixed_ips.pop();
+        let n = &plan(&c, here("10.99.0.0/24"), false)["n1"];
+        assert!(n.fdb().is_empty());
+        // A host on another subnet is reached through the overlay, as without a segment.
+        let far = &plan(&c, here("10.98.0.0/24"), false)["n1"];
+        assert!(far.direct_routes().is_empty());
+        assert_eq!(far, &plan(&c, "h1".into(), false)["n1"]);
     }
 
     #[test]
     fn a_host_without_ports_has_no_datapath() {
-        assert!(plan(&cache(), "h9", false).is_empty());
+        assert!(plan(&cache(), "h9".into(), false).is_empty());
         let mut c = cache();
         c.ports.retain(|_, p| p.binding_host_id != "h1");
         c.reindex();
-        assert!(plan(&c, "h1", false).is_empty());
+        assert!(plan(&c, "h1".into(), false).is_empty());
     }
 }

@@ -448,7 +448,7 @@ mod tests {
             rule("r3", "g3", "g3"),
         ]);
         let mut planner = Planner::default();
-        planner.full(&c, &crate::plan::plan(&c, "h1", false));
+        planner.full(&c, &crate::plan::plan(&c, "h1".into(), false));
         let mut held = planner.want().clone();
         planner.take_touched();
         let groups = [vec![], vec!["g1"], vec!["g2"], vec!["g1", "g2"], vec!["g3"]];
@@ -483,7 +483,7 @@ mod tests {
                 e.kind = EventKind::Delete;
             }
             let dirty = c.apply(&[e]);
-            let plans = crate::plan::plan(&c, "h1", false);
+            let plans = crate::plan::plan(&c, "h1".into(), false);
             if next(5) == 0 {
                 // The network planned again, with no port named: its ports are found.
                 let n1 = BTreeSet::from(["n1".to_string()]);

@@ -24,6 +24,10 @@ pub const VETH_PREFIX: &str = "cvp";
 /// agent finds them, as routing daemons mark theirs (`ip route show proto 118`).
 pub const ROUTE_PROTOCOL: u8 = 118;
 
+/// The `protocol` of the agent's direct routes (a remote port's address via its host's
+/// underlay address), apart from the extra routes so that neither sync takes the other's.
+pub const DIRECT_ROUTE_PROTOCOL: u8 = 119;
+
 /// Prefix of the ifb devices the bandwidth plugin shapes a container's egress on (the
 /// reference's prefix).
 pub const IFB_PREFIX: &str = "bwp";

@@ -209,6 +209,12 @@ struct AgentArgs {
     /// of its own.
     #[arg(long, env = "CORVID_ALL_ROUTERS")]
     all_routers: bool,
+    /// Route to ports on hosts whose underlay address is in this host's underlay subnet
+    /// straight over the underlay, without encapsulation (as flannel's DirectRouting);
+    /// VXLAN for the others. Every network on this host must then have subnets of its
+    /// own: direct routes share the host's main table.
+    #[arg(long, env = "CORVID_DIRECT_ROUTING")]
+    direct_routing: bool,
     /// Answer on this address what is asked of a node's kube-proxy, which corvid replaces:
     /// its health (port 10256, `/healthz`, what cloud load balancers check) and its mode
     /// (port 10249, `/proxyMode`).
@@ -347,6 +353,7 @@ fn agent(a: AgentArgs) -> anyhow::Result<()> {
         public_interface: a.public_interface,
         security_groups: a.security_groups,
         all_routers: a.all_routers,
+        direct_routing: a.direct_routing,
         conntrack: corvid_net::conntrack::TcpTimeouts {
             close_wait: seconds(a.conntrack_tcp_timeout_close_wait),
             established: seconds(a.conntrack_tcp_timeout_established),

@@ -157,6 +157,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         public_interface: None,
         security_groups: a.security_groups,
         all_routers: false,
+        direct_routing: false,
         // A workstation's conntrack is left as its owner set it.
         conntrack: Default::default(),
     })

@@ -370,10 +370,15 @@ pub fn is_tcp() -> Vec<Expressions> {
 
 /// The packet's mark has `bit` set.
 pub fn has_mark(bit: u32) -> Vec<Expressions> {
+    mark_test(bit, true)
+}
+
+/// The packet's mark has `bit` set (`set`) or clear.
+pub fn mark_test(bit: u32, set: bool) -> Vec<Expressions> {
     vec![
         meta(MetaKey::Mark, Register::Reg1),
         bitwise(Register::Reg1, bit.to_ne_bytes().to_vec(), vec![0; 4]),
-        cmp(Register::Reg1, false, &[0; 4]),
+        cmp(Register::Reg1, !set, &[0; 4]),
     ]
 }
 

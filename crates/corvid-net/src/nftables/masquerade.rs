@@ -256,6 +256,9 @@ pub fn set_network_masquerade(networks: &[(&str, &[IpNet])], hosts: &[IpAddr]) -
             rule.extend(expr::in_prefix(Field::SrcAddr, s, true));
             rule.extend(expr::in_prefix(Field::DstAddr, s, false));
             rule.extend(expr::in_prefix(Field::DstAddr, multicast(v6), false));
+            // Routed to a port of another network straight over the underlay (direct
+            // routing): as between bridges, pods see each other's own addresses.
+            rule.extend(expr::mark_test(super::routing::DIRECT_MARK, false));
             rule.push(expr::masquerade());
             batch.add_rule(AGENT_CHAIN, rule, Some(tag.as_str()));
         }

@@ -10,23 +10,40 @@
 //! ```text
 //! set routing-domains { type ifgroup }                every domain in use
 //! set routing-same    { type ifgroup . ifgroup }      (d . d) for each domain d
+//! set routing-direct4 { type ipv4_addr }              remote ports routed straight to
+//!                                                     their host (and routing-direct6)
+//! set routing-direct-ok4 { type ipv4_addr . ifgroup } (port . its bridge's domain)
 //! chain routing-forward { type filter hook forward priority -5
+//!     ip daddr @routing-direct4 meta mark set mark | DIRECT_MARK        (and ip6)
 //!     ct status dnat accept                           (a service's backends may be anywhere)
 //!     iifgroup @routing-domains oifgroup @routing-domains
-//!         iifgroup . oifgroup != @routing-same drop }
+//!         iifgroup . oifgroup != @routing-same drop
+//!     meta mark & DIRECT_MARK != 0 iifgroup @routing-domains
+//!         ip daddr . iifgroup != @routing-direct-ok4 drop }               (and ip6)
 //! ```
 //!
 //! Links outside corvid's domains (another cluster's bridges, the uplink) are left alone.
+//! A port reached by direct routing leaves through the underlay device, not a bridge, so
+//! its address stands for its bridge: only its own domain may forward to it, and the mark
+//! tells masquerade to leave it alone as it leaves a bridge's traffic between networks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 
-use super::expr::{self, reg32};
-use super::{BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec};
+use super::expr::{self, reg32, Field};
+use super::{addr_bytes, BaseChain, Batch, ChainType, DataType, HookPoint, Nftables, SetSpec};
 use crate::{Netlink, Result};
 
 const CHAIN: &str = "routing-forward";
 const DOMAINS: &str = "routing-domains";
 const SAME: &str = "routing-same";
+const DIRECT4: &str = "routing-direct4";
+const DIRECT6: &str = "routing-direct6";
+const DIRECT_OK4: &str = "routing-direct-ok4";
+const DIRECT_OK6: &str = "routing-direct-ok6";
+/// The mark bit on a packet forwarded to a port reached by direct routing, which
+/// masquerade leaves alone.
+pub const DIRECT_MARK: u32 = 0x0008_0000;
 /// The first group number corvid gives out ("cv" above, so as not to meet groups
 /// administrators number from 1).
 const FIRST_GROUP: u32 = 0x6376_0001;
@@ -44,6 +61,21 @@ pub struct Routing {
     routers: HashMap<String, (u32, usize)>,
     next: u32,
     free: Vec<u32>,
+    /// Remote ports' addresses reached by direct routing, by the bridge of their network.
+    direct: HashMap<String, BTreeSet<IpAddr>>,
+}
+
+/// The sets of direct routing's addresses of one family, and of their pairs.
+fn direct_sets(v6: bool) -> (&'static str, &'static str) {
+    if v6 {
+        (DIRECT6, DIRECT_OK6)
+    } else {
+        (DIRECT4, DIRECT_OK4)
+    }
+}
+
+fn direct_pair(addr: IpAddr, group: u32) -> Vec<u8> {
+    [addr_bytes(addr), group.to_ne_bytes().to_vec()].concat()
 }
 
 fn same(group: u32) -> Vec<u8> {
@@ -61,6 +93,7 @@ impl Routing {
             routers: HashMap::new(),
             next: FIRST_GROUP,
             free: Vec::new(),
+            direct: HashMap::new(),
         })
     }
 
@@ -159,7 +192,53 @@ impl Routing {
         };
         self.bridges
             .insert(bridge.to_string(), (router.clone(), group));
+        for addr in self.direct.get(bridge).into_iter().flatten() {
+            let (_, ok) = direct_sets(addr.is_ipv6());
+            batch.add_element(ok, &direct_pair(*addr, group), None, bridge);
+        }
         group
+    }
+
+    /// Makes the addresses reached by direct routing through each bridge named exactly
+    /// those given, sending what changed. A bridge not in the filter keeps its addresses
+    /// waiting for its domain: until then, none may forward to them.
+    pub fn set_direct(
+        &mut self,
+        changes: impl IntoIterator<Item = (String, BTreeSet<IpAddr>)>,
+    ) -> Result<()> {
+        if !self.started {
+            // Made whole by the caller's sync, which comes before.
+            return Ok(());
+        }
+        let mut batch = Batch::new();
+        for (bridge, want) in changes {
+            let had = self.direct.get(&bridge).cloned().unwrap_or_default();
+            let group = self.bridges.get(&bridge).map(|(_, g)| *g);
+            for addr in had.difference(&want) {
+                let (set, ok) = direct_sets(addr.is_ipv6());
+                batch.delete_element(set, &addr_bytes(*addr));
+                if let Some(g) = group {
+                    batch.delete_element(ok, &direct_pair(*addr, g));
+                }
+            }
+            for addr in want.difference(&had) {
+                let (set, ok) = direct_sets(addr.is_ipv6());
+                batch.add_element(set, &addr_bytes(*addr), None, &bridge);
+                if let Some(g) = group {
+                    batch.add_element(ok, &direct_pair(*addr, g), None, &bridge);
+                }
+            }
+            if want.is_empty() {
+                self.direct.remove(&bridge);
+            } else {
+                self.direct.insert(bridge, want);
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let _lock = super::lock()?;
+        self.nft.commit(batch).inspect_err(|_| self.started = false)
     }
 
     /// Counts `bridge` out of its domain, removing the domain's elements when it empties.
@@ -167,6 +246,10 @@ impl Routing {
         let Some((router, group)) = self.bridges.remove(bridge) else {
             return;
         };
+        for addr in self.direct.get(bridge).into_iter().flatten() {
+            let (_, ok) = direct_sets(addr.is_ipv6());
+            batch.delete_element(ok, &direct_pair(*addr, group));
+        }
         if let Some(r) = &router {
             let (_, users) = self.routers.get_mut(r).expect("counted when added");
             *users -= 1;
@@ -185,6 +268,7 @@ impl Routing {
         self.bridges.clear();
         self.routers.clear();
         self.free.clear();
+        self.direct.clear();
         self.next = FIRST_GROUP;
         let had_chain = self.nft.chains()?.iter().any(|c| c == CHAIN);
         let sets = self.nft.sets()?;
@@ -192,7 +276,7 @@ impl Routing {
         if had_chain {
             batch.flush_chain(CHAIN);
         }
-        for s in [DOMAINS, SAME] {
+        for s in [DOMAINS, SAME, DIRECT4, DIRECT6, DIRECT_OK4, DIRECT_OK6] {
             if sets.iter().any(|x| x == s) {
                 batch.delete_set(s);
             }
@@ -203,6 +287,17 @@ impl Routing {
             DataType::concat(&[DataType::DEVGROUP, DataType::DEVGROUP]),
             None,
         ));
+        for (set, ok, addr) in [
+            (DIRECT4, DIRECT_OK4, DataType::IPV4),
+            (DIRECT6, DIRECT_OK6, DataType::IPV6),
+        ] {
+            batch.add_set(&SetSpec::new(set, addr, None));
+            batch.add_set(&SetSpec::new(
+                ok,
+                DataType::concat(&[addr, DataType::DEVGROUP]),
+                None,
+            ));
+        }
         batch.add_chain(
             CHAIN,
             Some(BaseChain {
@@ -211,6 +306,16 @@ impl Routing {
                 priority: -5,
             }),
         );
+        for v6 in [false, true] {
+            let (set, _) = direct_sets(v6);
+            let mut rule = expr::nfproto(v6);
+            rule.extend([
+                expr::load(Field::DstAddr, v6, reg32(0)),
+                expr::lookup(set, reg32(0), true),
+            ]);
+            rule.extend(expr::set_mark(DIRECT_MARK));
+            batch.add_rule(CHAIN, rule, None);
+        }
         let mut services = expr::ct_status(expr::ct_status::DNAT);
         services.push(expr::verdict(expr::Verdict::Accept));
         batch.add_rule(CHAIN, services, None);
@@ -226,6 +331,21 @@ impl Routing {
             ],
             None,
         );
+        for v6 in [false, true] {
+            let (_, ok) = direct_sets(v6);
+            // The group after the address, in the register that follows it.
+            let group = reg32(if v6 { 4 } else { 1 });
+            let mut rule = expr::nfproto(v6);
+            rule.extend(expr::has_mark(DIRECT_MARK));
+            rule.extend([
+                expr::load_ifgroup(true, group),
+                expr::lookup(DOMAINS, group, true),
+                expr::load(Field::DstAddr, v6, reg32(0)),
+                expr::lookup(ok, reg32(0), false),
+                expr::verdict(expr::Verdict::Drop),
+            ]);
+            batch.add_rule(CHAIN, rule, None);
+        }
         Ok(())
     }
 }
