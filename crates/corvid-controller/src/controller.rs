@@ -12,8 +12,9 @@ use tokio::sync::watch;
 use crate::error::NeutronError;
 use crate::ipam::{Allocator, Pending};
 use crate::keys;
-use crate::store::{Compare, Op, Store, StoreError, Txn};
+use crate::store::{Compare, KeyValue, Op, Store, StoreError, Txn};
 use crate::view::View;
+use crate::wakers::{Waker, Wakers};
 
 /// Shared state of one controller process.
 pub struct Controller {
@@ -36,6 +37,8 @@ pub struct Controller {
     stopping: watch::Sender<bool>,
     /// The cluster's identity, the same for every controller on the store.
     pub cluster_id: String,
+    /// The watch feed's long polls, woken by the changes they may want.
+    wakers: Wakers,
 }
 
 /// How often the view is checked against the store while no change arrives.
@@ -80,7 +83,7 @@ impl Controller {
         token: Option<String>,
     ) -> Result<Arc<Controller>, StoreError> {
         let cluster_id = cluster_id(&store).await?;
-        let (kvs, revision) = store.range(keys::ROOT)?;
+        let (kvs, revision) = load(store.as_ref())?;
         let (applied, _) = watch::channel(revision);
         let ctl = Arc::new(Controller {
             store,
@@ -93,12 +96,15 @@ impl Controller {
             creates: Arc::default(),
             stopping: watch::channel(false).0,
             cluster_id,
+            wakers: Wakers::default(),
         });
         let follower = Arc::downgrade(&ctl);
         std::thread::Builder::new()
             .name("corvid-view".into())
             .spawn(move || follow(follower))
             .map_err(|e| StoreError::Backend(e.to_string()))?;
+        // A view loaded in the past is brought to the present before anything is served.
+        ctl.catch_up_with_store().await;
         Ok(ctl)
     }
 
@@ -168,6 +174,26 @@ impl Controller {
         let mut stopping = self.stopping.subscribe();
         tokio::select! {
             _ = tokio::time::timeout(timeout, self.wait_for(revision + 1)) => {}
+            _ = stopping.wait_for(|s| *s) => {}
+        }
+    }
+
+    /// A place among the watch feed's long polls, for one filtering ports on `host`.
+    pub fn join_watch(&self, host: Option<&str>) -> Waker<'_> {
+        self.wakers.join(host)
+    }
+
+    /// Waits until `woken` fires (enabled before the caller looked at the view, so that
+    /// no change in between is missed), `deadline` passes, or the process stops.
+    pub async fn wait_change(
+        &self,
+        woken: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        deadline: tokio::time::Instant,
+    ) {
+        let mut stopping = self.stopping.subscribe();
+        tokio::select! {
+            _ = woken => {}
+            _ = tokio::time::sleep_until(deadline) => {}
             _ = stopping.wait_for(|s| *s) => {}
         }
     }
@@ -267,6 +293,27 @@ impl Controller {
     }
 }
 
+/// How many revisions before the store's present the view is loaded at, when the store
+/// still holds them: the follower then applies them, so the watch feed holds the changes
+/// of before a restart and a host that had not seen them all resumes instead of listing
+/// everything again.
+const FEED_HISTORY: i64 = crate::view::FEED_LEN as i64;
+
+/// Every key of the store, at `FEED_HISTORY` revisions back where it can, and the
+/// revision read at.
+fn load(store: &dyn Store) -> Result<(Vec<KeyValue>, i64), StoreError> {
+    let now = store.revision()?;
+    let from = (now - FEED_HISTORY).max(1);
+    if from < now {
+        match store.range_at(keys::ROOT, from) {
+            Ok(kvs) => return Ok((kvs, from)),
+            Err(StoreError::Compacted(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    store.range(keys::ROOT)
+}
+
 /// Applies store changes to the view for as long as the controller lives; reloads the
 /// whole view if the store no longer has the history to resume from.
 fn follow(ctl: std::sync::Weak<Controller>) {
@@ -297,12 +344,14 @@ fn follow(ctl: std::sync::Weak<Controller>) {
             let Some(c) = ctl.upgrade() else { return };
             match batch {
                 Ok(Ok(events)) => {
-                    let revision = {
+                    let (revision, touched) = {
                         let mut v = c.view.write().unwrap_or_else(|p| p.into_inner());
+                        let before = v.revision;
                         v.apply(&events);
-                        v.revision
+                        (v.revision, v.touched_since(before))
                     };
                     c.applied.send_replace(revision);
+                    c.wakers.wake(&touched);
                 }
                 Ok(Err(StoreError::Compacted(_))) => {
                     reload(&c);
@@ -346,6 +395,7 @@ fn reload(c: &Controller) {
     if let Ok((kvs, revision)) = c.store.range(keys::ROOT) {
         *c.view.write().unwrap_or_else(|p| p.into_inner()) = View::load(kvs, revision);
         c.applied.send_replace(revision);
+        c.wakers.wake_all();
         c.confirm();
     }
 }

@@ -14,6 +14,7 @@ pub mod store;
 pub mod tls;
 mod util;
 pub mod view;
+pub mod wakers;
 
 use std::future::Future;
 

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::keys::{self, Parsed};
 use crate::store::{Event, KeyValue};
+use crate::wakers::Touched;
 
 /// How many changes the watch feed keeps for agents to resume from.
 pub const FEED_LEN: usize = 10_000;
@@ -278,6 +279,19 @@ impl View {
                 self.feed_start = old.revision + 1;
             }
         }
+    }
+
+    /// Whom the feed's entries after `revision` concern.
+    pub fn touched_since(&self, revision: i64) -> Touched {
+        let mut touched = Touched::default();
+        for e in self.feed.iter().rev().take_while(|e| e.revision > revision) {
+            if &*e.resource == "ports" {
+                touched.hosts.extend(e.hosts.iter().cloned());
+            } else {
+                touched.all = true;
+            }
+        }
+        touched
     }
 
     fn apply_one(&mut self, e: &Event, record: bool) {

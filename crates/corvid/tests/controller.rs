@@ -611,6 +611,46 @@ fn watch_feed_resumes_without_gaps_and_filters_by_host() {
     });
 }
 
+#[test]
+fn a_host_resumes_the_watch_across_a_restart_on_etcd() {
+    let etcd = Etcd::start();
+    let mut ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
+    let c = ctl.client();
+    let node1 = WatchFilter {
+        host_id: Some("node-1"),
+        ..WatchFilter::default()
+    };
+    let (net, _) = network_with_subnet(&c, "10.1.0.0/24", json!(null));
+    let (_, seen) = c.list::<Port>(&[]).unwrap();
+    // Changes the host has not seen when the controller dies, and one made while it is
+    // down (by another controller on the store).
+    let before: Port = c
+        .create(json!({"network_id": net.id, "binding:host_id": "node-1"}))
+        .unwrap();
+    ctl.kill9();
+    let other = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
+    let meanwhile: Port = other
+        .client()
+        .create(json!({"network_id": net.id, "binding:host_id": "node-1"}))
+        .unwrap();
+    drop(other);
+    ctl.restart();
+    let page = ctl
+        .client()
+        .watch(seen, &node1, Duration::from_secs(1))
+        .unwrap();
+    let ports: Vec<&str> = page
+        .events
+        .iter()
+        .filter(|e| e.resource == "ports")
+        .map(|e| e.id.as_str())
+        .collect();
+    assert_eq!(ports, [before.id.as_str(), meanwhile.id.as_str()]);
+    // The view came back current: what was written last is there.
+    let (listed, _) = ctl.client().list::<Port>(&[]).unwrap();
+    assert!(listed.iter().any(|p| p.id == meanwhile.id));
+}
+
 /// Creates ports on `net` from `n` threads at once; returns the addresses handed out and
 /// the errors.
 fn concurrent_creates(

@@ -128,7 +128,11 @@ pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronEr
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
     let _watching = crate::metrics::Watching::start();
+    let waker = c.join_watch(f.host.as_deref());
     loop {
+        // Listening before looking: a change applied in between still wakes the poll.
+        let mut woken = std::pin::pin!(waker.notify().notified());
+        woken.as_mut().enable();
         let resume = {
             // The answer is written while the view is held: the events borrow from it.
             let view = c.view();
@@ -144,7 +148,6 @@ pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronEr
         };
         // Nothing for this client up to `resume`: skip ahead and wait for more.
         f.since = resume;
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        c.wait_past(resume, left).await;
+        c.wait_change(woken, deadline).await;
     }
 }

@@ -202,6 +202,22 @@ impl Store for EtcdStore {
         Ok((kvs.unwrap_or_default(), int(&v["header"]["revision"])))
     }
 
+    fn range_at(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
+        let body = json!({
+            "key": b64(prefix), "range_end": b64(prefix_end(prefix)), "revision": revision
+        });
+        match self.post_within("/v3/kv/range", &body, RANGE_TIMEOUT) {
+            Ok(v) => Ok(v["kvs"]
+                .as_array()
+                .map(|a| a.iter().map(key_value).collect())
+                .unwrap_or_default()),
+            Err(StoreError::Backend(m)) if m.contains("compacted") => {
+                Err(StoreError::Compacted(revision))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {
         let (tx, rx) = oneshot::channel();
         tokio::task::spawn_blocking(move || {

@@ -92,6 +92,9 @@ pub type TxnOutcome = Result<(bool, i64), StoreError>;
 pub trait Store: Send + Sync {
     /// Every key under `prefix`, and the revision they were read at.
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError>;
+    /// Every key under `prefix` as it was at an earlier `revision`; `Compacted` when the
+    /// store no longer holds it (or keeps no history across restarts).
+    fn range_at(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError>;
     /// The store's current revision, read cheaply: the view is known current when it has
     /// applied this much.
     fn revision(&self) -> Result<i64, StoreError>;

@@ -328,6 +328,11 @@ impl Store for RedbStore {
         RedbStore::revision_in(&self.db.begin_read().map_err(backend)?)
     }
 
+    fn range_at(&self, _prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
+        // The file holds the latest value of each key alone.
+        Err(StoreError::Compacted(revision))
+    }
+
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
         let rtx = self.db.begin_read().map_err(backend)?;
         let table = rtx.open_table(KV).map_err(backend)?;
