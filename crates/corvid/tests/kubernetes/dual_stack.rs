@@ -4,6 +4,7 @@
 //! families, across nodes and across namespaces.
 
 use super::*;
+use support::cluster::ns::Ns;
 
 #[test]
 fn pods_get_an_address_of_each_family_and_reach_each_other_over_both() {
@@ -193,4 +194,82 @@ fn dual_stack_services_are_served_on_both_cluster_ips_and_node_ports() {
             !web.contains(after[0].as_str())
         },
     );
+}
+
+/// NetworkPolicy over both families (agents filtering with `--security-groups`): a
+/// policy letting in only pods of one label holds for IPv6 as for IPv4, and an IPv6
+/// address block opens IPv6 alone.
+#[test]
+fn network_policies_hold_over_both_families() {
+    let (mut cluster, kube) = setup("kn");
+    cluster.filtering_agents(None);
+    let _watcher = start_watcher(
+        &cluster,
+        &kube,
+        &["--pod-pool", "10.64.0.0/10", "--pod-pool", "fd64::/48"],
+    );
+    namespace(&kube, "a");
+    let served = served_pods(
+        &cluster,
+        &kube,
+        "a",
+        &[
+            ("web", 0, "web"),
+            ("friend", 1, "friend"),
+            ("stranger", 1, "stranger"),
+        ],
+    );
+    let v6 = |name: &str| {
+        wait_annotation(&kube, "a", name).addresses[1]
+            .addr()
+            .to_string()
+    };
+    let web = [served.pods[0].4.clone(), v6("web")];
+    let (friend, stranger) = (&served.pods[1].3, &served.pods[2].3);
+    let reaches = |from: &Ns, addr: &str, udp: bool| from.connect(addr, 8080, 1, udp) == ["web"];
+    let dropped =
+        |from: &Ns, addr: &str, udp: bool| from.connect(addr, 8080, 1, udp) == ["timeout"];
+    for addr in &web {
+        wait_until(
+            &format!("the stranger to reach {addr}"),
+            Duration::from_secs(20),
+            || reaches(stranger, addr, false),
+        );
+    }
+    network_policy(
+        &kube,
+        "a",
+        "web",
+        json!({"podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "friend"}}}]}]}),
+    );
+    for addr in &web {
+        for udp in [false, true] {
+            wait_until(
+                &format!("the stranger to be kept from {addr} (udp {udp})"),
+                Duration::from_secs(20),
+                || dropped(stranger, addr, udp),
+            );
+            assert!(
+                reaches(friend, addr, udp),
+                "the friend at {addr} (udp {udp})"
+            );
+        }
+    }
+    // The stranger's own IPv6 address let in: over IPv6 only.
+    delete_network_policy(&kube, "a", "web");
+    network_policy(
+        &kube,
+        "a",
+        "web",
+        json!({"podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"ipBlock": {"cidr": format!("{}/128", v6("stranger"))}}]}]}),
+    );
+    wait_until(
+        "the stranger to reach web over IPv6",
+        Duration::from_secs(20),
+        || reaches(stranger, &web[1], false),
+    );
+    assert!(dropped(stranger, &web[0], false), "the stranger over IPv4");
+    assert!(dropped(friend, &web[1], false), "the friend over IPv6");
 }
