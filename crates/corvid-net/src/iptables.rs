@@ -20,11 +20,19 @@ pub const CHAIN: &str = "CORVID-BRIDGES";
 /// The chain dockerd leaves to users, jumped to first from FORWARD.
 const DOCKER_USER: &str = "DOCKER-USER";
 
-/// The accepts: anything leaving a corvid bridge, and replies coming back to one.
-fn accepts() -> [Vec<String>; 2] {
+/// The accepts: anything leaving a corvid bridge, replies coming back to one, and what a
+/// port reached by direct routing sends (the routing filter marks it).
+fn accepts() -> [Vec<String>; 3] {
     let bridges = format!("{BRIDGE_PREFIX}+");
+    let direct = crate::nftables::routing::DIRECT_MARK;
     [
         vec!["-i".into(), bridges.clone()],
+        vec![
+            "-m".into(),
+            "mark".into(),
+            "--mark".into(),
+            format!("{direct:#x}/{direct:#x}"),
+        ],
         vec![
             "-o".into(),
             bridges,

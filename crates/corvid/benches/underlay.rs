@@ -5,7 +5,9 @@
 //! static forwarding entries) in private namespaces with no nftables and no bridge
 //! netfilter hooks; and, the floor of a routed mode, the same hosts routing two more pods
 //! to each other without encapsulation (each pod a /32 behind its host's veth, the
-//! remote one via the other host's underlay address). Prints the medians and ratios.
+//! remote one via the other host's underlay address); and corvid's direct routing (a
+//! second cluster whose agents run `--direct-routing`) against its own hosts' underlay.
+//! Prints the medians and ratios.
 //!
 //! Needs root and iperf3. `cargo bench -p corvid --bench underlay`
 //! (`CORVID_BENCH_ROUNDS`, default 7).
@@ -38,20 +40,38 @@ fn main() {
         || a.ping(&ip_b),
     );
     let host_b = underlay_ip(1);
+    let mut direct = Cluster::new("bd");
+    for i in 0..2 {
+        direct.agents[i].take();
+        direct.start_agent_with(i, &["--direct-routing"]);
+    }
+    direct.network("red", "10.90.0.0/24", false);
+    let (c, d) = (direct.pod("c"), direct.pod("d"));
+    cni_result(&direct.add(0, "red", &c));
+    let ip_d = result_ip(&cni_result(&direct.add(1, "red", &d)));
+    let _direct_servers = [d.serve_iperf(), direct.hosts[1].serve_iperf()];
+    wait_until(
+        "the directly routed pods to reach each other",
+        Duration::from_secs(20),
+        || c.ping(&ip_d),
+    );
     let bare = BareOverlay::new(&cluster.tag);
     // iperf3 listens a moment after it starts.
     std::thread::sleep(Duration::from_millis(300));
 
-    let (mut overlay, mut floor, mut routed, mut underlay) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let [mut overlay, mut floor, mut routed, mut underlay, mut direct_pods, mut direct_underlay] =
+        [(); 6].map(|_| Vec::new());
     for _ in 0..rounds {
         overlay.push(a.iperf(&ip_b));
         floor.push(bare.pods[0].iperf(BareOverlay::SERVER));
         routed.push(bare.routed[0].iperf(BareOverlay::ROUTED_SERVER));
         underlay.push(cluster.hosts[0].iperf(&host_b));
+        direct_pods.push(c.iperf(&ip_d));
+        direct_underlay.push(direct.hosts[0].iperf(&host_b));
     }
     let (overlay, floor) = (median(overlay), median(floor));
     let (routed, underlay) = (median(routed), median(underlay));
+    let (direct_pods, direct_underlay) = (median(direct_pods), median(direct_underlay));
     println!(
         "across two hosts, iperf3 TCP 2 s, taking turns ({rounds} rounds, medians, {} cores)",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -61,6 +81,8 @@ fn main() {
         ("bare kernel: pod to pod over VXLAN", floor),
         ("bare kernel: pod to pod routed, no VXLAN", routed),
         ("host to host on the underlay", underlay),
+        ("corvid: pod to pod, direct routing", direct_pods),
+        ("host to host on its underlay", direct_underlay),
     ] {
         println!("{what:<44} {gbits:>8.2} Gbit/s");
     }
@@ -71,7 +93,8 @@ fn main() {
         overlay / floor
     );
     println!(
-        "the routed floor: bare routed/underlay {:.3} (a routed mode's target >= 0.97)",
+        "direct routing: corvid/its underlay {:.3} (target >= 0.97); the routed floor: bare routed/underlay {:.3}",
+        direct_pods / direct_underlay,
         routed / underlay
     );
 }

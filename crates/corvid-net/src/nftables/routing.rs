@@ -15,6 +15,7 @@
 //! set routing-direct-ok4 { type ipv4_addr . ifgroup } (port . its bridge's domain)
 //! chain routing-forward { type filter hook forward priority -5
 //!     ip daddr @routing-direct4 meta mark set mark | DIRECT_MARK        (and ip6)
+//!     ip saddr @routing-direct4 meta mark set mark | DIRECT_MARK        (and ip6)
 //!     ct status dnat accept                           (a service's backends may be anywhere)
 //!     iifgroup @routing-domains oifgroup @routing-domains
 //!         iifgroup . oifgroup != @routing-same drop
@@ -26,6 +27,8 @@
 //! A port reached by direct routing leaves through the underlay device, not a bridge, so
 //! its address stands for its bridge: only its own domain may forward to it, and the mark
 //! tells masquerade to leave it alone as it leaves a bridge's traffic between networks.
+//! What such a port sends arrives by the underlay device too: the mark on it is what
+//! corvid's iptables accept lets through where FORWARD drops (dockerd, ufw).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -306,11 +309,14 @@ impl Routing {
                 priority: -5,
             }),
         );
-        for v6 in [false, true] {
+        for (v6, field) in [false, true]
+            .into_iter()
+            .flat_map(|v6| [(v6, Field::DstAddr), (v6, Field::SrcAddr)])
+        {
             let (set, _) = direct_sets(v6);
             let mut rule = expr::nfproto(v6);
             rule.extend([
-                expr::load(Field::DstAddr, v6, reg32(0)),
+                expr::load(field, v6, reg32(0)),
                 expr::lookup(set, reg32(0), true),
             ]);
             rule.extend(expr::set_mark(DIRECT_MARK));
