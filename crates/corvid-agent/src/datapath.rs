@@ -72,6 +72,8 @@ struct Direct {
     routes: HashMap<String, BTreeSet<(IpAddr, IpAddr)>>,
     /// Networks whose addresses changed since the routing filter last heard of them.
     changed: BTreeSet<String>,
+    /// Networks whose last sync failed midway: their routes are all sent again.
+    unsure: BTreeSet<String>,
     /// The kernel's direct routes, read at the start of a full pass.
     kernel: Option<BTreeSet<(IpAddr, IpAddr)>>,
 }
@@ -267,28 +269,45 @@ impl Datapath {
         if had.is_empty() && want.is_empty() {
             return Ok(());
         }
-        for r in had.difference(&want) {
-            // An address moved to another host keeps its route, replaced below.
-            if !want.iter().any(|w| w.0 == r.0) {
-                self.nl.delete_route(&direct_route(*r, d.device))?;
+        let unsure = d.unsure.remove(id);
+        let device = d.device;
+        let mut send = || -> Result<()> {
+            for r in had.difference(&want) {
+                // An address moved to another host keeps its route, replaced below.
+                if !want.iter().any(|w| w.0 == r.0) {
+                    self.nl.delete_route(&direct_route(*r, device))?;
+                }
             }
-        }
-        for r in &want {
-            let held = match &d.kernel {
-                Some(kernel) => kernel.contains(r),
-                None => had.contains(r),
-            };
-            if !held {
-                self.nl.replace_route(&direct_route(*r, d.device))?;
+            for r in &want {
+                let held = match &self.direct.kernel {
+                    _ if unsure => false,
+                    Some(kernel) => kernel.contains(r),
+                    None => had.contains(r),
+                };
+                if !held {
+                    self.nl.replace_route(&direct_route(*r, device))?;
+                }
             }
-        }
-        if had != want {
+            Ok(())
+        };
+        let sent = send();
+        let d = &mut self.direct;
+        if had != want || sent.is_err() {
             d.changed.insert(id.to_string());
         }
-        if !want.is_empty() {
-            d.routes.insert(id.to_string(), want);
+        // Failed midway, the kernel holds some of both: the next sync removes what is
+        // not wanted then and sends every route it wants.
+        let held: BTreeSet<_> = match sent {
+            Ok(()) => want,
+            Err(_) => {
+                d.unsure.insert(id.to_string());
+                had.union(&want).copied().collect()
+            }
+        };
+        if !held.is_empty() {
+            d.routes.insert(id.to_string(), held);
         }
-        Ok(())
+        sent
     }
 
     /// Announces remote neighbour entries just added into the bridge `bridge`, so that
@@ -545,12 +564,10 @@ impl Datapath {
         Ok((bridge, vxlan))
     }
 
-    /// One remote port of network `net` moved: its overlay entries on `vxlan` (whose
-    /// bridge has `bridge_mac`) and its direct routes, `old` taken out (what `new` does
-    /// not keep), `new` put in.
+    /// One remote port moved: its overlay entries on `vxlan` (whose bridge has
+    /// `bridge_mac`), `old` taken out (what `new` does not keep), `new` put in.
     pub fn move_remote(
         &mut self,
-        net: &str,
         (vxlan, bridge_mac): (&Link, &str),
         old: Option<&RemotePort>,
         new: Option<&RemotePort>,
@@ -578,20 +595,31 @@ impl Datapath {
             self.nl.set_neighbour(vxlan, e)?;
         }
         self.announce(vxlan.master, new_neighbours.difference(&old_neighbours));
+        Ok(())
+    }
+
+    /// One remote port of network `net` moved: its direct routes, `old`'s taken out and
+    /// `new`'s put in, whatever became of its overlay entries.
+    pub fn move_direct(
+        &mut self,
+        net: &str,
+        old: Option<&RemotePort>,
+        new: Option<&RemotePort>,
+    ) -> Result<()> {
         let routes = |r: Option<&RemotePort>| -> BTreeSet<(IpAddr, IpAddr)> {
             r.map(|r| r.direct_routes().collect()).unwrap_or_default()
         };
         let (old_routes, new_routes) = (routes(old), routes(new));
-        if old_routes != new_routes {
-            let committed = self.direct.routes.get(net).cloned().unwrap_or_default();
-            let want = committed
-                .difference(&old_routes)
-                .chain(&new_routes)
-                .copied()
-                .collect();
-            self.sync_direct(net, want)?;
+        if old_routes == new_routes {
+            return Ok(());
         }
-        Ok(())
+        let committed = self.direct.routes.get(net).cloned().unwrap_or_default();
+        let want = committed
+            .difference(&old_routes)
+            .chain(&new_routes)
+            .copied()
+            .collect();
+        self.sync_direct(net, want)
     }
 
     /// An owned link by name.

@@ -793,12 +793,13 @@ impl Agent {
             let vxlan = self.links.get(&names::vxlan(net)).cloned();
             let bridge = self.links.get(&names::bridge(net)).map(|b| b.mac.clone());
             let moved = match (vxlan, bridge) {
-                (Some(v), Some(mac)) => {
-                    self.dp
-                        .move_remote(net, (&v, &mac), was.as_ref(), now.as_ref())
-                }
+                (Some(v), Some(mac)) => self.dp.move_remote((&v, &mac), was.as_ref(), now.as_ref()),
                 _ => Ok(()),
             };
+            if let Err(e) = self.dp.move_direct(net, was.as_ref(), now.as_ref()) {
+                failed(ErrorKind::Overlay);
+                tracing::error!(network = %net, port = %id, "direct routes: {e}");
+            }
             if let Err(e) = moved {
                 failed(ErrorKind::Overlay);
                 tracing::error!(network = %net, port = %id, "overlay entries: {e}");

@@ -202,6 +202,10 @@ pub struct View {
     pub feed: VecDeque<FeedEntry>,
     /// The oldest revision the feed can resume from.
     pub feed_start: i64,
+    /// The revision of the last entry trimmed from the feed that every filter passes (or
+    /// of the load), and of the last one of each host's ports: a poll filtered on a host
+    /// resumes from further back than `feed_start` when nothing it wants was trimmed.
+    trimmed: (i64, HashMap<String, i64>),
 }
 
 fn put<T: DeserializeOwned>(table: &mut Table<T>, kv: &KeyValue, id: Arc<str>) -> Option<Arc<T>> {
@@ -259,6 +263,7 @@ impl View {
     pub fn load(kvs: Vec<KeyValue>, revision: i64) -> View {
         let mut v = View {
             feed_start: revision + 1,
+            trimmed: (revision, HashMap::new()),
             ..View::default()
         };
         for kv in kvs {
@@ -277,6 +282,28 @@ impl View {
         while self.feed.len() > FEED_LEN {
             if let Some(old) = self.feed.pop_front() {
                 self.feed_start = old.revision + 1;
+                if &*old.resource == "ports" {
+                    for h in &old.hosts {
+                        self.trimmed.1.insert(h.clone(), old.revision);
+                    }
+                } else {
+                    self.trimmed.0 = old.revision;
+                }
+            }
+        }
+    }
+
+    /// The oldest revision a poll filtered on `host` (or not) can resume from: a host's
+    /// poll that no change of its own woke is not sent back to list everything because
+    /// other hosts' changes went through the feed meanwhile.
+    pub fn feed_start_for(&self, host: Option<&str>) -> i64 {
+        match host {
+            None => self.feed_start,
+            Some(h) => {
+                self.trimmed
+                    .0
+                    .max(self.trimmed.1.get(h).copied().unwrap_or(0))
+                    + 1
             }
         }
     }

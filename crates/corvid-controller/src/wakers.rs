@@ -28,13 +28,14 @@ pub struct Wakers {
 pub struct Waker<'a> {
     wakers: &'a Wakers,
     host: Option<String>,
-    notify: Arc<Notify>,
+    /// Taken when the poll ends.
+    notify: Option<Arc<Notify>>,
 }
 
 impl Waker<'_> {
     /// What to wait on: woken by the next change the poll's host may care about.
     pub fn notify(&self) -> &Notify {
-        &self.notify
+        self.notify.as_ref().expect("held until dropped")
     }
 }
 
@@ -45,8 +46,14 @@ impl Drop for Waker<'_> {
             .by_host
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        // The map's and this one: no other poll waits on the host, which goes.
-        if Arc::strong_count(&self.notify) == 2 {
+        drop(self.notify.take());
+        // Only the map's is left: no other poll waits on the host, which goes. (Counted
+        // under the lock with this poll's given back first, so two polls ending at once
+        // cannot each count the other's and both leave the entry behind.)
+        if map
+            .get(&self.host)
+            .is_some_and(|n| Arc::strong_count(n) == 1)
+        {
             map.remove(&self.host);
         }
     }
@@ -66,7 +73,7 @@ impl Wakers {
         Waker {
             wakers: self,
             host,
-            notify,
+            notify: Some(notify),
         }
     }
 

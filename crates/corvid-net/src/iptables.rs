@@ -21,13 +21,15 @@ pub const CHAIN: &str = "CORVID-BRIDGES";
 const DOCKER_USER: &str = "DOCKER-USER";
 
 /// The accepts: anything leaving a corvid bridge, replies coming back to one, and what a
-/// port reached by direct routing sends (the routing filter marks it).
+/// port reached by direct routing sends into one (the routing filter marks it).
 fn accepts() -> [Vec<String>; 3] {
     let bridges = format!("{BRIDGE_PREFIX}+");
     let direct = crate::nftables::routing::DIRECT_MARK;
     [
         vec!["-i".into(), bridges.clone()],
         vec![
+            "-o".into(),
+            bridges.clone(),
             "-m".into(),
             "mark".into(),
             "--mark".into(),

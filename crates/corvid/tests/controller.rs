@@ -651,6 +651,36 @@ fn a_host_resumes_the_watch_across_a_restart_on_etcd() {
     assert!(listed.iter().any(|p| p.id == meanwhile.id));
 }
 
+#[test]
+fn a_quiet_host_is_not_sent_to_list_again_by_other_hosts_changes() {
+    let (_dir, spec) = redb_store();
+    let ctl = ControllerProcess::start(&spec, None);
+    let c = ctl.client();
+    let (net, _) = network_with_subnet(&c, "10.8.0.0/16", json!(null));
+    let (_, seen) = c.list::<Port>(&[]).unwrap();
+    // More changes of node-2's ports than the feed keeps.
+    for _ in 0..11 {
+        let ports = (0..1000)
+            .map(|_| json!({"network_id": net.id, "binding:host_id": "node-2", "port_security_enabled": false}))
+            .collect();
+        c.create_bulk::<Port>(ports).unwrap();
+    }
+    let node = |h| WatchFilter {
+        host_id: Some(h),
+        ..WatchFilter::default()
+    };
+    // node-1 saw nothing of its own go: it resumes where it was.
+    let page = c
+        .watch(seen, &node("node-1"), Duration::from_secs(0))
+        .unwrap();
+    assert!(page.events.is_empty(), "{page:?}");
+    assert!(page.revision > seen);
+    // node-2, and an unfiltered follower, lost changes: they list again.
+    for filter in [node("node-2"), WatchFilter::default()] {
+        assert_eq!(kind(c.watch(seen, &filter, Duration::from_secs(0))).0, 410);
+    }
+}
+
 /// Creates ports on `net` from `n` threads at once; returns the addresses handed out and
 /// the errors.
 fn concurrent_creates(

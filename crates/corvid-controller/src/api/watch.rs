@@ -65,13 +65,14 @@ struct Page<'a> {
 
 /// Events after `since` passing the filter, and the revision to resume from.
 fn collect<'v>(v: &'v View, f: &Filter) -> Result<(Vec<Event<'v>>, i64), NeutronError> {
-    if f.since + 1 < v.feed_start {
+    let feed_start = v.feed_start_for(f.host.as_deref());
+    if f.since + 1 < feed_start {
         return Err(NeutronError::new(
             StatusCode::GONE,
             "WatchRevisionCompacted",
             format!(
-                "Revision {} is older than the watch feed keeps (it starts at {}): list again and watch from the list's revision.",
-                f.since, v.feed_start
+                "Revision {} is older than the watch feed keeps (it starts at {feed_start}): list again and watch from the list's revision.",
+                f.since
             ),
         ));
     }
