@@ -6,8 +6,9 @@
 //! netfilter hooks; and, the floor of a routed mode, the same hosts routing two more pods
 //! to each other without encapsulation (each pod a /32 behind its host's veth, the
 //! remote one via the other host's underlay address); and corvid's direct routing (a
-//! second cluster whose agents run `--direct-routing`) against its own hosts' underlay.
-//! Prints the medians and ratios.
+//! second cluster whose agents run `--direct-routing`) against its own hosts' underlay,
+//! then the same pods again with the bridge's netfilter hooks turned off in those hosts
+//! (what they cost, shown apart). Prints the medians and ratios.
 //!
 //! Needs root and iperf3. `cargo bench -p corvid --bench underlay`
 //! (`CORVID_BENCH_ROUNDS`, default 7).
@@ -72,6 +73,22 @@ fn main() {
     let (overlay, floor) = (median(overlay), median(floor));
     let (routed, underlay) = (median(routed), median(underlay));
     let (direct_pods, direct_underlay) = (median(direct_pods), median(direct_underlay));
+    let hooks = |on: &str| {
+        for h in &direct.hosts {
+            h.open()
+                .run(|| corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", on))
+                .unwrap()
+                .unwrap();
+        }
+    };
+    hooks("0");
+    let [mut unhooked, mut unhooked_underlay] = [(); 2].map(|_| Vec::new());
+    for _ in 0..rounds {
+        unhooked.push(c.iperf(&ip_d));
+        unhooked_underlay.push(direct.hosts[0].iperf(&host_b));
+    }
+    hooks("1");
+    let (unhooked, unhooked_underlay) = (median(unhooked), median(unhooked_underlay));
     println!(
         "across two hosts, iperf3 TCP 2 s, taking turns ({rounds} rounds, medians, {} cores)",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -83,6 +100,8 @@ fn main() {
         ("host to host on the underlay", underlay),
         ("corvid: pod to pod, direct routing", direct_pods),
         ("host to host on its underlay", direct_underlay),
+        ("the same, bridge netfilter hooks off", unhooked),
+        ("its underlay then", unhooked_underlay),
     ] {
         println!("{what:<44} {gbits:>8.2} Gbit/s");
     }
@@ -93,8 +112,9 @@ fn main() {
         overlay / floor
     );
     println!(
-        "direct routing: corvid/its underlay {:.3} (target >= 0.97); the routed floor: bare routed/underlay {:.3}",
+        "direct routing: corvid/its underlay {:.3} (target >= 0.97), {:.3} with the bridge's netfilter hooks off; the routed floor: bare routed/underlay {:.3}",
         direct_pods / direct_underlay,
+        unhooked / unhooked_underlay,
         routed / underlay
     );
 }
