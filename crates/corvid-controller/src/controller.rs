@@ -83,7 +83,7 @@ impl Controller {
         token: Option<String>,
     ) -> Result<Arc<Controller>, StoreError> {
         let cluster_id = cluster_id(&store).await?;
-        let (kvs, revision) = load(store.as_ref())?;
+        let (kvs, revision, present) = load(store.as_ref())?;
         let (applied, _) = watch::channel(revision);
         let ctl = Arc::new(Controller {
             store,
@@ -104,7 +104,16 @@ impl Controller {
             .spawn(move || follow(follower))
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         // A view loaded in the past is brought to the present before anything is served.
-        ctl.catch_up_with_store().await;
+        if tokio::time::timeout(CATCH_UP, ctl.wait_for(present))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                revision = ctl.view().revision,
+                present,
+                "the view has not caught up with the store: serving it, marked stale until it does"
+            );
+        }
         Ok(ctl)
     }
 
@@ -299,19 +308,24 @@ impl Controller {
 /// everything again.
 const FEED_HISTORY: i64 = crate::view::FEED_LEN as i64;
 
-/// Every key of the store, at `FEED_HISTORY` revisions back where it can, and the
-/// revision read at.
-fn load(store: &dyn Store) -> Result<(Vec<KeyValue>, i64), StoreError> {
+/// How long a starting controller waits for a view loaded in the past to reach the
+/// store's present.
+const CATCH_UP: Duration = Duration::from_secs(60);
+
+/// Every key of the store, at `FEED_HISTORY` revisions back where it can, the revision
+/// read at, and the store's revision then.
+fn load(store: &dyn Store) -> Result<(Vec<KeyValue>, i64, i64), StoreError> {
     let now = store.revision()?;
     let from = (now - FEED_HISTORY).max(1);
     if from < now {
         match store.range_at(keys::ROOT, from) {
-            Ok(kvs) => return Ok((kvs, from)),
+            Ok(kvs) => return Ok((kvs, from, now)),
             Err(StoreError::Compacted(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    store.range(keys::ROOT)
+    let (kvs, revision) = store.range(keys::ROOT)?;
+    Ok((kvs, revision, revision))
 }
 
 /// Applies store changes to the view for as long as the controller lives; reloads the
