@@ -30,32 +30,14 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(7);
     let cluster = Cluster::new("bu");
-    cluster.network("red", "10.90.0.0/24", false);
-    let (a, b) = (cluster.pod("a"), cluster.pod("b"));
-    cni_result(&cluster.add(0, "red", &a));
-    let ip_b = result_ip(&cni_result(&cluster.add(1, "red", &b)));
-    let _servers = [b.serve_iperf(), cluster.hosts[1].serve_iperf()];
-    wait_until(
-        "the pods to reach each other",
-        Duration::from_secs(20),
-        || a.ping(&ip_b),
-    );
+    let (a, ip_b, _servers) = pods_across(&cluster);
     let host_b = underlay_ip(1);
     let mut direct = Cluster::new("bd");
     for i in 0..2 {
         direct.agents[i].take();
         direct.start_agent_with(i, &["--direct-routing"]);
     }
-    direct.network("red", "10.90.0.0/24", false);
-    let (c, d) = (direct.pod("c"), direct.pod("d"));
-    cni_result(&direct.add(0, "red", &c));
-    let ip_d = result_ip(&cni_result(&direct.add(1, "red", &d)));
-    let _direct_servers = [d.serve_iperf(), direct.hosts[1].serve_iperf()];
-    wait_until(
-        "the directly routed pods to reach each other",
-        Duration::from_secs(20),
-        || c.ping(&ip_d),
-    );
+    let (c, ip_d, _direct_servers) = pods_across(&direct);
     let bare = BareOverlay::new(&cluster.tag);
     // iperf3 listens a moment after it starts.
     std::thread::sleep(Duration::from_millis(300));
@@ -117,6 +99,22 @@ fn main() {
         unhooked / unhooked_underlay,
         routed / underlay
     );
+}
+
+/// A pod on each of the cluster's hosts on one network: the first, the second's address,
+/// and iperf3 servers on the second pod and its host, once the pods reach each other.
+fn pods_across(cluster: &Cluster) -> (Ns, String, [Proc; 2]) {
+    cluster.network("red", "10.90.0.0/24", false);
+    let (a, b) = (cluster.pod("a"), cluster.pod("b"));
+    cni_result(&cluster.add(0, "red", &a));
+    let ip_b = result_ip(&cni_result(&cluster.add(1, "red", &b)));
+    let servers = [b.serve_iperf(), cluster.hosts[1].serve_iperf()];
+    wait_until(
+        "the pods to reach each other",
+        Duration::from_secs(20),
+        || a.ping(&ip_b),
+    );
+    (a, ip_b, servers)
 }
 
 /// Two hosts on a lan bridge, each with a bridge, a vxlan device (VNI 42, forwarding

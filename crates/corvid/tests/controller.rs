@@ -562,6 +562,15 @@ fn resource_lifecycle_filters_tags_and_errors() {
     });
 }
 
+/// The IDs of the ports a watch page's events name, in order.
+fn port_ids(page: &corvid_api::WatchPage) -> Vec<&str> {
+    page.events
+        .iter()
+        .filter(|e| e.resource == "ports")
+        .map(|e| e.id.as_str())
+        .collect()
+}
+
 #[test]
 fn watch_feed_resumes_without_gaps_and_filters_by_host() {
     on_both(|ctl| {
@@ -579,13 +588,7 @@ fn watch_feed_resumes_without_gaps_and_filters_by_host() {
             .create(json!({"network_id": net.id, "binding:host_id": "node-2"}))
             .unwrap();
         let page = c.watch(start, &node1, Duration::from_secs(1)).unwrap();
-        let ports: Vec<&str> = page
-            .events
-            .iter()
-            .filter(|e| e.resource == "ports")
-            .map(|e| e.id.as_str())
-            .collect();
-        assert_eq!(ports, [mine.id.as_str()]);
+        assert_eq!(port_ids(&page), [mine.id.as_str()]);
         // A long poll wakes on the next change, and resuming repeats nothing.
         let waiter = {
             let c = c.clone();
@@ -639,13 +642,7 @@ fn a_host_resumes_the_watch_across_a_restart_on_etcd() {
         .client()
         .watch(seen, &node1, Duration::from_secs(1))
         .unwrap();
-    let ports: Vec<&str> = page
-        .events
-        .iter()
-        .filter(|e| e.resource == "ports")
-        .map(|e| e.id.as_str())
-        .collect();
-    assert_eq!(ports, [before.id.as_str(), meanwhile.id.as_str()]);
+    assert_eq!(port_ids(&page), [before.id.as_str(), meanwhile.id.as_str()]);
     // The view came back current: what was written last is there.
     let (listed, _) = ctl.client().list::<Port>(&[]).unwrap();
     assert!(listed.iter().any(|p| p.id == meanwhile.id));
