@@ -16,6 +16,7 @@ use corvid_net::nftables::security_groups::{Report, SecurityGroups, Touched, Wan
 use corvid_net::nftables::services::{Services, SyncReport};
 use corvid_net::overlay::{NeighbourEntry, OverlayEntries, VxlanSpec};
 use corvid_net::route::RouteSpec;
+use corvid_net::router_advert::{Advertisement, Advertiser};
 use corvid_net::{sysctl, Error, Netlink, Netns, Result};
 use ipnet::IpNet;
 
@@ -55,6 +56,11 @@ pub struct Datapath {
     announcer: Option<Announcer>,
     /// Direct routing's routes, and where they go when it is on.
     direct: Direct,
+    /// Sends the bridges' router advertisements; none when no ICMPv6 socket could be
+    /// opened (advertising is best effort, as announcing is).
+    advertiser: Option<Advertiser>,
+    /// The bridge (by index) of each network that advertises.
+    advertised: HashMap<String, u32>,
 }
 
 /// Direct routing's state: remote ports on hosts of this host's underlay subnet are
@@ -203,6 +209,10 @@ impl Datapath {
                 .inspect_err(|e| tracing::warn!("remote ports will not be announced: {e}"))
                 .ok(),
             direct,
+            advertiser: Advertiser::open()
+                .inspect_err(|e| tracing::warn!("no router advertisements will be sent: {e}"))
+                .ok(),
+            advertised: HashMap::new(),
         })
     }
 
@@ -256,9 +266,38 @@ impl Datapath {
         Ok(())
     }
 
-    /// Takes away network `id`'s direct routes: it has no datapath here any more.
+    /// Takes away network `id`'s direct routes and router advertisements: it has no
+    /// datapath here any more.
     pub fn forget_network(&mut self, id: &str) -> Result<()> {
+        self.advertise(id, None);
         self.sync_direct(id, BTreeSet::new())
+    }
+
+    /// Makes network `id`'s bridge advertise `ad` (with this host's MTU), or nothing.
+    fn advertise(&mut self, id: &str, ad: Option<(&Link, &Advertisement)>) {
+        let Some(advertiser) = &self.advertiser else {
+            return;
+        };
+        let index = ad.map(|(bridge, _)| bridge.index);
+        match self.advertised.remove(id) {
+            Some(old) if Some(old) != index => advertiser.set(old, [0; 6], None),
+            _ => {}
+        }
+        let Some((bridge, ad)) = ad else {
+            return;
+        };
+        let mac =
+            corvid_net::link::parse_mac(&bridge.mac).and_then(|m| <[u8; 6]>::try_from(m).ok());
+        let Some(mac) = mac else {
+            tracing::warn!(bridge = %bridge.name, mac = %bridge.mac, "no router advertisements: the bridge's MAC is unreadable");
+            return;
+        };
+        let ad = Advertisement {
+            mtu: ad.mtu.map(|m| self.mtu(m)),
+            ..ad.clone()
+        };
+        advertiser.set(bridge.index, mac, Some(&ad));
+        self.advertised.insert(id.to_string(), bridge.index);
     }
 
     /// Makes network `id`'s direct routes `want`, against what was committed (and, in
@@ -561,6 +600,7 @@ impl Datapath {
                 );
             }
         }
+        self.advertise(&n.id, n.advertisement.as_ref().map(|a| (&bridge, a)));
         Ok((bridge, vxlan))
     }
 

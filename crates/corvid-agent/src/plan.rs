@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use corvid_api::{Network, Port, Status};
+use corvid_api::{Ipv6Mode, Network, Port, Status, Subnet};
 use corvid_net::overlay::{FdbEntry, NeighbourEntry};
+use corvid_net::router_advert::Advertisement;
 use ipnet::IpNet;
 
 use crate::cache::Cache;
@@ -123,6 +124,9 @@ pub struct NetworkPlan {
     pub gateways: Vec<IpNet>,
     /// Subnets to masquerade (empty unless the network asks for it).
     pub masquerade: Vec<IpNet>,
+    /// What the bridge advertises as the IPv6 router, for subnets with an
+    /// `ipv6_ra_mode`.
+    pub advertisement: Option<Advertisement>,
     /// The router it is routed by: this host routes between its networks.
     pub router: Option<String>,
     /// Ports to plug here, by ID.
@@ -298,6 +302,7 @@ pub fn network_plan(cache: &Cache, net: &Network, here: Here) -> NetworkPlan {
         vxlan: names::vxlan(&net.id),
         vni: net.segmentation_id,
         mtu: net.mtu,
+        advertisement: advertisement(net, &subnets),
         gateways,
         masquerade,
         router: cache.network_router(&net.id).map(str::to_string),
@@ -309,6 +314,46 @@ pub fn network_plan(cache: &Cache, net: &Network, here: Here) -> NetworkPlan {
         plan.place(&p.id, port_role(cache, p, here));
     }
     plan
+}
+
+/// The router advertisement of `net`'s IPv6 subnets that have an `ipv6_ra_mode` and a
+/// gateway, as Neutron's radvd makes it: M for a stateful subnet, O for a stateless one,
+/// each prefix on-link and autonomous unless stateful; none without such a subnet.
+fn advertisement(net: &Network, subnets: &[&Subnet]) -> Option<Advertisement> {
+    let advertised: Vec<(&Subnet, Ipv6Mode)> = subnets
+        .iter()
+        .filter(|s| s.gateway_ip.is_some_and(|g| g.is_ipv6()))
+        .filter_map(|s| Some((*s, s.ipv6_ra_mode?)))
+        .collect();
+    if advertised.is_empty() {
+        return None;
+    }
+    let prefixes = advertised
+        .iter()
+        .filter_map(|(s, mode)| match s.cidr {
+            IpNet::V6(p) => Some((p.trunc(), mode.is_auto_address())),
+            IpNet::V4(_) => None,
+        })
+        .collect();
+    let mut dns: Vec<std::net::Ipv6Addr> = Vec::new();
+    for d in advertised.iter().flat_map(|(s, _)| &s.dns_nameservers) {
+        if let Ok(d) = d.parse() {
+            if !dns.contains(&d) && dns.len() < 3 {
+                dns.push(d);
+            }
+        }
+    }
+    Some(Advertisement {
+        managed: advertised
+            .iter()
+            .any(|(_, m)| *m == Ipv6Mode::Dhcpv6Stateful),
+        other: advertised
+            .iter()
+            .any(|(_, m)| *m == Ipv6Mode::Dhcpv6Stateless),
+        mtu: Some(net.mtu),
+        prefixes,
+        dns,
+    })
 }
 
 /// What `p` asks of this host: none when it is bound nowhere or to a host not
@@ -458,6 +503,48 @@ pub(crate) mod tests {
         }
         c.reindex();
         c
+    }
+
+    /// Adds to n1 an IPv6 subnet `id` with `cidr`, its gateway the prefix's first
+    /// address unless `gateway` is false, and router advertisement mode `mode`.
+    fn ipv6_subnet(c: &mut Cache, id: &str, cidr: &str, mode: Option<&str>, gateway: bool) {
+        let net: IpNet = cidr.parse().unwrap();
+        let gw = gateway.then(|| net.hosts().next().unwrap().to_string());
+        let subnet: Subnet = serde_json::from_value(json!({
+            "id": id, "name": "", "tenant_id": "p", "project_id": "p", "network_id": "n1",
+            "ip_version": 6, "subnetpool_id": null, "enable_dhcp": true, "ipv6_ra_mode": mode,
+            "ipv6_address_mode": mode, "gateway_ip": gw, "cidr": cidr,
+            "allocation_pools": [], "host_routes": [], "dns_nameservers": ["fd53::53", "10.0.0.53"],
+            "description": "", "service_types": [], "tags": [],
+            "created_at": "", "updated_at": "", "revision_number": 1
+        }))
+        .unwrap();
+        c.subnets.insert(id.into(), subnet);
+        c.networks.get_mut("n1").unwrap().subnets.push(id.into());
+    }
+
+    #[test]
+    fn subnets_with_a_router_advertisement_mode_are_advertised_as_neutron_does() {
+        let mut c = cache();
+        let advert = |c: &Cache| plan(c, "h1".into(), false)["n1"].advertisement.clone();
+        assert_eq!(advert(&c), None, "IPv4 alone");
+        ipv6_subnet(&mut c, "s6", "fd53::/64", None, true);
+        assert_eq!(advert(&c), None, "no mode: an outside router advertises");
+        ipv6_subnet(&mut c, "s7", "fd54::/64", Some("slaac"), false);
+        assert_eq!(advert(&c), None, "no gateway: no router to advertise");
+        ipv6_subnet(&mut c, "s8", "fd55::/64", Some("slaac"), true);
+        let ad = advert(&c).unwrap();
+        assert!(!ad.managed && !ad.other);
+        assert_eq!(ad.mtu, Some(1450));
+        assert_eq!(ad.prefixes, [("fd55::/64".parse().unwrap(), true)]);
+        assert_eq!(ad.dns, ["fd53::53".parse::<std::net::Ipv6Addr>().unwrap()]);
+        ipv6_subnet(&mut c, "s9", "fd56::/64", Some("dhcpv6-stateful"), true);
+        ipv6_subnet(&mut c, "sa", "fd57::/64", Some("dhcpv6-stateless"), true);
+        let ad = advert(&c).unwrap();
+        assert!(ad.managed && ad.other);
+        assert_eq!(ad.dns.len(), 1, "each server once");
+        let autonomous: Vec<bool> = ad.prefixes.iter().map(|(_, a)| *a).collect();
+        assert_eq!(autonomous, [true, false, true]);
     }
 
     #[test]

@@ -97,6 +97,7 @@ mod tests {
             mtu: 1450,
             gateways: Vec::new(),
             masquerade: Vec::new(),
+            advertisement: None,
             router: router.map(str::to_string),
             ports: BTreeMap::new(),
             external,

@@ -15,6 +15,7 @@ pub mod netns;
 pub mod nftables;
 pub mod overlay;
 pub mod route;
+pub mod router_advert;
 pub mod rule;
 pub mod shaping;
 pub mod sysctl;

@@ -219,3 +219,233 @@ fn an_ipv6_address_given_to_a_new_port_is_reached_at_once_across_hosts() {
 fn mac_of(pod: &Ns) -> String {
     pod.netlink().link_by_name("eth0").unwrap().unwrap().mac
 }
+
+/// An IPv6 network with one subnet on `cidr` in router advertisement mode `mode` (also
+/// its address mode), the subnet returned.
+fn advertised_network(cluster: &Cluster, name: &str, cidr: &str, mode: Option<&str>) -> Subnet {
+    cluster.api(|c| {
+        let net: Network = c.create(json!({ "name": name })).unwrap();
+        c.create(json!({"network_id": net.id, "cidr": cidr, "ip_version": 6,
+            "ipv6_ra_mode": mode, "ipv6_address_mode": mode,
+            "dns_nameservers": ["fd53::53"]}))
+            .unwrap()
+    })
+}
+
+/// An unbound port on `subnet`: the address the controller gives its MAC.
+fn unbound(cluster: &Cluster, subnet: &Subnet) -> Port {
+    cluster
+        .api(|c| c.create(json!({ "network_id": subnet.network_id })))
+        .unwrap()
+}
+
+/// A namespace plugged by hand into host `host`'s `bridge` as a VM is plugged: `eth0`
+/// with `mac`, MTU 1500 and no address, configuring itself from what it hears; it
+/// solicits a router when it comes up if `solicit`.
+fn vm(cluster: &Cluster, host: usize, name: &str, bridge: &str, mac: &str, solicit: bool) -> Ns {
+    let vm = cluster.pod(name);
+    if !solicit {
+        let out = vm
+            .command("sysctl")
+            .args(["-qw", "net.ipv6.conf.default.router_solicitations=0"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let host_end = format!("cvt{name}");
+    cluster.hosts[host].ip(&format!(
+        "link add {host_end} type veth peer name eth0 netns {}",
+        vm.name()
+    ));
+    cluster.hosts[host].ip(&format!("link set {host_end} master {bridge} up"));
+    vm.ip(&format!("link set eth0 address {mac} mtu 1500 up"));
+    vm
+}
+
+/// `ns`'s IPv6 default routes, as `ip` prints them.
+fn default_routes6(ns: &Ns) -> String {
+    let out = ns
+        .command("ip")
+        .args(["-6", "route", "show", "default"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ns`'s global IPv6 addresses on eth0.
+fn global_addresses6(ns: &Ns) -> Vec<String> {
+    let mut nl = ns.netlink();
+    let eth0 = nl.link_by_name("eth0").unwrap().unwrap();
+    nl.addresses(Some(eth0.index))
+        .unwrap()
+        .into_iter()
+        .map(|(_, a)| a.addr())
+        .filter(|a| a.is_ipv6() && !a.to_string().starts_with("fe80"))
+        .map(|a| a.to_string())
+        .collect()
+}
+
+/// The link-local address of `bridge` on `host`.
+fn link_local(host: &Ns, bridge: &str) -> String {
+    let mut nl = host.netlink();
+    let link = nl.link_by_name(bridge).unwrap().unwrap();
+    nl.addresses(Some(link.index))
+        .unwrap()
+        .into_iter()
+        .map(|(_, a)| a.addr().to_string())
+        .find(|a| a.starts_with("fe80"))
+        .unwrap_or_else(|| panic!("{bridge} has no link-local address"))
+}
+
+#[test]
+fn bridges_advertise_the_router_on_subnets_with_an_advertisement_mode() {
+    let mut cluster = Cluster::new("ra");
+    // Full passes every second: the pods' own default routes and the advertised ones
+    // must live side by side.
+    for i in 0..2 {
+        cluster.agents[i].take();
+        cluster.start_agent_with(i, &["--resync", "1"]);
+    }
+    let slaac = advertised_network(&cluster, "slaac", "fd53::/64", Some("slaac"));
+    let stateful = advertised_network(&cluster, "stateful", "fd54::/64", Some("dhcpv6-stateful"));
+    let quiet = advertised_network(&cluster, "quiet", "fd55::/64", None);
+    let bridge = |s: &Subnet| corvid_net::names::bridge(&s.network_id);
+    // A pod each, plugged by the agents with static addresses, brings the bridges up.
+    let pod = cluster.pod("pod");
+    let pod_port = cluster.api_port(0, &slaac, &pod, json!({}));
+    let far = cluster.pod("far");
+    cluster.api_port(1, &slaac, &far, json!({}));
+    let others: Vec<Ns> = [&stateful, &quiet]
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let p = cluster.pod(&format!("p{i}"));
+            cluster.api_port(0, s, &p, json!({}));
+            p
+        })
+        .collect();
+    // Unbound ports: the addresses the controller gives their MACs.
+    let (vm_port, stateful_port, quiet_port) = (
+        unbound(&cluster, &slaac),
+        unbound(&cluster, &stateful),
+        unbound(&cluster, &quiet),
+    );
+    let vm1 = vm(
+        &cluster,
+        0,
+        "vm1",
+        &bridge(&slaac),
+        &vm_port.mac_address,
+        true,
+    );
+    let vm2 = vm(
+        &cluster,
+        0,
+        "vm2",
+        &bridge(&stateful),
+        &stateful_port.mac_address,
+        true,
+    );
+    let vm3 = vm(
+        &cluster,
+        0,
+        "vm3",
+        &bridge(&quiet),
+        &quiet_port.mac_address,
+        true,
+    );
+
+    // SLAAC: the address the controller computed, a default route via the bridge, the
+    // network's MTU.
+    let want = vm_port.fixed_ips[0].ip_address.to_string();
+    wait_until(
+        "vm1 to make its SLAAC address",
+        Duration::from_secs(15),
+        || global_addresses6(&vm1) == [want.clone()],
+    );
+    let router = link_local(&cluster.hosts[0], &bridge(&slaac));
+    let routes = default_routes6(&vm1);
+    assert!(
+        routes.contains(&format!("via {router} dev eth0 proto ra")),
+        "{routes}"
+    );
+    let mtu = vm1
+        .command("cat")
+        .arg("/proc/sys/net/ipv6/conf/eth0/mtu")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&mtu.stdout).trim(), "1450");
+    assert!(vm1.ping("fd53::1"), "the gateway");
+    let pod_ip = pod_port.fixed_ips[0].ip_address.to_string();
+    assert!(vm1.ping(&pod_ip), "the pod beside it");
+
+    // The agent's pod keeps its own default route beside the advertised one, over full
+    // passes, with its one address.
+    wait_until(
+        "the pod to hear its router",
+        Duration::from_secs(15),
+        || default_routes6(&pod).contains("proto ra"),
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let routes = default_routes6(&pod);
+    assert!(routes.contains("via fd53::1 dev eth0"), "{routes}");
+    assert!(
+        routes.contains(&format!("via {router} dev eth0 proto ra")),
+        "{routes}"
+    );
+    assert_eq!(global_addresses6(&pod), [pod_ip]);
+    // An advertisement stays on its host: the far pod's router is its own host's bridge.
+    wait_until(
+        "the far pod to hear its router",
+        Duration::from_secs(15),
+        || default_routes6(&far).contains("proto ra"),
+    );
+    let routes = default_routes6(&far);
+    let far_router = link_local(&cluster.hosts[1], &bridge(&slaac));
+    assert_ne!(far_router, router);
+    assert!(
+        routes.contains(&far_router) && !routes.contains(&router),
+        "{routes}"
+    );
+
+    // DHCPv6-stateful: a router, but no address made from the prefix.
+    wait_until("vm2 to hear its router", Duration::from_secs(15), || {
+        default_routes6(&vm2).contains("proto ra")
+    });
+    assert!(
+        global_addresses6(&vm2).is_empty(),
+        "{:?}",
+        global_addresses6(&vm2)
+    );
+
+    // No mode: nothing advertised, though vm3 has waited as long as the others.
+    assert!(
+        !default_routes6(&vm3).contains("proto ra"),
+        "{}",
+        default_routes6(&vm3)
+    );
+    assert!(global_addresses6(&vm3).is_empty());
+
+    // A VM that never solicits, plugged while the agent is down, hears the advertisement
+    // the restarted agent sends unasked.
+    cluster.agents[0].take();
+    let late_port = unbound(&cluster, &slaac);
+    let vm4 = vm(
+        &cluster,
+        0,
+        "vm4",
+        &bridge(&slaac),
+        &late_port.mac_address,
+        false,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(global_addresses6(&vm4).is_empty());
+    cluster.start_agent_with(0, &["--resync", "1"]);
+    let want = late_port.fixed_ips[0].ip_address.to_string();
+    wait_until(
+        "vm4 to make its SLAAC address",
+        Duration::from_secs(15),
+        || global_addresses6(&vm4) == [want.clone()],
+    );
+    drop(others);
+}
