@@ -112,12 +112,6 @@ pub enum Held<'a> {
     Dumped(&'a mut OverlayEntries),
 }
 
-/// What VXLAN adds to a pod's frame over an IPv4 underlay: outer IPv4, UDP and VXLAN
-/// headers and the inner Ethernet header.
-const VXLAN4_OVERHEAD: u32 = 20 + 8 + 8 + 14;
-/// The same over an IPv6 underlay.
-const VXLAN6_OVERHEAD: u32 = 40 + 8 + 8 + 14;
-
 /// What the agent takes from the device holding the underlay address: its MTU, and its
 /// global address of the other family, if any.
 #[derive(Default)]
@@ -184,11 +178,7 @@ impl Datapath {
             },
         };
         let max_mtu = underlay.mtu.map_or(u32::MAX, |m| {
-            m.saturating_sub(if local.is_ipv6() {
-                VXLAN6_OVERHEAD
-            } else {
-                VXLAN4_OVERHEAD
-            })
+            corvid_net::overlay::encapsulated_mtu(local, m)
         });
         Ok(Datapath {
             cluster: String::new(),

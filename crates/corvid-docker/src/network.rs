@@ -390,6 +390,18 @@ impl Driver {
         }}))
     }
 
+    /// The MTU a network of `network_mtu` gets on this host: the agent's, which lowers
+    /// it to what this host's underlay carries once encapsulated (found from the
+    /// underlay address the agent registered; the network's own before it has).
+    fn pod_mtu(&self, nl: &mut Netlink, network_mtu: u32) -> Result<u32> {
+        let underlay = match self.client.get::<corvid_api::Host>(&self.cfg.host_id) {
+            Ok(h) => Some(h.underlay_ip),
+            Err(e) if e.status() == Some(404) => None,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(corvid_net::overlay::pod_mtu(nl, underlay, network_mtu)?)
+    }
+
     /// Join: a veth pair whose host end is on the network's bridge on this host and whose
     /// other end Docker moves into the sandbox; the port is then ACTIVE.
     pub(crate) fn join(&self, req: &Value) -> Result<Value> {
@@ -399,6 +411,7 @@ impl Driver {
         let src = container_veth(&port.id);
         let cluster = self.cluster()?;
         let mut nl = Netlink::open()?;
+        let mtu = self.pod_mtu(&mut nl, net.mtu)?;
         let bridge_name = corvid_net::names::bridge(&net.id);
         if nl.link_by_name(&bridge_name)?.is_none() {
             // A new bridge: whatever filters forwarding must let it through (checked per
@@ -410,7 +423,7 @@ impl Driver {
             &mut nl,
             &BridgeSpec {
                 name: &bridge_name,
-                mtu: Some(net.mtu),
+                mtu: Some(mtu),
                 vlan_filtering: false,
                 promisc: false,
                 alias: Some(&corvid_net::names::owner_mark(cluster, &net.id)),
@@ -428,7 +441,7 @@ impl Driver {
             &bridge,
             &VethSpec {
                 ifname: &src,
-                mtu: Some(net.mtu),
+                mtu: Some(mtu),
                 hairpin: false,
                 vlan: None,
                 keep_default_vlan: true,

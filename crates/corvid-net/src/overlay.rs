@@ -21,6 +21,35 @@ pub const VXLAN_PORT: u16 = 4789;
 /// The MAC of an FDB entry that floods broadcast and unknown frames to a remote host.
 pub const FLOOD_MAC: &str = "00:00:00:00:00:00";
 
+/// The largest MTU a pod's frame may have and still cross an underlay device of MTU
+/// `device_mtu` once encapsulated from `local`: VXLAN adds the outer IP, UDP and VXLAN
+/// headers and the inner Ethernet header, 50 bytes over IPv4 and 70 over IPv6.
+pub fn encapsulated_mtu(local: IpAddr, device_mtu: u32) -> u32 {
+    let outer_ip = if local.is_ipv6() { 40 } else { 20 };
+    device_mtu.saturating_sub(outer_ip + 8 + 8 + 14)
+}
+
+/// The MTU a network of MTU `network_mtu` gets on the host whose underlay address is
+/// `local`: its own, unless the device holding `local` cannot carry that much once
+/// encapsulated (the controller's default of 1450 fits an IPv4 underlay of 1500, not an
+/// IPv6 one). The network's own when `local` is unknown or no device holds it.
+pub fn pod_mtu(nl: &mut Netlink, local: Option<IpAddr>, network_mtu: u32) -> Result<u32> {
+    let Some(local) = local else {
+        return Ok(network_mtu);
+    };
+    let Some((index, _)) = nl
+        .addresses(None)?
+        .into_iter()
+        .find(|(_, a)| a.addr() == local)
+    else {
+        return Ok(network_mtu);
+    };
+    Ok(match nl.link_by_index(index)? {
+        Some(device) => network_mtu.min(encapsulated_mtu(local, device.mtu)),
+        None => network_mtu,
+    })
+}
+
 /// A vxlan device to create.
 #[derive(Debug, Clone)]
 pub struct VxlanSpec<'a> {

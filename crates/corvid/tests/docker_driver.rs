@@ -573,3 +573,41 @@ fn a_driver_killed_mid_call_converges_with_the_next_call() {
         "too few kills landed inside a call: {interrupted}"
     );
 }
+
+/// A Join plugs with the MTU the host's underlay carries once encapsulated, as the agent
+/// makes the network's devices: the network's 1450 before the host is registered (or
+/// over an IPv4 underlay of 1500), 1430 once the agent has registered an IPv6 underlay
+/// address on a 1500 device, whose VXLAN headers are 70 bytes.
+#[test]
+fn a_join_takes_the_mtu_the_hosts_underlay_carries() {
+    let s = Setup::new("dm");
+    s.host.ip("link add cvtul0 type veth peer name cvtul1");
+    s.host.ip("link set cvtul0 mtu 1500 up");
+    s.host.ip("addr add 10.98.0.1/24 dev cvtul0");
+    s.host.ip("addr add fd98::1/64 dev cvtul0 nodad");
+    let register = |underlay: &str| {
+        s.api(|c| c.register_host("h1", underlay.parse().unwrap()))
+            .unwrap();
+    };
+    let mut nl = s.host.netlink();
+    let mut joined_mtu = |round: usize| {
+        let mut learned = HashMap::new();
+        let mut mtus = None;
+        for step in LIFECYCLE {
+            let answer = lifecycle_call(&s, step, round, &mut learned, "");
+            if step == "NetworkDriver.Join" {
+                let src = answer["InterfaceName"]["SrcName"].as_str().unwrap();
+                let end = nl.link_by_name(src).unwrap().unwrap();
+                let host_end = nl.link_by_index(end.peer_index.unwrap()).unwrap().unwrap();
+                let bridge = nl.link_by_index(host_end.master.unwrap()).unwrap().unwrap();
+                mtus = Some((end.mtu, host_end.mtu, bridge.mtu));
+            }
+        }
+        mtus.unwrap()
+    };
+    assert_eq!(joined_mtu(0), (1450, 1450, 1450), "no host registered");
+    register("10.98.0.1");
+    assert_eq!(joined_mtu(1), (1450, 1450, 1450), "an IPv4 underlay");
+    register("fd98::1");
+    assert_eq!(joined_mtu(2), (1430, 1430, 1430), "an IPv6 underlay");
+}

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use corvid_api::{ApiError, Client, Network, Port, PortUpdate, Subnet};
+use corvid_api::{ApiError, Client, Host, Network, Port, PortUpdate, Subnet};
 use corvid_cni::result::{Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
@@ -163,6 +163,20 @@ fn describe(conf: &Conf, client: &Client, port: &Port, uid: &str) -> Result<Port
         .cluster_id()
         .map_err(|e| controller_error(e, conf, doing))?;
     Ok(PortAnnotation::of(port, uid, &network, &subnets, &cluster))
+}
+
+/// The MTU a network of `network_mtu` gets on this node: the agent's, which lowers it to
+/// what the node's underlay carries once encapsulated (found from the underlay address
+/// the agent registered; the network's own before it has).
+fn pod_mtu(conf: &Conf, network_mtu: u32) -> Result<u32, Error> {
+    let doing = "reading this node's underlay address";
+    let underlay = match conf.client().get::<Host>(&conf.host_id()) {
+        Ok(h) => Some(h.underlay_ip),
+        Err(e) if e.status() == Some(404) => None,
+        Err(e) => return Err(controller_error(e, conf, doing)),
+    };
+    let mut nl = Netlink::open().map_err(errors::net)?;
+    corvid_net::overlay::pod_mtu(&mut nl, underlay, network_mtu).map_err(errors::net)
 }
 
 fn netns_of(args: &CmdArgs) -> Result<PathBuf, Error> {
@@ -328,7 +342,8 @@ impl Plugin for CorvidK8s {
         let pod = pod_ref(args)?;
         let netns_path = netns_of(args)?;
         let netns = Netns::open(&netns_path).map_err(errors::net)?;
-        let a = port_of(&conf, &conf.client(), &pod, uid_of(&pod)?)?;
+        let mut a = port_of(&conf, &conf.client(), &pod, uid_of(&pod)?)?;
+        a.mtu = pod_mtu(&conf, a.mtu)?;
         let done = plug(&a, args, &netns).and_then(|overlay_here| {
             let client = conf.client();
             let host_id = conf.host_id();

@@ -1,14 +1,29 @@
 //! Dual stack in Kubernetes: the watcher given a pod pool of each family gives every
 //! namespace a subnet of each, and every pod an address in both, which the `corvid-k8s`
 //! plugin answers to the kubelet (its `status.podIPs`); pods reach each other over both
-//! families, across nodes and across namespaces.
+//! families, across nodes and across namespaces, over an IPv6 underlay too.
 
 use super::*;
 use support::cluster::ns::Ns;
 
 #[test]
 fn pods_get_an_address_of_each_family_and_reach_each_other_over_both() {
-    let (cluster, kube) = setup("kd");
+    let (mut cluster, kube) = setup("kd");
+    // The nodes tunnel over IPv6, whose VXLAN headers are 70 bytes: a pod's MTU is then
+    // 1430 on the underlay's 1500, below the network's 1450.
+    for i in 0..2 {
+        cluster.agents[i].take();
+        let underlay = support::cluster::underlay_ip6(i);
+        cluster.start_agent_with(i, &["--underlay-ip", &underlay]);
+    }
+    wait_until(
+        "the nodes to register over IPv6",
+        Duration::from_secs(10),
+        || {
+            let hosts = cluster.api(|c| c.list::<corvid_api::Host>(&[]).unwrap().0);
+            hosts.len() == 2 && hosts.iter().all(|h| h.underlay_ip.is_ipv6())
+        },
+    );
     let _watcher = start_watcher(
         &cluster,
         &kube,
@@ -89,6 +104,26 @@ fn pods_get_an_address_of_each_family_and_reach_each_other_over_both() {
                 || from.2.ping(addr),
             );
         }
+    }
+    // Full-sized packets that may not be fragmented cross the nodes in both families.
+    for (_, _, netns, _) in &sandboxes {
+        let eth0 = netns.netlink().link_by_name("eth0").unwrap().unwrap();
+        assert_eq!(eth0.mtu, 1430, "the pod's MTU over an IPv6 underlay");
+    }
+    let (from, to) = (&sandboxes[0], &sandboxes[1]);
+    for addr in &to.3 {
+        let header = if addr.contains(':') { 48 } else { 28 };
+        let size = (1430 - header).to_string();
+        let out = from
+            .2
+            .command("ping")
+            .args(["-c", "1", "-W", "2", "-M", "do", "-s", &size, addr])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "a DF ping of {size} bytes to {addr}: {out:?}"
+        );
     }
     for (ns, name, ..) in &sandboxes {
         delete_pod(&kube, ns, name);
