@@ -174,7 +174,16 @@ impl Controller {
         let Ok(Ok(revision)) = tokio::task::spawn_blocking(move || store.revision()).await else {
             return;
         };
-        let _ = tokio::time::timeout(VIEW_WAIT, self.wait_for(revision)).await;
+        if self.view().revision >= revision {
+            return;
+        }
+        // The store's revision may have moved for others' keys alone, which no event
+        // brings: a mark of progress is delivered after every change before it.
+        let store = self.store.clone();
+        let Ok(Ok(mark)) = tokio::task::spawn_blocking(move || store.mark_progress()).await else {
+            return;
+        };
+        let _ = tokio::time::timeout(VIEW_WAIT, self.wait_for(mark)).await;
     }
 
     /// Waits up to `timeout` for the view to move past `revision`, or until the process
@@ -313,19 +322,20 @@ const FEED_HISTORY: i64 = crate::view::FEED_LEN as i64;
 const CATCH_UP: Duration = Duration::from_secs(60);
 
 /// Every key of the store, at `FEED_HISTORY` revisions back where it can, the revision
-/// read at, and the store's revision then.
+/// read at, and the store's present then (a revision the watch delivers, so that the
+/// view can be seen to reach it).
 fn load(store: &dyn Store) -> Result<(Vec<KeyValue>, i64, i64), StoreError> {
-    let now = store.revision()?;
+    let now = store.mark_progress()?;
     let from = (now - FEED_HISTORY).max(1);
     if from < now {
-        match store.range_at(keys::ROOT, from) {
-            Ok(kvs) => return Ok((kvs, from, now)),
+        match store.snapshot(&keys::VIEWED, Some(from)) {
+            Ok((kvs, _)) => return Ok((kvs, from, now)),
             Err(StoreError::Compacted(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    let (kvs, revision) = store.range(keys::ROOT)?;
-    Ok((kvs, revision, revision))
+    let (kvs, revision) = store.snapshot(&keys::VIEWED, None)?;
+    Ok((kvs, revision, now))
 }
 
 /// Applies store changes to the view for as long as the controller lives; reloads the
@@ -378,8 +388,10 @@ fn follow(ctl: std::sync::Weak<Controller>) {
                 continue;
             }
             probed = Instant::now();
-            // Under load the view trails the store by the changes in flight: it is behind
-            // only when it has not reached where the store was at an earlier probe.
+            // Under load the view trails the store by the changes in flight, and others'
+            // writes (an etcd shared with other users) move the store's revision with no
+            // event for the view: it is behind only when a mark of progress, which the
+            // watch delivers after every change before it, has not arrived in time.
             let Ok(store) = c.store.revision() else {
                 continue;
             };
@@ -388,17 +400,22 @@ fn follow(ctl: std::sync::Weak<Controller>) {
                 _ if view >= store => {
                     c.confirm();
                     target = None;
+                    continue;
                 }
-                Some((earlier, _)) if view >= earlier => {
+                Some((mark, _)) if view >= mark => {
                     c.confirm();
-                    target = Some((store, Instant::now()));
+                    target = None;
                 }
                 Some((_, since)) if since.elapsed() > STALE_AFTER => {
                     tracing::warn!("the store's watch fell behind; opening it again");
                     break;
                 }
-                Some(_) => {}
-                None => target = Some((store, Instant::now())),
+                Some(_) | None => {}
+            }
+            if target.is_none() {
+                if let Ok(mark) = c.store.mark_progress() {
+                    target = Some((mark, Instant::now()));
+                }
             }
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -406,7 +423,7 @@ fn follow(ctl: std::sync::Weak<Controller>) {
 }
 
 fn reload(c: &Controller) {
-    if let Ok((kvs, revision)) = c.store.range(keys::ROOT) {
+    if let Ok((kvs, revision)) = c.store.snapshot(&keys::VIEWED, None) {
         *c.view.write().unwrap_or_else(|p| p.into_inner()) = View::load(kvs, revision);
         c.applied.send_replace(revision);
         c.wakers.wake_all();

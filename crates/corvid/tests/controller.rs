@@ -648,6 +648,52 @@ fn a_host_resumes_the_watch_across_a_restart_on_etcd() {
     assert!(listed.iter().any(|p| p.id == meanwhile.id));
 }
 
+/// An etcd others write to as well (a cluster's own etcd, shared): their writes move the
+/// store's revision with no event under corvid's prefix. A controller must not wait for
+/// events that never come (at start, or before answering a 404), call its view stale,
+/// or open its watch again and again.
+#[test]
+fn a_controller_shares_its_etcd_with_other_writers() {
+    let etcd = Etcd::start();
+    let mut ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
+    let (net, _) = network_with_subnet(&ctl.client(), "10.1.0.0/24", json!(null));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, put) = (stop.clone(), format!("{}/v3/kv/put", etcd.url));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // "/other/k", written by another user of the etcd.
+                let _ = ureq::post(&put).send_json(json!({"key": "L290aGVyL2s=", "value": "eA=="}));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    // Answering within the harness's 20 s: the view is current once its own mark of
+    // progress comes back, not once events reach a revision others made.
+    ctl.restart();
+    let networks = format!("{}/v2.0/networks", ctl.url);
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(500));
+        let answer = ureq::get(&networks).call().unwrap();
+        assert_eq!(answer.header("x-corvid-stale"), Some("false"));
+    }
+    let c = ctl.client();
+    let started = std::time::Instant::now();
+    let err = c
+        .create::<Port>(json!({"network_id": "5f0a1e58-0000-4000-8000-000000000000"}))
+        .unwrap_err();
+    assert_eq!(err.status(), Some(404), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a 404 waited {:?} for the view",
+        started.elapsed()
+    );
+    c.create::<Port>(json!({"network_id": net.id})).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+}
+
 #[test]
 fn a_quiet_host_is_not_sent_to_list_again_by_other_hosts_changes() {
     let (_dir, spec) = redb_store();

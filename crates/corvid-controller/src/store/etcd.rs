@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
+use serde::Deserialize;
+use serde_aux::field_attributes::deserialize_number_from_string;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -31,8 +33,13 @@ pub struct EtcdStore {
 /// connection to a member that stopped answering would wait forever.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(9);
 
-/// How long reading the whole store may take (a view's first load, or a reload).
+/// How long reading one page of the whole store may take (a view's first load, or a
+/// reload).
 const RANGE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How many keys one page of a whole-store read carries: one answer for the whole store
+/// was hundreds of megabytes at 100,000 ports, held at once with its parsed tree.
+const RANGE_PAGE: usize = 20_000;
 
 /// How long a new watch may wait for a member to accept it.
 const WATCH_CONNECT: Duration = Duration::from_secs(3);
@@ -57,6 +64,46 @@ fn key_value(v: &Value) -> KeyValue {
         value: bytes("value"),
         create_revision: int(&v["create_revision"]),
         mod_revision: int(&v["mod_revision"]),
+    }
+}
+
+/// One page of a range, as the gateway answers it (int64s as strings, zeros left out),
+/// read straight into these types rather than through a `Value` tree.
+#[derive(Deserialize)]
+struct RangePage {
+    header: PageHeader,
+    #[serde(default)]
+    kvs: Vec<PageKv>,
+    #[serde(default)]
+    more: bool,
+}
+
+#[derive(Deserialize)]
+struct PageHeader {
+    #[serde(default, deserialize_with = "deserialize_number_from_string")]
+    revision: i64,
+}
+
+#[derive(Deserialize)]
+struct PageKv {
+    key: String,
+    #[serde(default)]
+    value: String,
+    #[serde(default, deserialize_with = "deserialize_number_from_string")]
+    create_revision: i64,
+    #[serde(default, deserialize_with = "deserialize_number_from_string")]
+    mod_revision: i64,
+}
+
+impl PageKv {
+    fn decode(self) -> KeyValue {
+        let bytes = |s: &str| B64.decode(s).unwrap_or_default();
+        KeyValue {
+            key: String::from_utf8_lossy(&bytes(&self.key)).into_owned(),
+            value: bytes(&self.value),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+        }
     }
 }
 
@@ -97,14 +144,52 @@ impl EtcdStore {
     }
 
     fn post_within(&self, path: &str, body: &Value, limit: Duration) -> Result<Value, StoreError> {
+        serde_json::from_slice(&self.post_raw(path, body, limit)?)
+            .map_err(|e| StoreError::Backend(format!("etcd {path}: {e}")))
+    }
+
+    /// Every key under `prefix` at `revision` (the present when none) and the revision
+    /// read at, in pages all read at that one revision.
+    fn range_paged(
+        &self,
+        prefix: &str,
+        revision: Option<i64>,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let end = b64(prefix_end(prefix));
+        let mut from = prefix.as_bytes().to_vec();
+        let mut at = revision;
+        let mut out = Vec::new();
+        loop {
+            let mut body = json!({"key": b64(&from), "range_end": end, "limit": RANGE_PAGE});
+            if let Some(r) = at {
+                body["revision"] = json!(r);
+            }
+            let answer = self.post_raw("/v3/kv/range", &body, RANGE_TIMEOUT)?;
+            let page: RangePage = serde_json::from_slice(&answer)
+                .map_err(|e| StoreError::Backend(format!("etcd /v3/kv/range: {e}")))?;
+            let read_at = *at.get_or_insert(page.header.revision);
+            out.reserve(page.kvs.len());
+            out.extend(page.kvs.into_iter().map(PageKv::decode));
+            match out.last() {
+                Some(last) if page.more => {
+                    // The next page starts just after the last key read.
+                    from = last.key.as_bytes().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok((out, read_at)),
+            }
+        }
+    }
+
+    /// A request's answer body, from the first endpoint that answers.
+    fn post_raw(&self, path: &str, body: &Value, limit: Duration) -> Result<Vec<u8>, StoreError> {
         let mut last = String::new();
         for (i, ep) in self.in_turn() {
             let request = self.agent.post(&format!("{ep}{path}")).timeout(limit);
             match request.send_json(body) {
                 Ok(resp) => {
                     self.preferred.store(i, Ordering::Relaxed);
-                    return serde_json::from_slice(&read_body(resp))
-                        .map_err(|e| StoreError::Backend(format!("etcd {path}: {e}")));
+                    return Ok(read_body(resp));
                 }
                 Err(ureq::Error::Status(code, resp)) => {
                     let message = error_message(resp);
@@ -190,32 +275,53 @@ impl Store for EtcdStore {
         Ok(int(&v["header"]["revision"]))
     }
 
-    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        let v = self.post_within(
-            "/v3/kv/range",
-            &json!({ "key": b64(prefix), "range_end": b64(prefix_end(prefix)) }),
-            RANGE_TIMEOUT,
+    fn mark_progress(&self) -> Result<i64, StoreError> {
+        let v = self.post(
+            "/v3/kv/put",
+            &json!({ "key": b64(crate::keys::PROGRESS), "value": "" }),
         )?;
-        let kvs = v["kvs"]
-            .as_array()
-            .map(|a| a.iter().map(key_value).collect());
-        Ok((kvs.unwrap_or_default(), int(&v["header"]["revision"])))
+        Ok(int(&v["header"]["revision"]))
     }
 
-    fn range_at(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
-        let body = json!({
-            "key": b64(prefix), "range_end": b64(prefix_end(prefix)), "revision": revision
+    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        self.range_paged(prefix, None)
+    }
+
+    fn snapshot(
+        &self,
+        prefixes: &[&str],
+        revision: Option<i64>,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        let at = match revision {
+            Some(r) => r,
+            None => self.revision()?,
+        };
+        // One request per prefix at once: etcd spends its time writing the gateway's
+        // JSON, which its cores share out.
+        let read: Vec<Result<(Vec<KeyValue>, i64), StoreError>> = std::thread::scope(|s| {
+            let ranges: Vec<_> = prefixes
+                .iter()
+                .map(|p| s.spawn(move || self.range_paged(p, Some(at))))
+                .collect();
+            ranges
+                .into_iter()
+                .map(|r| {
+                    r.join()
+                        .unwrap_or_else(|_| Err(StoreError::Backend("a range panicked".into())))
+                })
+                .collect()
         });
-        match self.post_within("/v3/kv/range", &body, RANGE_TIMEOUT) {
-            Ok(v) => Ok(v["kvs"]
-                .as_array()
-                .map(|a| a.iter().map(key_value).collect())
-                .unwrap_or_default()),
-            Err(StoreError::Backend(m)) if m.contains("compacted") => {
-                Err(StoreError::Compacted(revision))
+        let mut out = Vec::new();
+        for r in read {
+            match r {
+                Ok((kvs, _)) => out.extend(kvs),
+                Err(StoreError::Backend(m)) if m.contains("compacted") => {
+                    return Err(StoreError::Compacted(at))
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => Err(e),
         }
+        Ok((out, at))
     }
 
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {

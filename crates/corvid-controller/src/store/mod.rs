@@ -92,12 +92,21 @@ pub type TxnOutcome = Result<(bool, i64), StoreError>;
 pub trait Store: Send + Sync {
     /// Every key under `prefix`, and the revision they were read at.
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError>;
-    /// Every key under `prefix` as it was at an earlier `revision`; `Compacted` when the
-    /// store no longer holds it (or keeps no history across restarts).
-    fn range_at(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError>;
-    /// The store's current revision, read cheaply: the view is known current when it has
-    /// applied this much.
+    /// Every key under each of `prefixes`, all read at one revision: `revision`, or the
+    /// present when none; with that revision. `Compacted` when the store no longer holds
+    /// `revision` (or keeps no history across restarts).
+    fn snapshot(
+        &self,
+        prefixes: &[&str],
+        revision: Option<i64>,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError>;
+    /// The store's current revision, read cheaply. Writes of others under other
+    /// prefixes (an etcd shared with other users) move it without an event for the view.
     fn revision(&self) -> Result<i64, StoreError>;
+    /// A revision at or past the store's present at which the watch under the root is
+    /// sure to deliver an event: once the view has applied it, it holds every change of
+    /// the root up to the present.
+    fn mark_progress(&self) -> Result<i64, StoreError>;
     /// Applies `txn` if its compares hold. The outcome arrives once a success is durable.
     /// Call it within the tokio runtime.
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome>;

@@ -328,24 +328,37 @@ impl Store for RedbStore {
         RedbStore::revision_in(&self.db.begin_read().map_err(backend)?)
     }
 
-    fn range_at(&self, _prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
-        // The file holds the latest value of each key alone.
-        Err(StoreError::Compacted(revision))
+    fn mark_progress(&self) -> Result<i64, StoreError> {
+        // Every revision of the file is a change of corvid's, which the watch delivers.
+        self.revision()
+    }
+
+    fn snapshot(
+        &self,
+        prefixes: &[&str],
+        revision: Option<i64>,
+    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        if let Some(r) = revision {
+            // The file holds the latest value of each key alone.
+            return Err(StoreError::Compacted(r));
+        }
+        let rtx = self.db.begin_read().map_err(backend)?;
+        let table = rtx.open_table(KV).map_err(backend)?;
+        let mut out = Vec::new();
+        for prefix in prefixes {
+            for entry in table.range(prefix.as_bytes()..).map_err(backend)? {
+                let (k, v) = entry.map_err(backend)?;
+                if !k.value().starts_with(prefix.as_bytes()) {
+                    break;
+                }
+                out.push(unpack_record(k.value(), v.value()));
+            }
+        }
+        Ok((out, RedbStore::revision_in(&rtx)?))
     }
 
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        let rtx = self.db.begin_read().map_err(backend)?;
-        let table = rtx.open_table(KV).map_err(backend)?;
-        let revision = RedbStore::revision_in(&rtx)?;
-        let mut out = Vec::new();
-        for entry in table.range(prefix.as_bytes()..).map_err(backend)? {
-            let (k, v) = entry.map_err(backend)?;
-            if !k.value().starts_with(prefix.as_bytes()) {
-                break;
-            }
-            out.push(unpack_record(k.value(), v.value()));
-        }
-        Ok((out, revision))
+        self.snapshot(&[prefix], None)
     }
 
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {
