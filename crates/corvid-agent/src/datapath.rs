@@ -230,9 +230,20 @@ impl Datapath {
         Ok(())
     }
 
-    /// Ends a full pass over the networks of `planned`: the direct routes of no network
-    /// planned (an earlier agent's, or one that failed) go.
+    /// Ends a full pass over the networks of `planned`: the router advertisements and
+    /// direct routes of no network planned (an earlier agent's, or one that failed) go.
     pub fn end_full_pass(&mut self, planned: &BTreeMap<String, NetworkPlan>) -> Result<()> {
+        // A pass removes the bridges of networks no longer planned without taking each
+        // down, so their advertisements would go on to a dead (or reused) index.
+        let unplanned: Vec<String> = self
+            .advertised
+            .keys()
+            .filter(|id| !planned.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in unplanned {
+            self.advertise(&id, None);
+        }
         let d = &mut self.direct;
         let Some(kernel) = d.kernel.take() else {
             return Ok(());
@@ -279,6 +290,7 @@ impl Datapath {
         let mac =
             corvid_net::link::parse_mac(&bridge.mac).and_then(|m| <[u8; 6]>::try_from(m).ok());
         let Some(mac) = mac else {
+            advertiser.set(bridge.index, [0; 6], None);
             tracing::warn!(bridge = %bridge.name, mac = %bridge.mac, "no router advertisements: the bridge's MAC is unreadable");
             return;
         };

@@ -314,8 +314,9 @@ impl Shared {
                     return;
                 }
             };
-            // A solicitation from the unspecified address (no address yet) gets the
-            // next unsolicited advertisement.
+            // A solicitation from the unspecified address (a host before its link-local
+            // address; Linux solicits from that address once it has one) carries no
+            // interface here: the host gets the next unsolicited advertisement.
             let Ok(from) = SocketAddrV6::try_from(from) else {
                 continue;
             };

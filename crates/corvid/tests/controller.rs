@@ -648,6 +648,76 @@ fn a_host_resumes_the_watch_across_a_restart_on_etcd() {
     assert!(listed.iter().any(|p| p.id == meanwhile.id));
 }
 
+/// A snapshot on etcd reads every key of the prefixes asked exactly once across pages
+/// (of three keys here), all as of one revision however the store moves on, and says
+/// `Compacted` for a revision etcd no longer holds.
+#[test]
+fn an_etcd_snapshot_reads_every_key_once_across_pages_at_one_revision() {
+    use base64::Engine;
+    use corvid_controller::store::{etcd::EtcdStore, Store, StoreError};
+    let etcd = Etcd::start();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let call = |path: &str, body: Value| -> Value {
+        ureq::post(&format!("{}{path}", etcd.url))
+            .send_json(body)
+            .unwrap()
+            .into_json()
+            .unwrap()
+    };
+    let put = |k: &str, v: &str| {
+        let answer = call("/v3/kv/put", json!({"key": b64(k), "value": b64(v)}));
+        answer["header"]["revision"]
+            .as_str()
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+    };
+    let mut want = Vec::new();
+    for i in 0..10 {
+        for prefix in ["/corvid/r/ports/", "/corvid/ip/s/", "/corvid/netuse/n/"] {
+            let key = format!("{prefix}{i:02}");
+            put(&key, "old");
+            if !key.contains("netuse") {
+                want.push(key);
+            }
+        }
+    }
+    // Neighbours of the prefixes, which no page may reach into.
+    put("/corvid/r0", "x");
+    let at = put("/corvid/ip", "x");
+    let store = EtcdStore::connect(&etcd.url).unwrap().with_range_page(3);
+    let prefixes = ["/corvid/r/", "/corvid/ip/"];
+    let read = |revision| {
+        let (kvs, _) = store.snapshot(&prefixes, revision).unwrap();
+        let mut keys: Vec<String> = kvs.iter().map(|kv| kv.key.clone()).collect();
+        keys.sort();
+        let values: Vec<Vec<u8>> = kvs.into_iter().map(|kv| kv.value).collect();
+        (keys, values)
+    };
+    want.sort();
+    let (keys, values) = read(None);
+    assert_eq!(keys, want);
+    assert!(values.iter().all(|v| v == b"old"));
+    // Changed, added and deleted since: a snapshot at `at` still reads the old store.
+    put("/corvid/r/ports/05", "new");
+    put("/corvid/ip/s/99", "new");
+    call("/v3/kv/deleterange", json!({"key": b64("/corvid/ip/s/03")}));
+    let (keys, values) = read(Some(at));
+    assert_eq!(keys, want);
+    assert!(values.iter().all(|v| v == b"old"));
+    let (keys, _) = read(None);
+    assert_eq!(keys.len(), want.len());
+    assert!(keys.contains(&"/corvid/ip/s/99".to_string()));
+    call(
+        "/v3/kv/compaction",
+        json!({"revision": (at + 2).to_string()}),
+    );
+    assert!(matches!(
+        store.snapshot(&prefixes, Some(at)),
+        Err(StoreError::Compacted(r)) if r == at
+    ));
+}
+
 /// An etcd others write to as well (a cluster's own etcd, shared): their writes move the
 /// store's revision with no event under corvid's prefix. A controller must not wait for
 /// events that never come (at start, or before answering a 404), call its view stale,
