@@ -423,10 +423,18 @@ fn follow(ctl: std::sync::Weak<Controller>) {
 }
 
 fn reload(c: &Controller) {
-    if let Ok((kvs, revision)) = c.store.snapshot(&keys::VIEWED, None) {
-        *c.view.write().unwrap_or_else(|p| p.into_inner()) = View::load(kvs, revision);
-        c.applied.send_replace(revision);
-        c.wakers.wake_all();
-        c.confirm();
+    match c.store.snapshot(&keys::VIEWED, None) {
+        Ok((kvs, revision)) => {
+            *c.view.write().unwrap_or_else(|p| p.into_inner()) = View::load(kvs, revision);
+            c.applied.send_replace(revision);
+            c.wakers.wake_all();
+            c.confirm();
+        }
+        Err(e) => {
+            // The watch is opened again from the old view, which fails as compacted
+            // again: without a pause that is one whole-store read after another.
+            tracing::warn!(error = %e, "the view could not be loaded again; retrying");
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
 }
