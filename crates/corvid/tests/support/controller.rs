@@ -248,18 +248,21 @@ impl ControllerProcess {
             cmd.args(["--token", t]);
         }
         let child = cmd.spawn().expect("corvid controller starts");
-        let probe = format!("{url}/");
+        // Made before the wait, so that one that never answers is killed when the
+        // failed wait unwinds rather than left running.
+        let started = ControllerProcess {
+            child,
+            url,
+            store: store.to_string(),
+            token: token.map(str::to_string),
+        };
+        let probe = format!("{}/", started.url);
         wait_until("the controller", || match ureq::get(&probe).call() {
             Ok(_) => true,
             Err(ureq::Error::Status(..)) => true,
             Err(_) => false,
         });
-        ControllerProcess {
-            child,
-            url,
-            store: store.to_string(),
-            token: token.map(str::to_string),
-        }
+        started
     }
 
     /// A client of this controller.
