@@ -84,6 +84,14 @@ struct Direct {
     kernel: Option<BTreeSet<(IpAddr, IpAddr)>>,
 }
 
+/// The networks of `held` that `planned` does not have.
+fn unplanned<V>(held: &HashMap<String, V>, planned: &BTreeMap<String, NetworkPlan>) -> Vec<String> {
+    held.keys()
+        .filter(|id| !planned.contains_key(*id))
+        .cloned()
+        .collect()
+}
+
 fn missing(what: String) -> Error {
     Error::Netlink {
         op: what,
@@ -235,26 +243,14 @@ impl Datapath {
     pub fn end_full_pass(&mut self, planned: &BTreeMap<String, NetworkPlan>) -> Result<()> {
         // A pass removes the bridges of networks no longer planned without taking each
         // down, so their advertisements would go on to a dead (or reused) index.
-        let unplanned: Vec<String> = self
-            .advertised
-            .keys()
-            .filter(|id| !planned.contains_key(*id))
-            .cloned()
-            .collect();
-        for id in unplanned {
+        for id in unplanned(&self.advertised, planned) {
             self.advertise(&id, None);
         }
         let d = &mut self.direct;
         let Some(kernel) = d.kernel.take() else {
             return Ok(());
         };
-        let gone: Vec<String> = d
-            .routes
-            .keys()
-            .filter(|id| !planned.contains_key(*id))
-            .cloned()
-            .collect();
-        for id in gone {
+        for id in unplanned(&d.routes, planned) {
             d.routes.remove(&id);
             d.changed.insert(id);
         }

@@ -337,6 +337,15 @@ impl Client {
         Self::decode(self.call("PUT", &path, Some(&body))?)
     }
 
+    /// The underlay address host `id`'s agent registered; none before it has.
+    pub fn registered_underlay(&self, id: &str) -> Result<Option<std::net::IpAddr>, ApiError> {
+        match self.get::<crate::Host>(id) {
+            Ok(h) => Ok(Some(h.underlay_ip)),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Registers (or re-registers) a host and the underlay address its tunnels end at.
     pub fn register_host(
         &self,

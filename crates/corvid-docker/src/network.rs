@@ -394,11 +394,7 @@ impl Driver {
     /// it to what this host's underlay carries once encapsulated (found from the
     /// underlay address the agent registered; the network's own before it has).
     fn pod_mtu(&self, nl: &mut Netlink, network_mtu: u32) -> Result<u32> {
-        let underlay = match self.client.get::<corvid_api::Host>(&self.cfg.host_id) {
-            Ok(h) => Some(h.underlay_ip),
-            Err(e) if e.status() == Some(404) => None,
-            Err(e) => return Err(e.into()),
-        };
+        let underlay = self.client.registered_underlay(&self.cfg.host_id)?;
         Ok(corvid_net::overlay::pod_mtu(nl, underlay, network_mtu)?)
     }
 

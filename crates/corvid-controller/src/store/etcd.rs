@@ -73,17 +73,10 @@ fn key_value(v: &Value) -> KeyValue {
 /// read straight into these types rather than through a `Value` tree.
 #[derive(Deserialize)]
 struct RangePage {
-    header: PageHeader,
     #[serde(default)]
     kvs: Vec<PageKv>,
     #[serde(default)]
     more: bool,
-}
-
-#[derive(Deserialize)]
-struct PageHeader {
-    #[serde(default, deserialize_with = "deserialize_number_from_string")]
-    revision: i64,
 }
 
 #[derive(Deserialize)]
@@ -156,34 +149,21 @@ impl EtcdStore {
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<Value, StoreError> {
-        self.post_within(path, body, REQUEST_TIMEOUT)
-    }
-
-    fn post_within(&self, path: &str, body: &Value, limit: Duration) -> Result<Value, StoreError> {
-        serde_json::from_slice(&self.post_raw(path, body, limit)?)
+        serde_json::from_slice(&self.post_raw(path, body, REQUEST_TIMEOUT)?)
             .map_err(|e| StoreError::Backend(format!("etcd {path}: {e}")))
     }
 
-    /// Every key under `prefix` at `revision` (the present when none) and the revision
-    /// read at, in pages all read at that one revision.
-    fn range_paged(
-        &self,
-        prefix: &str,
-        revision: Option<i64>,
-    ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+    /// Every key under `prefix` at `revision`, in pages all read at that one revision.
+    fn range_paged(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
         let end = b64(prefix_end(prefix));
         let mut from = prefix.as_bytes().to_vec();
-        let mut at = revision;
         let mut out = Vec::new();
         loop {
-            let mut body = json!({"key": b64(&from), "range_end": end, "limit": self.page});
-            if let Some(r) = at {
-                body["revision"] = json!(r);
-            }
+            let body = json!({"key": b64(&from), "range_end": end, "limit": self.page,
+                "revision": revision});
             let answer = self.post_raw("/v3/kv/range", &body, RANGE_TIMEOUT)?;
             let page: RangePage = serde_json::from_slice(&answer)
                 .map_err(|e| StoreError::Backend(format!("etcd /v3/kv/range: {e}")))?;
-            let read_at = *at.get_or_insert(page.header.revision);
             let more = page.more;
             out.reserve(page.kvs.len());
             let mut last = None;
@@ -198,7 +178,7 @@ impl EtcdStore {
                     key.push(0);
                     from = key;
                 }
-                _ => return Ok((out, read_at)),
+                _ => return Ok(out),
             }
         }
     }
@@ -305,10 +285,6 @@ impl Store for EtcdStore {
         Ok(int(&v["header"]["revision"]))
     }
 
-    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        self.range_paged(prefix, None)
-    }
-
     fn snapshot(
         &self,
         prefixes: &[&str],
@@ -320,10 +296,10 @@ impl Store for EtcdStore {
         };
         // One request per prefix at once: etcd spends its time writing the gateway's
         // JSON, which its cores share out.
-        let read: Vec<Result<(Vec<KeyValue>, i64), StoreError>> = std::thread::scope(|s| {
+        let read: Vec<Result<Vec<KeyValue>, StoreError>> = std::thread::scope(|s| {
             let ranges: Vec<_> = prefixes
                 .iter()
-                .map(|p| s.spawn(move || self.range_paged(p, Some(at))))
+                .map(|p| s.spawn(move || self.range_paged(p, at)))
                 .collect();
             ranges
                 .into_iter()
@@ -336,7 +312,7 @@ impl Store for EtcdStore {
         let mut out = Vec::new();
         for r in read {
             match r {
-                Ok((kvs, _)) => out.extend(kvs),
+                Ok(kvs) => out.extend(kvs),
                 Err(StoreError::Backend(m)) if m.contains("compacted") => {
                     return Err(StoreError::Compacted(at))
                 }

@@ -91,7 +91,9 @@ pub type TxnOutcome = Result<(bool, i64), StoreError>;
 /// a request waiting for its commit holds no thread.
 pub trait Store: Send + Sync {
     /// Every key under `prefix`, and the revision they were read at.
-    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError>;
+    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
+        self.snapshot(&[prefix], None)
+    }
     /// Every key under each of `prefixes`, all read at one revision: `revision`, or the
     /// present when none; with that revision. `Compacted` when the store no longer holds
     /// `revision` (or keeps no history across restarts).

@@ -357,10 +357,6 @@ impl Store for RedbStore {
         Ok((out, RedbStore::revision_in(&rtx)?))
     }
 
-    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        self.snapshot(&[prefix], None)
-    }
-
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {
         let (tx, rx) = oneshot::channel();
         if let Err(mpsc::SendError((_, tx))) = self.writer.send((txn, tx)) {

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use corvid_api::{ApiError, Client, Host, Network, Port, PortUpdate, Subnet};
+use corvid_api::{ApiError, Client, Network, Port, PortUpdate, Subnet};
 use corvid_cni::result::{Interface, IpConfig, Route};
 use corvid_cni::skel::{CmdArgs, Plugin};
 use corvid_cni::{CniResult, Error, ErrorCode};
@@ -169,12 +169,10 @@ fn describe(conf: &Conf, client: &Client, port: &Port, uid: &str) -> Result<Port
 /// what the node's underlay carries once encapsulated (found from the underlay address
 /// the agent registered; the network's own before it has).
 fn pod_mtu(conf: &Conf, network_mtu: u32) -> Result<u32, Error> {
-    let doing = "reading this node's underlay address";
-    let underlay = match conf.client().get::<Host>(&conf.host_id()) {
-        Ok(h) => Some(h.underlay_ip),
-        Err(e) if e.status() == Some(404) => None,
-        Err(e) => return Err(controller_error(e, conf, doing)),
-    };
+    let underlay = conf
+        .client()
+        .registered_underlay(&conf.host_id())
+        .map_err(|e| controller_error(e, conf, "reading this node's underlay address"))?;
     let mut nl = Netlink::open().map_err(errors::net)?;
     corvid_net::overlay::pod_mtu(&mut nl, underlay, network_mtu).map_err(errors::net)
 }
