@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 mod api;
+pub mod compact_port;
 pub mod controller;
 pub mod error;
 pub mod ipam;

@@ -3,10 +3,13 @@
 //! transactions and count only once the view has applied them, so the store stays the
 //! single source of truth even with several controllers on one etcd.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use compact_str::CompactString;
 use corvid_api::{
     EventKind, FloatingIp, Host, Network, Port, Router, SecurityGroup, SecurityGroupRule, Subnet,
     SubnetPool,
@@ -16,6 +19,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::compact_port::{CompactPort, Interner};
 use crate::keys::{self, Parsed};
 use crate::store::{Event, KeyValue};
 use crate::wakers::Touched;
@@ -35,6 +39,17 @@ pub struct Entry<T> {
     pub create_revision: i64,
     /// Store revision of its last change.
     pub mod_revision: i64,
+}
+
+impl Entry<CompactPort> {
+    /// The entry with the port as the API shows it.
+    pub fn expand(&self) -> Entry<Port> {
+        Entry {
+            obj: Arc::new(self.obj.expand()),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+        }
+    }
 }
 
 impl<T> Clone for Entry<T> {
@@ -69,10 +84,13 @@ pub struct FeedEntry {
     pub hosts: Vec<String>,
 }
 
-/// Secondary indexes of ports, for the filters adapters use on every call.
+/// Secondary indexes of ports, for the filters adapters use on every call. They hold a
+/// hash of each value, not the value: the port has it, and a lookup checks it there (names
+/// and device IDs are mostly one port's own, and a copy of each was a tenth of the view).
 #[derive(Debug, Default)]
 pub struct PortIndex {
-    by: HashMap<&'static str, HashMap<String, Ids>>,
+    by: HashMap<&'static str, HashMap<u64, Ids>>,
+    hasher: RandomState,
 }
 
 /// The ports holding one indexed value. Most device IDs and names belong to one port
@@ -117,7 +135,7 @@ impl Ids {
 /// Port attributes with an index.
 pub const INDEXED: [&str; 4] = ["device_id", "network_id", "binding:host_id", "name"];
 
-fn indexed_values(p: &Port) -> [(&'static str, &str); 4] {
+fn indexed_values(p: &CompactPort) -> [(&'static str, &str); 4] {
     [
         ("device_id", &p.device_id),
         ("network_id", &p.network_id),
@@ -126,40 +144,61 @@ fn indexed_values(p: &Port) -> [(&'static str, &str); 4] {
     ]
 }
 
+fn indexed_value<'a>(p: &'a CompactPort, attr: &str) -> Option<&'a str> {
+    indexed_values(p)
+        .into_iter()
+        .find_map(|(a, v)| (a == attr).then_some(v))
+}
+
 impl PortIndex {
-    fn insert(&mut self, id: &Arc<str>, p: &Port) {
+    fn insert(&mut self, id: &Arc<str>, p: &CompactPort) {
         for (attr, v) in indexed_values(p) {
-            let m = self.by.entry(attr).or_default();
-            match m.get_mut(v) {
-                Some(ids) => ids.insert(id.clone()),
-                None => {
-                    m.insert(v.to_string(), Ids::One(id.clone()));
+            let h = self.hasher.hash_one(v);
+            match self.by.entry(attr).or_default().entry(h) {
+                MapEntry::Occupied(mut ids) => ids.get_mut().insert(id.clone()),
+                MapEntry::Vacant(slot) => {
+                    slot.insert(Ids::One(id.clone()));
                 }
             }
         }
     }
 
-    fn remove(&mut self, p: &Port) {
+    fn remove(&mut self, p: &CompactPort) {
         for (attr, v) in indexed_values(p) {
+            let h = self.hasher.hash_one(v);
             if let Some(m) = self.by.get_mut(attr) {
-                if m.get_mut(v).is_some_and(|ids| ids.remove(&p.id)) {
-                    m.remove(v);
+                if m.get_mut(&h).is_some_and(|ids| ids.remove(&p.id)) {
+                    m.remove(&h);
                 }
             }
         }
     }
 
-    /// IDs of ports whose `attr` is one of `values`; `None` if `attr` has no index.
-    pub fn lookup(&self, attr: &str, values: &[String]) -> Option<HashSet<Arc<str>>> {
+    /// IDs of the ports of `ports` whose `attr` is one of `values`; `None` if `attr` has
+    /// no index.
+    pub fn lookup(
+        &self,
+        ports: &Table<CompactPort>,
+        attr: &str,
+        values: &[String],
+    ) -> Option<HashSet<Arc<str>>> {
         if !INDEXED.contains(&attr) {
             return None;
         }
         let m = self.by.get(attr);
         let mut out = HashSet::new();
         for v in values {
-            if let Some(ids) = m.and_then(|m| m.get(v)) {
-                out.extend(ids.iter().cloned());
-            }
+            let h = self.hasher.hash_one(v.as_str());
+            let ids = m.and_then(|m| m.get(&h)).into_iter().flat_map(Ids::iter);
+            out.extend(
+                ids.filter(|id| {
+                    ports
+                        .get(&***id)
+                        .and_then(|e| indexed_value(&e.obj, attr))
+                        .is_some_and(|x| x == v)
+                })
+                .cloned(),
+            );
         }
         Some(out)
     }
@@ -176,8 +215,10 @@ pub struct View {
     pub subnets: Table<Subnet>,
     /// Subnet pools.
     pub subnetpools: Table<SubnetPool>,
-    /// Ports.
-    pub ports: Table<Port>,
+    /// Ports, compact: at 100,000 they are most of what the view holds.
+    pub ports: Table<CompactPort>,
+    /// The strings ports share.
+    strings: Interner,
     /// Floating IPs.
     pub floatingips: Table<FloatingIp>,
     /// Routers.
@@ -194,8 +235,8 @@ pub struct View {
     pub lbaas: HashMap<&'static str, Table<Value>>,
     /// Taken addresses by subnet.
     pub ips: HashMap<String, HashSet<IpAddr>>,
-    /// MACs in use.
-    pub macs: HashSet<String>,
+    /// MACs in use (inline: a MAC's text fits).
+    pub macs: HashSet<CompactString>,
     /// Port indexes.
     pub port_index: PortIndex,
     /// Recent changes for the watch feed.
@@ -339,7 +380,7 @@ impl View {
                 if deleted {
                     self.macs.remove(mac);
                 } else {
-                    self.macs.insert(mac.to_string());
+                    self.macs.insert(mac.into());
                 }
             }
             Parsed::Resource(coll, id) => {
@@ -420,26 +461,87 @@ impl View {
                 let mut hosts = Vec::new();
                 let old = self.ports.remove(id).map(|e| {
                     self.port_index.remove(&e.obj);
-                    hosts.push(e.obj.binding_host_id.clone());
+                    hosts.push(e.obj.binding_host_id.to_string());
                     e.obj
                 });
                 if deleted {
-                    return (old.and_then(|o| json(&*o)), hosts);
+                    return (old.and_then(|o| json(&o.expand())), hosts);
                 }
+                let Ok(p) = serde_json::from_slice::<Port>(&kv.value) else {
+                    return (None, hosts);
+                };
                 let key: Arc<str> = id.into();
-                let new = put(&mut self.ports, kv, key.clone());
-                if let Some(p) = &new {
-                    self.port_index.insert(&key, p);
-                    if !hosts.contains(&p.binding_host_id) {
-                        hosts.push(p.binding_host_id.clone());
-                    }
+                let p = Arc::new(CompactPort::new(p, key.clone(), &mut self.strings));
+                self.port_index.insert(&key, &p);
+                if !hosts.iter().any(|h| **h == *p.binding_host_id) {
+                    hosts.push(p.binding_host_id.to_string());
                 }
-                (new.and_then(|_| stored_json(kv)), hosts)
+                self.ports.insert(
+                    key,
+                    Entry {
+                        obj: p,
+                        create_revision: kv.create_revision,
+                        mod_revision: kv.mod_revision,
+                    },
+                );
+                (stored_json(kv), hosts)
             }
             other => match LBAAS.iter().find(|c| **c == other) {
                 Some(c) => plain!(self.lbaas.entry(c).or_default()),
                 None => (None, Vec::new()),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(id: &str, name: &str) -> Event {
+        let p = serde_json::json!({
+            "id": id, "name": name, "network_id": "n1", "tenant_id": "t", "project_id": "t",
+            "mac_address": "fa:16:3e:00:00:01", "admin_state_up": true, "status": "DOWN",
+            "device_id": "", "device_owner": "", "fixed_ips": [], "binding:host_id": "h1",
+            "binding:profile": {}, "binding:vnic_type": "normal", "binding:vif_type": "veth",
+            "binding:vif_details": {}, "port_security_enabled": true, "security_groups": [],
+            "allowed_address_pairs": [], "extra_dhcp_opts": [], "ip_allocation": "immediate",
+            "description": "", "tags": [], "created_at": "", "updated_at": "",
+            "revision_number": 1
+        });
+        Event::Put(KeyValue {
+            key: keys::resource("ports", id),
+            value: serde_json::to_vec(&p).unwrap(),
+            create_revision: 2,
+            mod_revision: 2,
+        })
+    }
+
+    fn names(v: &View, name: &str) -> Vec<String> {
+        let ids = v.port_index.lookup(&v.ports, "name", &[name.to_string()]);
+        let mut ids: Vec<String> = ids.unwrap().iter().map(|i| i.to_string()).collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn the_port_index_answers_by_value_and_checks_the_port() {
+        let mut v = View::load(Vec::new(), 1);
+        v.apply(&[port("p1", "web"), port("p2", "web"), port("p3", "db")]);
+        assert_eq!(names(&v, "web"), ["p1", "p2"]);
+        assert_eq!(names(&v, "db"), ["p3"]);
+        v.apply(&[port("p2", "db")]);
+        assert_eq!(names(&v, "web"), ["p1"]);
+        assert_eq!(names(&v, "db"), ["p2", "p3"]);
+        // Two values with one hash: the index holds p1 under "cache"'s hash too, and the
+        // lookup must not take p1 for a port named "cache".
+        let h = v.port_index.hasher.hash_one("cache");
+        v.port_index
+            .by
+            .get_mut("name")
+            .unwrap()
+            .insert(h, Ids::One("p1".into()));
+        assert!(names(&v, "cache").is_empty());
+        assert!(v.port_index.lookup(&v.ports, "mac_address", &[]).is_none());
     }
 }

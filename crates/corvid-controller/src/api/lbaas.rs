@@ -490,8 +490,8 @@ async fn delete(
                     ));
                 }
                 if let Some(p) = o["vip_port_id"].as_str().and_then(|p| v.ports.get(p)) {
-                    if p.obj.device_owner == "Octavia" {
-                        let removal = port_removal(p);
+                    if &*p.obj.device_owner == "Octavia" {
+                        let removal = port_removal(&p.expand());
                         txn.compares.extend(removal.compares);
                         txn.ops.extend(removal.ops);
                     }

@@ -32,6 +32,7 @@ use serde_json::{json, Map, Value};
 use serde_path_to_error::Segment;
 
 use self::attributes::{Attributes, Write};
+use crate::compact_port::CompactPort;
 use crate::controller::Controller;
 use crate::error::NeutronError;
 use crate::keys;
@@ -50,8 +51,12 @@ const DEFAULT_PROJECT: &str = "corvid";
 pub trait Kind: Resource {
     /// Name in error types and messages (`Port` in `PortNotFound`).
     const TITLE: &'static str;
+    /// What the view holds of one object: the object, or a compact form of it.
+    type Stored;
     /// Its table in the view.
-    fn table(v: &View) -> &Table<Self>;
+    fn table(v: &View) -> &Table<Self::Stored>;
+    /// The object of what the view holds.
+    fn expand(stored: &Arc<Self::Stored>) -> Arc<Self>;
     /// Its revision number and update time.
     fn stamps(&mut self) -> (&mut u64, &mut String);
     /// The 404 of an ID no object has, in Neutron's words for the kind.
@@ -73,10 +78,17 @@ pub trait Tagged: Kind {
 
 macro_rules! kind {
     ($t:ty, $title:literal, $field:ident) => {
+        kind!($t, $title, $field, $t, |s: &Arc<$t>| s.clone());
+    };
+    ($t:ty, $title:literal, $field:ident, $stored:ty, $expand:expr) => {
         impl Kind for $t {
             const TITLE: &'static str = $title;
-            fn table(v: &View) -> &Table<Self> {
+            type Stored = $stored;
+            fn table(v: &View) -> &Table<$stored> {
                 &v.$field
+            }
+            fn expand(stored: &Arc<$stored>) -> Arc<Self> {
+                $expand(stored)
             }
             fn stamps(&mut self) -> (&mut u64, &mut String) {
                 (&mut self.revision_number, &mut self.updated_at)
@@ -92,7 +104,9 @@ macro_rules! kind {
 kind!(Network, "Network", networks);
 kind!(Subnet, "Subnet", subnets);
 kind!(SubnetPool, "SubnetPool", subnetpools);
-kind!(Port, "Port", ports);
+kind!(Port, "Port", ports, CompactPort, |s: &Arc<CompactPort>| {
+    Arc::new(s.expand())
+});
 kind!(FloatingIp, "FloatingIP", floatingips);
 kind!(Host, "Host", hosts);
 kind!(corvid_api::Router, "Router", routers);
@@ -440,7 +454,12 @@ pub fn read_at(mut resp: Response, revision: i64) -> Response {
 
 /// The entry of `id`, or the kind's 404.
 pub fn lookup<K: Kind>(v: &View, id: &str) -> Result<Entry<K>, NeutronError> {
-    K::table(v).get(id).cloned().ok_or_else(|| K::missing(id))
+    let e = K::table(v).get(id).ok_or_else(|| K::missing(id))?;
+    Ok(Entry {
+        obj: K::expand(&e.obj),
+        create_revision: e.create_revision,
+        mod_revision: e.mod_revision,
+    })
 }
 
 /// GET of one object, with `fields=`.
@@ -477,7 +496,7 @@ pub fn list<K: Kind>(
         (
             K::table(&v)
                 .values()
-                .map(|e| K::shown(&v, &e.obj))
+                .map(|e| K::shown(&v, &K::expand(&e.obj)))
                 .collect(),
             v.revision,
         )

@@ -234,8 +234,8 @@ async fn delete_network(State(c): Ctl, Path(id): Path<String>) -> Result<StatusC
             let users: Vec<&str> = v
                 .ports
                 .values()
-                .filter(|p| p.obj.network_id == id)
-                .map(|p| p.obj.id.as_str())
+                .filter(|p| *p.obj.network_id == *id)
+                .map(|p| &*p.obj.id)
                 .chain(
                     v.floatingips
                         .values()

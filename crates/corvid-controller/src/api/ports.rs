@@ -146,11 +146,11 @@ async fn list_ports(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronE
         parsed
             .filters
             .iter()
-            .find_map(|(attr, vals)| v.port_index.lookup(attr, vals))
+            .find_map(|(attr, vals)| v.port_index.lookup(&v.ports, attr, vals))
             .map(|ids| {
                 let ports = ids
                     .iter()
-                    .filter_map(|id| v.ports.get(id).map(|e| e.obj.clone()))
+                    .filter_map(|id| v.ports.get(id).map(|e| Arc::new(e.obj.expand())))
                     .collect();
                 (ports, v.revision)
             })

@@ -141,19 +141,19 @@ fn floating_ips_through<'a>(v: &'a View, router: &'a str) -> impl Iterator<Item 
                 .fixed_ips
                 .iter()
                 .find(|x| x.ip_address == ip)
-                .map(|x| x.subnet_id.as_str())
+                .map(|x| &*x.subnet_id)
         })
 }
 
 /// The router's ports with `owner`, through the device index.
 fn ports_of(v: &View, router: &str, owner: &str) -> Vec<Entry<Port>> {
     v.port_index
-        .lookup("device_id", &[router.to_string()])
+        .lookup(&v.ports, "device_id", &[router.to_string()])
         .unwrap_or_default()
         .iter()
         .filter_map(|id| v.ports.get(&**id))
-        .filter(|e| e.obj.device_owner == owner)
-        .cloned()
+        .filter(|e| &*e.obj.device_owner == owner)
+        .map(Entry::expand)
         .collect()
 }
 

@@ -104,8 +104,12 @@ pub fn routes() -> Router<Arc<Controller>> {
 
 impl Kind for SecurityGroup {
     const TITLE: &'static str = "SecurityGroup";
+    type Stored = Self;
     fn table(v: &View) -> &Table<Self> {
         &v.security_groups
+    }
+    fn expand(stored: &Arc<Self>) -> Arc<Self> {
+        stored.clone()
     }
     fn stamps(&mut self) -> (&mut u64, &mut String) {
         (&mut self.revision_number, &mut self.updated_at)
@@ -128,8 +132,12 @@ impl Tagged for SecurityGroup {
 
 impl Kind for SecurityGroupRule {
     const TITLE: &'static str = "SecurityGroupRule";
+    type Stored = Self;
     fn table(v: &View) -> &Table<Self> {
         &v.security_group_rules
+    }
+    fn expand(stored: &Arc<Self>) -> Arc<Self> {
+        stored.clone()
     }
     fn stamps(&mut self) -> (&mut u64, &mut String) {
         (&mut self.revision_number, &mut self.updated_at)
@@ -463,7 +471,7 @@ async fn update_group(
             // Agents would have to switch the ports' connection tracking under them.
             if v.ports
                 .values()
-                .any(|p| p.obj.security_groups.contains(&g.id))
+                .any(|p| p.obj.security_groups.iter().any(|x| **x == *g.id))
             {
                 return Err(group_in_use(&g.id));
             }
@@ -507,7 +515,7 @@ async fn delete_group(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCod
     c.transact_named(|v| {
         if v.ports
             .values()
-            .any(|p| p.obj.security_groups.contains(&id))
+            .any(|p| p.obj.security_groups.iter().any(|x| **x == *id))
         {
             return Err(group_in_use(&id));
         }

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 
+use compact_str::CompactString;
 use corvid_api::Subnet;
 
 use super::pools;
@@ -90,7 +91,7 @@ impl Pending<'_> {
 
     /// Picks and reserves a MAC in Neutron's `fa:16:3e` range that no port has, on from
     /// this controller's last pick.
-    pub fn pick_mac(&mut self, in_use: &HashSet<String>) -> String {
+    pub fn pick_mac(&mut self, in_use: &HashSet<CompactString>) -> String {
         let mut n = self
             .allocator
             .cursors()
@@ -98,7 +99,7 @@ impl Pending<'_> {
             .map_or_else(|| random_below(1 << 24) as u32, |m| m + 1);
         let mac = loop {
             let m = mac_at(n);
-            if !in_use.contains(&m) && self.reserve(keys::mac(&m)) {
+            if !in_use.contains(m.as_str()) && self.reserve(keys::mac(&m)) {
                 break m;
             }
             n = n.wrapping_add(1);

@@ -215,7 +215,7 @@ pub fn take_mac(
                     "'{m}' is not a valid MAC address"
                 )));
             }
-            if v.macs.contains(&m) || !pending.reserve(keys::mac(&m)) {
+            if v.macs.contains(m.as_str()) || !pending.reserve(keys::mac(&m)) {
                 return Err(NeutronError::conflict(
                     "MacAddressInUse",
                     format!("Unable to complete operation for network {network_id}. The mac address {m} is in use."),
@@ -253,7 +253,7 @@ pub fn change_mac(
             format!("Unable to complete operation on port {}: the MAC address of a port bound to host {old_host} cannot change.", p.id),
         ));
     }
-    if v.macs.contains(m) {
+    if v.macs.contains(m.as_str()) {
         return Err(NeutronError::conflict(
             "MacAddressInUse",
             format!(
