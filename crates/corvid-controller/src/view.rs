@@ -87,6 +87,8 @@ pub struct FeedEntry {
 /// Secondary indexes of ports, for the filters adapters use on every call. They hold a
 /// hash of each value, not the value: the port has it, and a lookup checks it there (names
 /// and device IDs are mostly one port's own, and a copy of each was a tenth of the view).
+/// Empty values are not indexed: most ports have no name, and a set of them all would cost
+/// every port a slot for a filter nobody sends.
 #[derive(Debug, Default)]
 pub struct PortIndex {
     by: HashMap<&'static str, HashMap<u64, Ids>>,
@@ -152,7 +154,7 @@ fn indexed_value<'a>(p: &'a CompactPort, attr: &str) -> Option<&'a str> {
 
 impl PortIndex {
     fn insert(&mut self, id: &Arc<str>, p: &CompactPort) {
-        for (attr, v) in indexed_values(p) {
+        for (attr, v) in indexed_values(p).into_iter().filter(|(_, v)| !v.is_empty()) {
             let h = self.hasher.hash_one(v);
             match self.by.entry(attr).or_default().entry(h) {
                 MapEntry::Occupied(mut ids) => ids.get_mut().insert(id.clone()),
@@ -164,7 +166,7 @@ impl PortIndex {
     }
 
     fn remove(&mut self, p: &CompactPort) {
-        for (attr, v) in indexed_values(p) {
+        for (attr, v) in indexed_values(p).into_iter().filter(|(_, v)| !v.is_empty()) {
             let h = self.hasher.hash_one(v);
             if let Some(m) = self.by.get_mut(attr) {
                 if m.get_mut(&h).is_some_and(|ids| ids.remove(&p.id)) {
@@ -175,14 +177,14 @@ impl PortIndex {
     }
 
     /// IDs of the ports of `ports` whose `attr` is one of `values`; `None` if `attr` has
-    /// no index.
+    /// no index or a value is empty.
     pub fn lookup(
         &self,
         ports: &Table<CompactPort>,
         attr: &str,
         values: &[String],
     ) -> Option<HashSet<Arc<str>>> {
-        if !INDEXED.contains(&attr) {
+        if !INDEXED.contains(&attr) || values.iter().any(String::is_empty) {
             return None;
         }
         let m = self.by.get(attr);
@@ -543,5 +545,13 @@ mod tests {
             .insert(h, Ids::One("p1".into()));
         assert!(names(&v, "cache").is_empty());
         assert!(v.port_index.lookup(&v.ports, "mac_address", &[]).is_none());
+        // Unnamed ports are not indexed: a filter on the empty name is left to the scan.
+        v.apply(&[port("p4", "")]);
+        let empty = v.port_index.hasher.hash_one("");
+        assert!(!v.port_index.by["name"].contains_key(&empty));
+        assert!(v
+            .port_index
+            .lookup(&v.ports, "name", &[String::new()])
+            .is_none());
     }
 }
