@@ -3,9 +3,10 @@
 //! transactions and count only once the view has applied them, so the store stays the
 //! single source of truth even with several controllers on one etcd.
 
+use std::borrow::Borrow;
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hash, RandomState};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -134,6 +135,48 @@ impl Ids {
     }
 }
 
+/// Addresses or MACs in use, counted: within one store revision a change may put the new
+/// holder of an address before it deletes the old one, and the address stays taken.
+#[derive(Debug)]
+pub struct Taken<T>(HashMap<T, u32>);
+
+impl<T> Default for Taken<T> {
+    fn default() -> Self {
+        Taken(HashMap::new())
+    }
+}
+
+impl<T: Hash + Eq> Taken<T> {
+    /// True when something holds `k`.
+    pub fn contains<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> bool
+    where
+        T: Borrow<Q>,
+    {
+        self.0.contains_key(k)
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn add(&mut self, k: T) {
+        *self.0.entry(k).or_default() += 1;
+    }
+
+    fn remove<Q: Hash + Eq + ?Sized>(&mut self, k: &Q)
+    where
+        T: Borrow<Q>,
+    {
+        if let Some(n) = self.0.get_mut(k) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(k);
+            }
+        }
+    }
+}
+
 /// Port attributes with an index.
 pub const INDEXED: [&str; 4] = ["device_id", "network_id", "binding:host_id", "name"];
 
@@ -235,10 +278,12 @@ pub struct View {
     pub hosts: Table<Host>,
     /// Octavia objects by collection.
     pub lbaas: HashMap<&'static str, Table<Value>>,
-    /// Taken addresses by subnet.
-    pub ips: HashMap<String, HashSet<IpAddr>>,
-    /// MACs in use (inline: a MAC's text fits).
-    pub macs: HashSet<CompactString>,
+    /// Taken addresses by subnet: the ports' and the floating IPs'. The store's address
+    /// and MAC keys say the same; the view works them out of the objects instead of
+    /// reading them, which at 100,000 ports is two keys in three of a restart's load.
+    pub ips: HashMap<Arc<str>, Taken<IpAddr>>,
+    /// The ports' MACs (inline: a MAC's text fits).
+    pub macs: Taken<CompactString>,
     /// Port indexes.
     pub port_index: PortIndex,
     /// Recent changes for the watch feed.
@@ -312,8 +357,56 @@ impl View {
         for kv in kvs {
             v.apply_one(&Event::Put(kv), false);
         }
+        // A floating IP's subnet is found through its network, which may load after it.
+        let ports: Vec<_> = v.ports.values().map(|e| e.obj.clone()).collect();
+        for p in ports {
+            v.take_port(&p, true);
+        }
+        let fips: Vec<_> = v.floatingips.values().map(|e| e.obj.clone()).collect();
+        for f in fips {
+            v.take_floating_ip(&f, true);
+        }
         v.revision = revision;
         v
+    }
+
+    /// Counts the address and MAC of `p` as taken, or no longer.
+    fn take_port(&mut self, p: &CompactPort, taken: bool) {
+        for f in &p.fixed_ips {
+            self.take_ip(&f.subnet_id, f.ip_address, taken);
+        }
+        if taken {
+            self.macs.add(p.mac_address.clone());
+        } else {
+            self.macs.remove(p.mac_address.as_str());
+        }
+    }
+
+    /// Counts the address of `f` as taken in its subnet, or no longer.
+    fn take_floating_ip(&mut self, f: &FloatingIp, taken: bool) {
+        let subnet = self
+            .networks
+            .get(f.floating_network_id.as_str())
+            .into_iter()
+            .flat_map(|n| n.obj.subnets.iter())
+            .filter_map(|s| self.subnets.get(s.as_str()))
+            .find(|s| s.obj.cidr.contains(&f.floating_ip_address))
+            .map(|s| s.obj.id.clone());
+        if let Some(subnet) = subnet {
+            let subnet = self.strings.get(&subnet);
+            self.take_ip(&subnet, f.floating_ip_address, taken);
+        }
+    }
+
+    fn take_ip(&mut self, subnet: &Arc<str>, ip: IpAddr, taken: bool) {
+        if taken {
+            self.ips.entry(subnet.clone()).or_default().add(ip);
+        } else if let Some(set) = self.ips.get_mut(subnet) {
+            set.remove(&ip);
+            if set.is_empty() {
+                self.ips.remove(subnet);
+            }
+        }
     }
 
     /// Applies the changes of one store revision.
@@ -370,23 +463,8 @@ impl View {
             Event::Delete(kv) => (kv, true),
         };
         match keys::parse(&kv.key) {
-            Parsed::Ip(subnet, ip) => {
-                let set = self.ips.entry(subnet.to_string()).or_default();
-                if deleted {
-                    set.remove(&ip);
-                } else {
-                    set.insert(ip);
-                }
-            }
-            Parsed::Mac(mac) => {
-                if deleted {
-                    self.macs.remove(mac);
-                } else {
-                    self.macs.insert(mac.into());
-                }
-            }
             Parsed::Resource(coll, id) => {
-                let (object, hosts) = self.apply_resource(coll, id, kv, deleted);
+                let (object, hosts) = self.apply_resource(coll, id, kv, deleted, record);
                 if let (true, Some(object)) = (record, object) {
                     self.feed.push_back(FeedEntry {
                         revision: kv.mod_revision,
@@ -402,17 +480,19 @@ impl View {
                     });
                 }
             }
-            Parsed::Other => {}
+            Parsed::Ip(..) | Parsed::Mac(_) | Parsed::Other => {}
         }
     }
 
     /// Updates one collection; returns the object for the feed and the hosts it concerns.
+    /// The taken addresses follow the change unless `load` works them out at its end.
     fn apply_resource(
         &mut self,
         coll: &str,
         id: &str,
         kv: &KeyValue,
         deleted: bool,
+        count: bool,
     ) -> (Option<Box<RawValue>>, Vec<String>) {
         macro_rules! plain {
             ($table:expr) => {{
@@ -431,7 +511,20 @@ impl View {
             "networks" => plain!(self.networks),
             "subnets" => plain!(self.subnets),
             "subnetpools" => plain!(self.subnetpools),
-            "floatingips" => plain!(self.floatingips),
+            "floatingips" => {
+                let old = self.floatingips.remove(id).map(|e| e.obj);
+                if let (true, Some(f)) = (count, &old) {
+                    self.take_floating_ip(f, false);
+                }
+                if deleted {
+                    return (old.and_then(|o| json(&*o)), Vec::new());
+                }
+                let new = put(&mut self.floatingips, kv, id.into());
+                if let (true, Some(f)) = (count, &new) {
+                    self.take_floating_ip(f, true);
+                }
+                (new.and_then(|_| stored_json(kv)), Vec::new())
+            }
             "routers" => plain!(self.routers),
             "security_groups" => plain!(self.security_groups),
             "security_group_rules" => {
@@ -466,6 +559,9 @@ impl View {
                     hosts.push(e.obj.binding_host_id.to_string());
                     e.obj
                 });
+                if let (true, Some(p)) = (count, &old) {
+                    self.take_port(p, false);
+                }
                 if deleted {
                     return (old.and_then(|o| json(&o.expand())), hosts);
                 }
@@ -475,6 +571,9 @@ impl View {
                 let key: Arc<str> = id.into();
                 let p = Arc::new(CompactPort::new(p, key.clone(), &mut self.strings));
                 self.port_index.insert(&key, &p);
+                if count {
+                    self.take_port(&p, true);
+                }
                 if !hosts.iter().any(|h| **h == *p.binding_host_id) {
                     hosts.push(p.binding_host_id.to_string());
                 }
@@ -501,22 +600,48 @@ mod tests {
     use super::*;
 
     fn port(id: &str, name: &str) -> Event {
+        port_with(id, name, "fa:16:3e:00:00:01", &[])
+    }
+
+    fn put(key: String, obj: serde_json::Value) -> KeyValue {
+        KeyValue {
+            key,
+            value: serde_json::to_vec(&obj).unwrap(),
+            create_revision: 2,
+            mod_revision: 2,
+        }
+    }
+
+    fn port_with(id: &str, name: &str, mac: &str, ips: &[(&str, &str)]) -> Event {
+        let fixed: Vec<_> = ips
+            .iter()
+            .map(|(s, ip)| serde_json::json!({"subnet_id": s, "ip_address": ip}))
+            .collect();
         let p = serde_json::json!({
             "id": id, "name": name, "network_id": "n1", "tenant_id": "t", "project_id": "t",
-            "mac_address": "fa:16:3e:00:00:01", "admin_state_up": true, "status": "DOWN",
-            "device_id": "", "device_owner": "", "fixed_ips": [], "binding:host_id": "h1",
+            "mac_address": mac, "admin_state_up": true, "status": "DOWN",
+            "device_id": "", "device_owner": "", "fixed_ips": fixed, "binding:host_id": "h1",
             "binding:profile": {}, "binding:vnic_type": "normal", "binding:vif_type": "veth",
             "binding:vif_details": {}, "port_security_enabled": true, "security_groups": [],
             "allowed_address_pairs": [], "extra_dhcp_opts": [], "ip_allocation": "immediate",
             "description": "", "tags": [], "created_at": "", "updated_at": "",
             "revision_number": 1
         });
-        Event::Put(KeyValue {
-            key: keys::resource("ports", id),
-            value: serde_json::to_vec(&p).unwrap(),
-            create_revision: 2,
-            mod_revision: 2,
+        Event::Put(put(keys::resource("ports", id), p))
+    }
+
+    fn delete(coll: &str, id: &str) -> Event {
+        Event::Delete(KeyValue {
+            key: keys::resource(coll, id),
+            value: Vec::new(),
+            create_revision: 0,
+            mod_revision: 3,
         })
+    }
+
+    fn taken(v: &View, subnet: &str, ip: &str) -> bool {
+        let ip: IpAddr = ip.parse().unwrap();
+        v.ips.get(subnet).is_some_and(|t| t.contains(&ip))
     }
 
     fn names(v: &View, name: &str) -> Vec<String> {
@@ -553,5 +678,80 @@ mod tests {
             .port_index
             .lookup(&v.ports, "name", &[String::new()])
             .is_none());
+    }
+
+    #[test]
+    fn addresses_and_macs_are_worked_out_of_the_objects() {
+        let mut v = View::load(Vec::new(), 1);
+        let a = port_with("a", "", "fa:16:3e:00:00:0a", &[("s1", "10.0.0.5")]);
+        v.apply(&[a]);
+        assert!(taken(&v, "s1", "10.0.0.5") && v.macs.contains("fa:16:3e:00:00:0a"));
+        // One revision that hands the address and MAC from a to b, the put first.
+        let b = port_with("b", "", "fa:16:3e:00:00:0a", &[("s1", "10.0.0.5")]);
+        v.apply(&[b, delete("ports", "a")]);
+        assert!(taken(&v, "s1", "10.0.0.5") && v.macs.contains("fa:16:3e:00:00:0a"));
+        // An update that moves b to another address frees the old one.
+        v.apply(&[port_with(
+            "b",
+            "",
+            "fa:16:3e:00:00:0b",
+            &[("s1", "10.0.0.6")],
+        )]);
+        assert!(!taken(&v, "s1", "10.0.0.5") && taken(&v, "s1", "10.0.0.6"));
+        assert!(!v.macs.contains("fa:16:3e:00:00:0a") && v.macs.contains("fa:16:3e:00:00:0b"));
+        v.apply(&[delete("ports", "b")]);
+        assert!(v.ips.is_empty() && v.macs.is_empty());
+    }
+
+    #[test]
+    fn a_loaded_floating_ip_takes_its_address_in_its_subnet() {
+        // In the store's order: the floating IP's key sorts before its network's and subnet's.
+        let fip = serde_json::json!({
+            "id": "f1", "tenant_id": "t", "project_id": "t",
+            "floating_ip_address": "203.0.113.7", "floating_network_id": "pub",
+            "router_id": null, "port_id": null, "fixed_ip_address": null, "status": "DOWN",
+            "description": "", "port_details": null, "tags": [], "created_at": "",
+            "updated_at": "", "revision_number": 1
+        });
+        let net = serde_json::json!({
+            "id": "pub", "name": "public", "tenant_id": "t", "project_id": "t",
+            "admin_state_up": true, "mtu": 1450, "status": "ACTIVE", "subnets": ["s6", "s4"],
+            "shared": false, "router:external": true, "port_security_enabled": true,
+            "description": "", "tags": [], "created_at": "", "updated_at": "",
+            "revision_number": 1
+        });
+        let subnet = |id: &str, cidr: &str, version: u8| {
+            serde_json::json!({
+                "id": id, "name": "", "tenant_id": "t", "project_id": "t",
+                "network_id": "pub", "ip_version": version, "subnetpool_id": null,
+                "enable_dhcp": false, "ipv6_ra_mode": null, "ipv6_address_mode": null,
+                "gateway_ip": null, "cidr": cidr, "allocation_pools": [], "host_routes": [],
+                "dns_nameservers": [], "description": "", "service_types": [], "tags": [],
+                "created_at": "", "updated_at": "", "revision_number": 1
+            })
+        };
+        let kvs = vec![
+            put(keys::resource("floatingips", "f1"), fip.clone()),
+            put(keys::resource("networks", "pub"), net),
+            put(
+                keys::resource("subnets", "s4"),
+                subnet("s4", "203.0.113.0/24", 4),
+            ),
+            put(
+                keys::resource("subnets", "s6"),
+                subnet("s6", "2001:db8::/64", 6),
+            ),
+        ];
+        let mut v = View::load(kvs, 2);
+        assert_eq!(
+            (v.networks.len(), v.subnets.len(), v.floatingips.len()),
+            (1, 2, 1)
+        );
+        assert!(taken(&v, "s4", "203.0.113.7"));
+        assert!(!v.ips.contains_key("s6"));
+        v.apply(&[delete("floatingips", "f1")]);
+        assert!(v.ips.is_empty());
+        v.apply(&[Event::Put(put(keys::resource("floatingips", "f1"), fip))]);
+        assert!(taken(&v, "s4", "203.0.113.7"));
     }
 }

@@ -971,6 +971,78 @@ fn a_killed_controller_keeps_every_acknowledged_create() {
     }
 }
 
+/// The view works the taken addresses and MACs out of the objects it loads, not out of
+/// the store's reservation keys: after a restart a port's address and MAC and a floating
+/// IP's address (whose subnet is found through its network, which loads after it) are
+/// still taken, new ones are picked around them, and their subnets are still in use.
+#[test]
+fn a_restarted_controller_knows_every_address_and_mac_taken() {
+    let (_dir, spec) = redb_store();
+    let etcd = Etcd::start();
+    for spec in [spec, format!("etcd:{}", etcd.url)] {
+        let mut ctl = ControllerProcess::start(&spec, None);
+        let c = ctl.client();
+        let ext: Network = c
+            .create(json!({"name": "public", "router:external": true}))
+            .unwrap();
+        let public: Subnet = c
+            .create(json!({"network_id": ext.id, "cidr": "172.26.0.0/29"}))
+            .unwrap();
+        let fip: FloatingIp = c
+            .create(json!({"floating_network_id": ext.id, "floating_ip_address": "172.26.0.4"}))
+            .unwrap();
+        let (net, sub) = network_with_subnet(&c, "10.8.0.0/29", json!("10.8.0.1"));
+        let port: Port = c
+            .create(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": sub.id, "ip_address": "10.8.0.3"}]}))
+            .unwrap();
+        ctl.kill9();
+        ctl.restart();
+        let c = ctl.client();
+
+        let again = c.create::<FloatingIp>(
+            json!({"floating_network_id": ext.id, "floating_ip_address": "172.26.0.4"}),
+        );
+        assert_eq!(kind(again), (409, "IpAddressAlreadyAllocated".into()));
+        let again = c.create::<Port>(json!({"network_id": net.id, "fixed_ips": [{"subnet_id": sub.id, "ip_address": "10.8.0.3"}]}));
+        assert_eq!(kind(again), (409, "IpAddressAlreadyAllocated".into()));
+        let again =
+            c.create::<Port>(json!({"network_id": net.id, "mac_address": port.mac_address}));
+        assert_eq!(kind(again), (409, "MacAddressInUse".into()));
+        assert_eq!(kind(c.delete::<Subnet>(&public.id)).0, 409);
+        assert_eq!(kind(c.delete::<Subnet>(&sub.id)).0, 409);
+
+        // The rest of each /29's pool (.2 to .6) goes to new ones, around the taken address.
+        let fips: Vec<IpAddr> = std::iter::from_fn(|| {
+            c.create::<FloatingIp>(json!({"floating_network_id": ext.id}))
+                .ok()
+                .map(|f| f.floating_ip_address)
+        })
+        .collect();
+        let ports: Vec<IpAddr> = std::iter::from_fn(|| {
+            c.create::<Port>(json!({"network_id": net.id}))
+                .ok()
+                .map(|p| p.fixed_ips[0].ip_address)
+        })
+        .collect();
+        for (got, taken, prefix) in [(&fips, 4, "172.26.0"), (&ports, 3, "10.8.0")] {
+            let want: HashSet<IpAddr> = (2..=6)
+                .filter(|n| *n != taken)
+                .map(|n| format!("{prefix}.{n}").parse().unwrap())
+                .collect();
+            assert_eq!(got.iter().copied().collect::<HashSet<_>>(), want);
+            assert_eq!(got.len(), want.len(), "an address given twice: {got:?}");
+        }
+        c.delete::<FloatingIp>(&fip.id).unwrap();
+        let freed = c.create::<FloatingIp>(
+            json!({"floating_network_id": ext.id, "floating_ip_address": "172.26.0.4"}),
+        );
+        assert!(
+            freed.is_ok(),
+            "the deleted floating IP's address is free: {freed:?}"
+        );
+    }
+}
+
 /// A deleted port gives back its MAC with its address: a new port asking for the same
 /// pair gets it. Docker derives a container's MAC from its address, so a reused address
 /// comes back with the MAC it had; a leaked MAC would refuse it (409 MacAddressInUse).

@@ -153,7 +153,7 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                 .iter()
                 .filter_map(|s| v.subnets.get(s.as_str()))
             {
-                let taken = v.ips.get(&s.obj.id);
+                let taken = v.ips.get(s.obj.id.as_str());
                 let free = |ip: IpAddr| !taken.is_some_and(|t| t.contains(&ip));
                 let ip = match want {
                     Some(ip) if s.obj.cidr.contains(&ip) => {

@@ -545,7 +545,7 @@ async fn delete_subnet(State(c): Ctl, Path(id): Path<String>) -> Result<StatusCo
     c
         .transact(|v| {
             let sub = lookup::<Subnet>(v, &id)?;
-            if v.ips.get(&id).is_some_and(|s| !s.is_empty()) {
+            if v.ips.get(id.as_str()).is_some_and(|s| !s.is_empty()) {
                 return Err(NeutronError::conflict(
                     "SubnetInUse",
                     format!("Unable to complete operation on subnet {id}: One or more ports have an IP allocation from this subnet."),

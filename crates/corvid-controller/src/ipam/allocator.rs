@@ -13,6 +13,7 @@ use corvid_api::Subnet;
 use super::pools;
 use crate::keys;
 use crate::util::random_below;
+use crate::view::Taken;
 
 /// Addresses and MACs picked by requests in flight, and where the next picks start.
 #[derive(Default)]
@@ -91,7 +92,7 @@ impl Pending<'_> {
 
     /// Picks and reserves a MAC in Neutron's `fa:16:3e` range that no port has, on from
     /// this controller's last pick.
-    pub fn pick_mac(&mut self, in_use: &HashSet<CompactString>) -> String {
+    pub fn pick_mac(&mut self, in_use: &Taken<CompactString>) -> String {
         let mut n = self
             .allocator
             .cursors()

@@ -120,7 +120,7 @@ pub fn assign_fixed_ips(
             })?,
             (None, None) => return Err(NeutronError::invalid_input("fixed_ips entry needs subnet_id or ip_address")),
         };
-        let taken = v.ips.get(&subnet.id);
+        let taken = v.ips.get(subnet.id.as_str());
         let asked = if is_auto_address(subnet) {
             let computed = eui64(&subnet.cidr, mac).ok_or_else(|| {
                 NeutronError::invalid_input(format!("'{mac}' is not a valid MAC address"))
