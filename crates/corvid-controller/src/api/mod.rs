@@ -51,8 +51,9 @@ const DEFAULT_PROJECT: &str = "corvid";
 pub trait Kind: Resource {
     /// Name in error types and messages (`Port` in `PortNotFound`).
     const TITLE: &'static str;
-    /// What the view holds of one object: the object, or a compact form of it.
-    type Stored;
+    /// What the view holds of one object: the object, or a compact form of it that is
+    /// written as the object is.
+    type Stored: serde::Serialize;
     /// Its table in the view.
     fn table(v: &View) -> &Table<Self::Stored>;
     /// The object of what the view holds.
@@ -65,7 +66,7 @@ pub trait Kind: Resource {
     }
     /// The object as the API shows it, from what the view holds of it: a security group
     /// shows its rules, which the store keeps apart.
-    fn shown(_v: &View, obj: &Arc<Self>) -> Arc<Self> {
+    fn shown(_v: &View, obj: &Arc<Self::Stored>) -> Arc<Self::Stored> {
         obj.clone()
     }
 }
@@ -470,7 +471,8 @@ pub fn show<K: Kind>(
 ) -> Result<Response, NeutronError> {
     let (obj, revision) = {
         let v = ctl.view();
-        (K::shown(&v, &lookup::<K>(&v, id)?.obj), v.revision)
+        let e = K::table(&v).get(id).ok_or_else(|| K::missing(id))?;
+        (K::shown(&v, &e.obj), v.revision)
     };
     let mut v = serde_json::to_value(&*obj).unwrap_or(Value::Null);
     let fields = fields_of(query);
@@ -488,7 +490,7 @@ pub fn show<K: Kind>(
 pub fn list<K: Kind>(
     ctl: &Controller,
     raw: Option<&str>,
-    candidates: Option<(Vec<Arc<K>>, i64)>,
+    candidates: Option<(Vec<Arc<K::Stored>>, i64)>,
 ) -> Result<Response, NeutronError> {
     let q = ListQuery::parse(raw)?;
     let (objs, revision) = candidates.unwrap_or_else(|| {
@@ -496,7 +498,7 @@ pub fn list<K: Kind>(
         (
             K::table(&v)
                 .values()
-                .map(|e| K::shown(&v, &K::expand(&e.obj)))
+                .map(|e| K::shown(&v, &e.obj))
                 .collect(),
             v.revision,
         )

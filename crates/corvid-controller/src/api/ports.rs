@@ -150,7 +150,7 @@ async fn list_ports(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronE
             .map(|ids| {
                 let ports = ids
                     .iter()
-                    .filter_map(|id| v.ports.get(id).map(|e| Arc::new(e.obj.expand())))
+                    .filter_map(|id| v.ports.get(id).map(|e| e.obj.clone()))
                     .collect();
                 (ports, v.revision)
             })
