@@ -1,6 +1,6 @@
 //! What the controller's view holds per port: the heap bytes (as glibc's malloc charges
-//! them) of a view fed N ports as the controller stores them, with their address and MAC
-//! keys. Two shapes: the scale harness's ports (a network and a host, nothing else) and the
+//! them) of a view fed N ports as the controller stores them, with the address and MAC
+//! keys the watch delivers beside them (which the view passes over). Two shapes: the scale harness's ports (a network and a host, nothing else) and the
 //! Kubernetes watcher's (a name, a device, an owner and two tags).
 //! `cargo bench -p corvid-controller --bench view_memory` (`CORVID_BENCH_PORTS`, default
 //! 100,000).
@@ -109,7 +109,11 @@ fn main() {
         .unwrap_or(100_000);
     for (shape, pod) in [("scale harness", false), ("Kubernetes pod", true)] {
         let kvs: Vec<KeyValue> = (0..ports).flat_map(|n| port_keys(n, pod)).collect();
-        let stored: usize = kvs.iter().map(|kv| kv.value.len()).sum();
+        let stored: usize = kvs
+            .iter()
+            .filter(|kv| kv.key.starts_with(keys::VIEWED[0]))
+            .map(|kv| kv.value.len())
+            .sum();
         let base = BYTES.load(Ordering::Relaxed);
         let mut view = View::load(Vec::new(), 1);
         for kv in &kvs {

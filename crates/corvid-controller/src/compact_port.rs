@@ -177,7 +177,7 @@ impl CompactPort {
             created_at: p.created_at.into(),
             updated_at: p.updated_at.into(),
             revision_number: p.revision_number,
-            rest: (rest != Rest::common()).then(|| Box::new(rest)),
+            rest: (rest != *COMMON).then(|| Box::new(rest)),
         }
     }
 
@@ -255,7 +255,7 @@ impl Serialize for CompactPort {
         let set = usize::from(rest.veth_name.is_some())
             + usize::from(rest.network_ns.is_some())
             + usize::from(rest.fast_path.is_some());
-        let mut p = s.serialize_struct("Port", 28 + set)?;
+        let mut p = s.serialize_struct("Port", 26 + set)?;
         p.serialize_field("id", &*self.id)?;
         p.serialize_field("name", self.name.as_str())?;
         p.serialize_field("network_id", &*self.network_id)?;
