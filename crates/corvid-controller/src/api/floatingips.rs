@@ -170,11 +170,11 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                     None => None,
                 };
                 if let Some(ip) = ip {
-                    found = Some((s.obj.id.clone(), ip));
+                    found = Some((s.obj.id.clone(), s.create_revision, ip));
                     break;
                 }
             }
-            let (subnet_id, ip) = found.ok_or_else(|| {
+            let (subnet_id, subnet_revision, ip) = found.ok_or_else(|| {
                 NeutronError::conflict(
                     "IpAddressGenerationFailure",
                     format!("No more IP addresses available on network {net_id}."),
@@ -212,6 +212,9 @@ async fn create(State(c): Ctl, headers: HeaderMap, b: Bytes) -> Result<Response,
                         net.create_revision,
                     ),
                     Compare::CreateRevision(ip_key.clone(), 0),
+                    // As a port's address does: a subnet deleted meanwhile takes the
+                    // address's home with it, and the view would count it nowhere.
+                    Compare::CreateRevision(keys::resource("subnets", &subnet_id), subnet_revision),
                 ],
                 ops: vec![
                     Op::Put(ip_key, id.clone().into_bytes()),
