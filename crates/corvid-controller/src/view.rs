@@ -563,7 +563,7 @@ impl View {
                     self.take_port(p, false);
                 }
                 if deleted {
-                    return (old.and_then(|o| json(&o.expand())), hosts);
+                    return (old.and_then(|o| json(&*o)), hosts);
                 }
                 let Ok(p) = serde_json::from_slice::<Port>(&kv.value) else {
                     return (None, hosts);
