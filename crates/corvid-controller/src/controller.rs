@@ -83,11 +83,19 @@ impl Controller {
         token: Option<String>,
     ) -> Result<Arc<Controller>, StoreError> {
         let cluster_id = cluster_id(&store).await?;
-        let (kvs, revision, present) = load(store.as_ref())?;
-        let (applied, _) = watch::channel(revision);
+        // Seconds of reading and parsing at scale, kept off the runtime's workers, which
+        // meanwhile take the connections that wait for it.
+        let reading = store.clone();
+        let (view, present) = tokio::task::spawn_blocking(move || {
+            let (kvs, revision, present) = load(reading.as_ref())?;
+            Ok::<_, StoreError>((View::load(kvs, revision), present))
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("loading the view: {e}")))??;
+        let (applied, _) = watch::channel(view.revision);
         let ctl = Arc::new(Controller {
             store,
-            view: RwLock::new(View::load(kvs, revision)),
+            view: RwLock::new(view),
             applied,
             allocator: Allocator::default(),
             token,

@@ -9,6 +9,7 @@ pub mod controller;
 pub mod error;
 pub mod ipam;
 pub mod keys;
+mod loading;
 pub mod metrics;
 pub mod query;
 pub mod store;
@@ -54,49 +55,72 @@ pub fn run(
         Some(files) => Some(files.server_config()?),
         None => None,
     };
-    rt.block_on(async move {
-        let spec = config.store.clone();
-        let store = tokio::task::spawn_blocking(move || store::open(&spec))
-            .await
-            .map_err(|e| ServeError::Runtime(e.into()))??;
-        let ctl = Controller::start(store, config.token).await?;
-        let cluster_id = ctl.cluster_id.clone();
-        let stopping = ctl.clone();
-        let shutdown = async move {
-            shutdown.await;
-            stopping.stop();
-        };
+    let served = rt.block_on(async move {
+        // Bound before the load: a port in use is reported at once, and clients that
+        // connect during the load wait for it (loading.rs).
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServeError::Listen {
                 addr: config.listen,
                 source,
             })?;
-        let ops = corvid_metrics::router(std::sync::Arc::new(metrics_endpoints(&ctl)))
-            .route(
+        let loading = loading::Loading::new();
+        let waiting = loading.clone();
+        let app = corvid_metrics::router(std::sync::Arc::new(metrics_endpoints(&loading)))
+            .fallback(move |req| waiting.clone().serve(req))
+            .layer(axum::extract::DefaultBodyLimit::max(config.max_body));
+        let stopping = loading.clone();
+        let shutdown = async move {
+            shutdown.await;
+            stopping.stop();
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(listen = %config.listen, store = %config.store, scheme, "controller listening");
+        let serving = async move {
+            match tls {
+                Some(tls) => {
+                    let listener =
+                        tls::TlsListener::new(listener, tls).map_err(ServeError::Serve)?;
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                }
+                None => {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                }
+            }
+            .map_err(ServeError::Serve)
+        };
+        let starting = async {
+            let spec = config.store.clone();
+            let store = tokio::task::spawn_blocking(move || store::open(&spec))
+                .await
+                .map_err(|e| ServeError::Runtime(e.into()))??;
+            let ctl = Controller::start(store, config.token).await?;
+            let cluster_id = ctl.cluster_id.clone();
+            let api = api::router(ctl.clone()).route(
                 "/version",
                 axum::routing::get(move || version(cluster_id.clone())),
             );
-        let app = ops
-            .merge(api::router(ctl))
-            .layer(axum::extract::DefaultBodyLimit::max(config.max_body));
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        tracing::info!(listen = %config.listen, store = %config.store, scheme, "controller listening");
-        match tls {
-            Some(tls) => {
-                let listener = tls::TlsListener::new(listener, tls).map_err(ServeError::Serve)?;
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
+            loading.loaded(&ctl, api);
+            tracing::info!(revision = ctl.view().revision, "controller serving its view");
+            Ok::<_, ServeError>(ctl)
+        };
+        tokio::pin!(serving);
+        tokio::select! {
+            started = starting => {
+                // Held for as long as the process serves: the endpoints hold it weakly.
+                let _ctl = started?;
+                serving.await
             }
-            None => {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-            }
+            served = &mut serving => served,
         }
-        .map_err(ServeError::Serve)
-    })
+    });
+    // A load cut short by the stop may be blocked on the store: not waited for.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    served
 }
 
 /// `GET /version`, as kube-apiserver and etcd answer it: which controller this is and
@@ -106,23 +130,25 @@ async fn version(cluster_id: String) -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "cluster_id": cluster_id}))
 }
 
-/// The metrics endpoints over `ctl`: ready while the store answers and the view is
-/// current (metrics.rs is kept free of the controller, which counts into it).
-fn metrics_endpoints(ctl: &std::sync::Arc<controller::Controller>) -> corvid_metrics::Endpoints {
-    let ready = std::sync::Arc::downgrade(ctl);
-    let observed = std::sync::Arc::downgrade(ctl);
+/// The metrics endpoints over the controller: ready once its view is loaded and while
+/// the store answers and the view is current (metrics.rs is kept free of the controller,
+/// which counts into it).
+fn metrics_endpoints(loading: &loading::Loading) -> corvid_metrics::Endpoints {
+    let ready = loading.clone();
+    let observed = loading.clone();
     metrics::endpoints(
-        Box::new(move || match ready.upgrade() {
+        Box::new(move || match ready.controller() {
+            Some(c) if c.stopping() => Err("the controller is stopping".into()),
             Some(c) if c.may_be_stale() => Err(format!(
                 "the view has not been confirmed current with the store for {:.1} s",
                 c.unconfirmed().as_secs_f64()
             )
             .into()),
             Some(_) => Ok(()),
-            None => Err("the controller is stopping".into()),
+            None => Err("the controller is loading its view from the store".into()),
         }),
         move || {
-            let c = observed.upgrade()?;
+            let c = observed.controller()?;
             let view = c.view();
             Some((c.unconfirmed().as_secs_f64(), view.revision, view.counts()))
         },

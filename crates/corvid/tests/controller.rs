@@ -648,6 +648,85 @@ fn a_host_resumes_the_watch_across_a_restart_on_etcd() {
     assert!(listed.iter().any(|p| p.id == meanwhile.id));
 }
 
+/// A `GET` of `path` on `url` with a client that waits as long as it takes: the status
+/// and the body, or the transport's error.
+fn get(url: &str, path: &str) -> Result<(u16, String), String> {
+    match ureq::get(&format!("{url}{path}")).call() {
+        Ok(r) => Ok((r.status(), r.into_string().unwrap_or_default())),
+        Err(ureq::Error::Status(code, r)) => Ok((code, r.into_string().unwrap_or_default())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A starting controller takes connections while it loads its view: `/healthz` answers,
+/// `/readyz` says why it is not ready, and an API request waits and is answered from
+/// the loaded view instead of being refused (so a thousand agents do not each sleep
+/// their backoff after the load). One stopped during the load answers what waits 503
+/// and ends. The load is held up by the test's own etcd, stopped with SIGSTOP.
+#[test]
+fn a_starting_controller_holds_requests_until_its_view_is_loaded() {
+    let etcd = support::EtcdCluster::start(1);
+    let store = etcd.store();
+    let (net, _) = network_with_subnet(
+        &ControllerProcess::start(&store, None).client(),
+        "10.7.0.0/24",
+        json!(null),
+    );
+    let shown = format!("/v2.0/networks/{}", net.id);
+
+    etcd.freeze(0, true);
+    let mut stopped = ControllerProcess::spawn(&store, None);
+    let t = std::time::Instant::now();
+    while get(&stopped.url, "/healthz").is_err() {
+        assert!(t.elapsed() < Duration::from_secs(20), "never bound");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, why) = get(&stopped.url, "/readyz").unwrap();
+    assert_eq!(code, 503);
+    assert!(why.contains("loading its view"), "{why}");
+    let url = stopped.url.clone();
+    let path = shown.clone();
+    let waiting = std::thread::spawn(move || get(&url, &path));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !waiting.is_finished(),
+        "answered before the view was loaded"
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &stopped.pid().to_string()])
+        .status();
+    let (code, body) = waiting.join().unwrap().expect("answered, not cut off");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("ServiceUnavailable"), "{body}");
+    let t = std::time::Instant::now();
+    while !stopped.exited() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let starting = ControllerProcess::spawn(&store, None);
+    let t = std::time::Instant::now();
+    while get(&starting.url, "/healthz").is_err() {
+        assert!(t.elapsed() < Duration::from_secs(20), "never bound");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = starting.url.clone();
+    let waiting = std::thread::spawn(move || get(&url, &shown));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !waiting.is_finished(),
+        "answered before the view was loaded"
+    );
+    etcd.freeze(0, false);
+    let (code, body) = waiting.join().unwrap().expect("answered, not refused");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(&net.id), "{body}");
+    assert_eq!(get(&starting.url, "/readyz").unwrap().0, 200);
+}
+
 /// A snapshot on etcd reads every key of the prefixes asked exactly once across pages
 /// (of three keys here), all as of one revision however the store moves on, and says
 /// `Compacted` for a revision etcd no longer holds.

@@ -232,6 +232,19 @@ pub struct ControllerProcess {
 impl ControllerProcess {
     /// Starts a controller on `store` and waits until it answers.
     pub fn start(store: &str, token: Option<&str>) -> ControllerProcess {
+        let started = ControllerProcess::spawn(store, token);
+        let probe = format!("{}/", started.url);
+        wait_until("the controller", || match ureq::get(&probe).call() {
+            Ok(_) => true,
+            Err(ureq::Error::Status(..)) => true,
+            Err(_) => false,
+        });
+        started
+    }
+
+    /// Starts a controller on `store` without waiting for it. It is killed when dropped,
+    /// so one that never answers is not left running when the test's wait unwinds.
+    pub fn spawn(store: &str, token: Option<&str>) -> ControllerProcess {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_corvid"));
@@ -247,22 +260,17 @@ impl ControllerProcess {
         if let Some(t) = token {
             cmd.args(["--token", t]);
         }
-        let child = cmd.spawn().expect("corvid controller starts");
-        // Made before the wait, so that one that never answers is killed when the
-        // failed wait unwinds rather than left running.
-        let started = ControllerProcess {
-            child,
+        ControllerProcess {
+            child: cmd.spawn().expect("corvid controller starts"),
             url,
             store: store.to_string(),
             token: token.map(str::to_string),
-        };
-        let probe = format!("{}/", started.url);
-        wait_until("the controller", || match ureq::get(&probe).call() {
-            Ok(_) => true,
-            Err(ureq::Error::Status(..)) => true,
-            Err(_) => false,
-        });
-        started
+        }
+    }
+
+    /// Whether the process has ended.
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// A client of this controller.
