@@ -87,8 +87,18 @@ impl Controller {
         // meanwhile take the connections that wait for it.
         let reading = store.clone();
         let (view, present) = tokio::task::spawn_blocking(move || {
+            let began = Instant::now();
             let (kvs, revision, present) = load(reading.as_ref())?;
-            Ok::<_, StoreError>((View::load(kvs, revision), present))
+            let (keys, read) = (kvs.len(), began.elapsed());
+            let view = View::load(kvs, revision);
+            tracing::info!(
+                keys,
+                revision,
+                read_s = read.as_secs_f64(),
+                parse_s = (began.elapsed() - read).as_secs_f64(),
+                "view loaded"
+            );
+            Ok::<_, StoreError>((view, present))
         })
         .await
         .map_err(|e| StoreError::Backend(format!("loading the view: {e}")))??;
@@ -122,6 +132,11 @@ impl Controller {
                 "the view has not caught up with the store: serving it, marked stale until it does"
             );
         }
+        tracing::info!(
+            revision = ctl.view().revision,
+            catch_up_s = ctl.started.elapsed().as_secs_f64(),
+            "view current"
+        );
         Ok(ctl)
     }
 

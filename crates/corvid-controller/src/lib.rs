@@ -105,7 +105,6 @@ pub fn run(
                 axum::routing::get(move || version(cluster_id.clone())),
             );
             loading.loaded(&ctl, api);
-            tracing::info!(revision = ctl.view().revision, "controller serving its view");
             Ok::<_, ServeError>(ctl)
         };
         tokio::pin!(serving);
