@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::error::NeutronError;
 use crate::ipam::{Allocator, Pending};
 use crate::keys;
-use crate::store::{Compare, KeyValue, Op, Store, StoreError, Txn};
+use crate::store::{Compare, Op, Store, StoreError, Txn};
 use crate::view::View;
 use crate::wakers::{Waker, Wakers};
 
@@ -88,14 +88,10 @@ impl Controller {
         let reading = store.clone();
         let (view, present) = tokio::task::spawn_blocking(move || {
             let began = Instant::now();
-            let (kvs, revision, present) = load(reading.as_ref())?;
-            let (keys, read) = (kvs.len(), began.elapsed());
-            let view = View::load(kvs, revision);
+            let (view, present) = load(reading.as_ref())?;
             tracing::info!(
-                keys,
-                revision,
-                read_s = read.as_secs_f64(),
-                parse_s = (began.elapsed() - read).as_secs_f64(),
+                revision = view.revision,
+                load_s = began.elapsed().as_secs_f64(),
                 "view loaded"
             );
             Ok::<_, StoreError>((view, present))
@@ -344,21 +340,42 @@ const FEED_HISTORY: i64 = crate::view::FEED_LEN as i64;
 /// store's present.
 const CATCH_UP: Duration = Duration::from_secs(60);
 
-/// Every key of the store, at `FEED_HISTORY` revisions back where it can, the revision
-/// read at, and the store's present then (a revision the watch delivers, so that the
-/// view can be seen to reach it).
-fn load(store: &dyn Store) -> Result<(Vec<KeyValue>, i64, i64), StoreError> {
+/// The view of the store, at `FEED_HISTORY` revisions back where it can, and the
+/// store's present then (a revision the watch delivers, so that the view can be seen to
+/// reach it).
+fn load(store: &dyn Store) -> Result<(View, i64), StoreError> {
     let now = store.mark_progress()?;
     let from = (now - FEED_HISTORY).max(1);
     if from < now {
-        match store.snapshot(&keys::VIEWED, Some(from)) {
-            Ok((kvs, _)) => return Ok((kvs, from, now)),
+        match read_view(store, Some(from)) {
+            Ok(view) => return Ok((view, now)),
             Err(StoreError::Compacted(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    let (kvs, revision) = store.snapshot(&keys::VIEWED, None)?;
-    Ok((kvs, revision, now))
+    Ok((read_view(store, None)?, now))
+}
+
+/// The viewed keys read at `revision` (the present when none) into a view. The objects
+/// are parsed on this thread while another reads the next page: at 100,000 ports that
+/// takes the parse (a fifth of the load) off the time to the first answer.
+fn read_view(store: &dyn Store, revision: Option<i64>) -> Result<View, StoreError> {
+    let (batches, read) = std::sync::mpsc::sync_channel(2);
+    std::thread::scope(|s| {
+        let reader = std::thread::Builder::new()
+            .name("corvid-view-read".into())
+            .spawn_scoped(s, move || {
+                store.snapshot_batches(&keys::VIEWED, revision, &mut |kvs| {
+                    let _ = batches.send(kvs);
+                })
+            })
+            .map_err(|e| StoreError::Backend(format!("starting the view's reader: {e}")))?;
+        let view = View::from_objects(read.into_iter().flatten());
+        let at = reader
+            .join()
+            .unwrap_or_else(|_| Err(StoreError::Backend("the view's reader panicked".into())))?;
+        Ok(view.at(at))
+    })
 }
 
 /// Applies store changes to the view for as long as the controller lives; reloads the
@@ -446,9 +463,10 @@ fn follow(ctl: std::sync::Weak<Controller>) {
 }
 
 fn reload(c: &Controller) {
-    match c.store.snapshot(&keys::VIEWED, None) {
-        Ok((kvs, revision)) => {
-            *c.view.write().unwrap_or_else(|p| p.into_inner()) = View::load(kvs, revision);
+    match read_view(c.store.as_ref(), None) {
+        Ok(view) => {
+            let revision = view.revision;
+            *c.view.write().unwrap_or_else(|p| p.into_inner()) = view;
             c.applied.send_replace(revision);
             c.wakers.wake_all();
             c.confirm();

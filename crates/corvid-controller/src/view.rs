@@ -348,12 +348,14 @@ impl View {
     }
 
     /// A view of a full `range` of the store at `revision`.
-    pub fn load(kvs: Vec<KeyValue>, revision: i64) -> View {
-        let mut v = View {
-            feed_start: revision + 1,
-            trimmed: (revision, HashMap::new()),
-            ..View::default()
-        };
+    pub fn load(kvs: impl IntoIterator<Item = KeyValue>, revision: i64) -> View {
+        View::from_objects(kvs).at(revision)
+    }
+
+    /// The objects of a full `range` of the store, taken as they come; the view is whole
+    /// once [`View::at`] says the revision they were read at.
+    pub fn from_objects(kvs: impl IntoIterator<Item = KeyValue>) -> View {
+        let mut v = View::default();
         for kv in kvs {
             v.apply_one(&Event::Put(kv), false);
         }
@@ -366,8 +368,16 @@ impl View {
         for f in fips {
             v.take_floating_ip(&f, true);
         }
-        v.revision = revision;
         v
+    }
+
+    /// The view as of `revision`, the one its objects were read at: its feed starts
+    /// after it.
+    pub fn at(mut self, revision: i64) -> View {
+        self.feed_start = revision + 1;
+        self.trimmed = (revision, HashMap::new());
+        self.revision = revision;
+        self
     }
 
     /// Counts the address and MAC of `p` as taken, or no longer.

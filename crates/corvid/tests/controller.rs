@@ -766,8 +766,25 @@ fn an_etcd_snapshot_reads_every_key_once_across_pages_at_one_revision() {
     let at = put("/corvid/ip", "x");
     let store = EtcdStore::connect(&etcd.url).unwrap().with_range_page(3);
     let prefixes = ["/corvid/r/", "/corvid/ip/"];
+    // Both reads, whole and a page at a time, must give the same keys.
     let read = |revision| {
-        let (kvs, _) = store.snapshot(&prefixes, revision).unwrap();
+        let (kvs, at) = store.snapshot(&prefixes, revision).unwrap();
+        let mut batches = Vec::new();
+        let batched_at = store
+            .snapshot_batches(&prefixes, revision, &mut |kvs| batches.push(kvs))
+            .unwrap();
+        assert_eq!(batched_at, at);
+        assert!(batches.iter().all(|b| b.len() <= 3), "pages of three");
+        let batched: Vec<(String, Vec<u8>)> = batches
+            .into_iter()
+            .flatten()
+            .map(|kv| (kv.key, kv.value))
+            .collect();
+        let whole: Vec<(String, Vec<u8>)> = kvs
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect();
+        assert_eq!(batched, whole);
         let mut keys: Vec<String> = kvs.iter().map(|kv| kv.key.clone()).collect();
         keys.sort();
         let values: Vec<Vec<u8>> = kvs.into_iter().map(|kv| kv.value).collect();
@@ -795,6 +812,38 @@ fn an_etcd_snapshot_reads_every_key_once_across_pages_at_one_revision() {
         store.snapshot(&prefixes, Some(at)),
         Err(StoreError::Compacted(r)) if r == at
     ));
+    assert!(matches!(
+        store.snapshot_batches(&prefixes, Some(at), &mut |_| {}),
+        Err(StoreError::Compacted(r)) if r == at
+    ));
+}
+
+/// A controller starting on an etcd compacted past the history it would load from
+/// reads the present instead, and holds every object.
+#[test]
+fn a_controller_starts_on_a_compacted_etcd() {
+    let etcd = Etcd::start();
+    let store = format!("etcd:{}", etcd.url);
+    let mut ctl = ControllerProcess::start(&store, None);
+    let (net, _) = network_with_subnet(&ctl.client(), "10.6.0.0/24", json!(null));
+    let port: Port = ctl.client().create(json!({"network_id": net.id})).unwrap();
+    ctl.kill9();
+    let revision = ureq::post(&format!("{}/v3/kv/range", etcd.url))
+        .send_json(json!({"key": "eA=="}))
+        .unwrap()
+        .into_json::<Value>()
+        .unwrap()["header"]["revision"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ureq::post(&format!("{}/v3/kv/compaction", etcd.url))
+        .send_json(json!({"revision": revision}))
+        .unwrap();
+    ctl.restart();
+    let (ports, _) = ctl.client().list::<Port>(&[]).unwrap();
+    assert_eq!(ports.iter().map(|p| &p.id).collect::<Vec<_>>(), [&port.id]);
+    let (nets, _) = ctl.client().list::<Network>(&[]).unwrap();
+    assert!(nets.iter().any(|n| n.id == net.id));
 }
 
 /// An etcd others write to as well (a cluster's own etcd, shared): their writes move the

@@ -46,6 +46,14 @@ const RANGE_PAGE: usize = 20_000;
 /// How long a new watch may wait for a member to accept it.
 const WATCH_CONNECT: Duration = Duration::from_secs(3);
 
+/// etcd's answer to a read at a compacted revision, as `Compacted`.
+fn compacted_at(e: StoreError, revision: i64) -> StoreError {
+    match e {
+        StoreError::Backend(m) if m.contains("compacted") => StoreError::Compacted(revision),
+        e => e,
+    }
+}
+
 fn b64(s: impl AsRef<[u8]>) -> String {
     B64.encode(s)
 }
@@ -155,30 +163,44 @@ impl EtcdStore {
 
     /// Every key under `prefix` at `revision`, in pages all read at that one revision.
     fn range_paged(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
+        let mut out = Vec::new();
+        self.range_pages(prefix, revision, &mut |kvs| out.extend(kvs))?;
+        Ok(out)
+    }
+
+    /// Every key under `prefix` at `revision`, handed to `each` a page at a time.
+    fn range_pages(
+        &self,
+        prefix: &str,
+        revision: i64,
+        each: &mut dyn FnMut(Vec<KeyValue>),
+    ) -> Result<(), StoreError> {
         let end = b64(prefix_end(prefix));
         let mut from = prefix.as_bytes().to_vec();
-        let mut out = Vec::new();
         loop {
             let body = json!({"key": b64(&from), "range_end": end, "limit": self.page,
                 "revision": revision});
-            let answer = self.post_raw("/v3/kv/range", &body, RANGE_TIMEOUT)?;
+            let answer = self
+                .post_raw("/v3/kv/range", &body, RANGE_TIMEOUT)
+                .map_err(|e| compacted_at(e, revision))?;
             let page: RangePage = serde_json::from_slice(&answer)
                 .map_err(|e| StoreError::Backend(format!("etcd /v3/kv/range: {e}")))?;
             let more = page.more;
-            out.reserve(page.kvs.len());
+            let mut kvs = Vec::with_capacity(page.kvs.len());
             let mut last = None;
             for kv in page.kvs {
                 let (key, kv) = kv.decode()?;
                 last = Some(key);
-                out.push(kv);
+                kvs.push(kv);
             }
+            each(kvs);
             match last {
                 // The smallest key after the last one read: nothing skipped or read twice.
                 Some(mut key) if more => {
                     key.push(0);
                     from = key;
                 }
-                _ => return Ok(out),
+                _ => return Ok(()),
             }
         }
     }
@@ -311,15 +333,25 @@ impl Store for EtcdStore {
         });
         let mut out = Vec::new();
         for r in read {
-            match r {
-                Ok(kvs) => out.extend(kvs),
-                Err(StoreError::Backend(m)) if m.contains("compacted") => {
-                    return Err(StoreError::Compacted(at))
-                }
-                Err(e) => return Err(e),
-            }
+            out.extend(r?);
         }
         Ok((out, at))
+    }
+
+    fn snapshot_batches(
+        &self,
+        prefixes: &[&str],
+        revision: Option<i64>,
+        batch: &mut dyn FnMut(Vec<KeyValue>),
+    ) -> Result<i64, StoreError> {
+        let at = match revision {
+            Some(r) => r,
+            None => self.revision()?,
+        };
+        for prefix in prefixes {
+            self.range_pages(prefix, at, batch)?;
+        }
+        Ok(at)
     }
 
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {

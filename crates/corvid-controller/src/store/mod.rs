@@ -102,6 +102,19 @@ pub trait Store: Send + Sync {
         prefixes: &[&str],
         revision: Option<i64>,
     ) -> Result<(Vec<KeyValue>, i64), StoreError>;
+    /// `snapshot`, handing the keys to `batch` as they are read (a page at a time on
+    /// etcd), so that the caller parses one batch while the store reads the next; the
+    /// revision read at. The keys handed over before an error are not all there are.
+    fn snapshot_batches(
+        &self,
+        prefixes: &[&str],
+        revision: Option<i64>,
+        batch: &mut dyn FnMut(Vec<KeyValue>),
+    ) -> Result<i64, StoreError> {
+        let (kvs, at) = self.snapshot(prefixes, revision)?;
+        batch(kvs);
+        Ok(at)
+    }
     /// The store's current revision, read cheaply. Writes of others under other
     /// prefixes (an etcd shared with other users) move it without an event for the view.
     fn revision(&self) -> Result<i64, StoreError>;
