@@ -49,10 +49,19 @@ impl Loading {
         }
     }
 
-    /// The view is loaded: `api` answers from now on, the requests waiting first.
+    /// The view is loaded: `api` answers from now on, the requests waiting first. A
+    /// controller loaded after the stop began is stopped at once. (The phase's lock
+    /// orders this against `stop`, so neither misses the other.)
     pub(crate) fn loaded(&self, ctl: &Arc<Controller>, api: Router) {
         let _ = self.controller.set(Arc::downgrade(ctl));
-        self.phase.send_replace(Phase::Serving(api));
+        let mut stopping = false;
+        self.phase.send_modify(|p| match p {
+            Phase::Stopping => stopping = true,
+            _ => *p = Phase::Serving(api),
+        });
+        if stopping {
+            ctl.stop();
+        }
     }
 
     /// The controller, once loaded and while it lives.
@@ -63,11 +72,13 @@ impl Loading {
     /// The process is stopping: the controller's long polls end, and requests still
     /// waiting for a view that will not come are answered.
     pub(crate) fn stop(&self) {
-        match self.controller() {
-            Some(ctl) => ctl.stop(),
-            None => {
-                self.phase.send_replace(Phase::Stopping);
-            }
+        let mut serving = None;
+        self.phase.send_modify(|p| match p {
+            Phase::Serving(_) => serving = self.controller(),
+            _ => *p = Phase::Stopping,
+        });
+        if let Some(ctl) = serving {
+            ctl.stop();
         }
     }
 
