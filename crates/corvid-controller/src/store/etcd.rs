@@ -161,14 +161,8 @@ impl EtcdStore {
             .map_err(|e| StoreError::Backend(format!("etcd {path}: {e}")))
     }
 
-    /// Every key under `prefix` at `revision`, in pages all read at that one revision.
-    fn range_paged(&self, prefix: &str, revision: i64) -> Result<Vec<KeyValue>, StoreError> {
-        let mut out = Vec::new();
-        self.range_pages(prefix, revision, &mut |kvs| out.extend(kvs))?;
-        Ok(out)
-    }
-
-    /// Every key under `prefix` at `revision`, handed to `each` a page at a time.
+    /// Every key under `prefix` at `revision`, in pages all read at that one revision,
+    /// handed to `each` a page at a time.
     fn range_pages(
         &self,
         prefix: &str,
@@ -312,29 +306,8 @@ impl Store for EtcdStore {
         prefixes: &[&str],
         revision: Option<i64>,
     ) -> Result<(Vec<KeyValue>, i64), StoreError> {
-        let at = match revision {
-            Some(r) => r,
-            None => self.revision()?,
-        };
-        // One request per prefix at once: etcd spends its time writing the gateway's
-        // JSON, which its cores share out.
-        let read: Vec<Result<Vec<KeyValue>, StoreError>> = std::thread::scope(|s| {
-            let ranges: Vec<_> = prefixes
-                .iter()
-                .map(|p| s.spawn(move || self.range_paged(p, at)))
-                .collect();
-            ranges
-                .into_iter()
-                .map(|r| {
-                    r.join()
-                        .unwrap_or_else(|_| Err(StoreError::Backend("a range panicked".into())))
-                })
-                .collect()
-        });
         let mut out = Vec::new();
-        for r in read {
-            out.extend(r?);
-        }
+        let at = self.snapshot_batches(prefixes, revision, &mut |kvs| out.extend(kvs))?;
         Ok((out, at))
     }
 
