@@ -28,6 +28,12 @@ use crate::wakers::Touched;
 /// How many changes the watch feed keeps for agents to resume from.
 pub const FEED_LEN: usize = 10_000;
 
+/// How many of the newest feed entries keep a port's JSON text. Polls that keep up are
+/// answered from these, a port written once however many hosts it goes to; further back
+/// a port is written again from its compact form, which its entry shares with the view
+/// while the port is unchanged (the text of all 10,000 entries was about 11 MiB).
+pub const FEED_TEXT_LEN: usize = 1_000;
+
 /// The Octavia collections, stored as plain JSON objects.
 pub const LBAAS: [&str; 4] = ["loadbalancers", "listeners", "pools", "members"];
 
@@ -67,22 +73,42 @@ impl<T> Clone for Entry<T> {
 /// so 100k ports do not hold five copies of every ID.
 pub type Table<T> = HashMap<Arc<str>, Entry<T>>;
 
-/// One change of the watch feed, kept as JSON text until someone asks for it.
-#[derive(Debug, Clone)]
+/// One change of the watch feed.
+#[derive(Debug)]
 pub struct FeedEntry {
     /// Store revision.
     pub revision: i64,
     /// Created or updated, or deleted.
     pub kind: EventKind,
-    /// Collection name.
+    /// Collection name (shared with the view's other strings).
     pub resource: Arc<str>,
     /// Object ID.
     pub id: Arc<str>,
-    /// The object (after a put, before a delete) as JSON text: a parsed tree of each of
-    /// the feed's 10,000 entries would cost several times as much.
-    pub object: Arc<RawValue>,
+    /// The object, after a put or before a delete.
+    pub object: FeedObject,
     /// Hosts the change concerns (a port's binding before and after).
-    pub hosts: Vec<String>,
+    pub hosts: [Option<Arc<str>>; 2],
+}
+
+/// A feed entry's object, kept as JSON text until someone asks for it: a parsed tree of
+/// each of the feed's 10,000 entries would cost several times as much.
+#[derive(Debug)]
+pub enum FeedObject {
+    /// Anything but a port: its text.
+    Text(Box<RawValue>),
+    /// A port: its compact form, and its text while the entry is among the newest
+    /// [`FEED_TEXT_LEN`].
+    Port(Arc<CompactPort>, Option<Box<RawValue>>),
+}
+
+/// Written as the text when there is one, else as the port (the same JSON).
+impl Serialize for FeedObject {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FeedObject::Text(text) | FeedObject::Port(_, Some(text)) => text.serialize(s),
+            FeedObject::Port(port, None) => port.serialize(s),
+        }
+    }
 }
 
 /// Secondary indexes of ports, for the filters adapters use on every call. They hold a
@@ -429,8 +455,8 @@ impl View {
             if let Some(old) = self.feed.pop_front() {
                 self.feed_start = old.revision + 1;
                 if &*old.resource == "ports" {
-                    for h in &old.hosts {
-                        self.trimmed.1.insert(h.clone(), old.revision);
+                    for h in old.hosts.iter().flatten() {
+                        self.trimmed.1.insert(h.to_string(), old.revision);
                     }
                 } else {
                     self.trimmed.0 = old.revision;
@@ -459,7 +485,9 @@ impl View {
         let mut touched = Touched::default();
         for e in self.feed.iter().rev().take_while(|e| e.revision > revision) {
             if &*e.resource == "ports" {
-                touched.hosts.extend(e.hosts.iter().cloned());
+                touched
+                    .hosts
+                    .extend(e.hosts.iter().flatten().map(|h| h.to_string()));
             } else {
                 touched.all = true;
             }
@@ -476,6 +504,10 @@ impl View {
             Parsed::Resource(coll, id) => {
                 let (object, hosts) = self.apply_resource(coll, id, kv, deleted, record);
                 if let (true, Some(object)) = (record, object) {
+                    let id = match &object {
+                        FeedObject::Port(p, _) => p.id.clone(),
+                        FeedObject::Text(_) => id.into(),
+                    };
                     self.feed.push_back(FeedEntry {
                         revision: kv.mod_revision,
                         kind: if deleted {
@@ -483,11 +515,22 @@ impl View {
                         } else {
                             EventKind::Put
                         },
-                        resource: coll.into(),
-                        id: id.into(),
-                        object: object.into(),
+                        resource: self.strings.get(coll),
+                        id,
+                        object,
                         hosts,
                     });
+                    // Every entry passes this place once, as later ones are pushed.
+                    if let Some(old) = self
+                        .feed
+                        .len()
+                        .checked_sub(FEED_TEXT_LEN + 1)
+                        .and_then(|i| self.feed.get_mut(i))
+                    {
+                        if let FeedObject::Port(_, text) = &mut old.object {
+                            *text = None;
+                        }
+                    }
                 }
             }
             Parsed::Ip(..) | Parsed::Mac(_) | Parsed::Other => {}
@@ -503,17 +546,15 @@ impl View {
         kv: &KeyValue,
         deleted: bool,
         count: bool,
-    ) -> (Option<Box<RawValue>>, Vec<String>) {
+    ) -> (Option<FeedObject>, [Option<Arc<str>>; 2]) {
+        let text = |t: Option<Box<RawValue>>| (t.map(FeedObject::Text), [None, None]);
         macro_rules! plain {
             ($table:expr) => {{
                 let old = $table.remove(id).and_then(|e| json(&*e.obj));
                 if deleted {
-                    (old, Vec::new())
+                    text(old)
                 } else {
-                    (
-                        put(&mut $table, kv, id.into()).and_then(|_| stored_json(kv)),
-                        Vec::new(),
-                    )
+                    text(put(&mut $table, kv, id.into()).and_then(|_| stored_json(kv)))
                 }
             }};
         }
@@ -527,13 +568,13 @@ impl View {
                     self.take_floating_ip(f, false);
                 }
                 if deleted {
-                    return (old.and_then(|o| json(&*o)), Vec::new());
+                    return text(old.and_then(|o| json(&*o)));
                 }
                 let new = put(&mut self.floatingips, kv, id.into());
                 if let (true, Some(f)) = (count, &new) {
                     self.take_floating_ip(f, true);
                 }
-                (new.and_then(|_| stored_json(kv)), Vec::new())
+                text(new.and_then(|_| stored_json(kv)))
             }
             "routers" => plain!(self.routers),
             "security_groups" => plain!(self.security_groups),
@@ -549,7 +590,7 @@ impl View {
                     e.obj
                 });
                 if deleted {
-                    return (old.and_then(|o| json(&*o)), Vec::new());
+                    return text(old.and_then(|o| json(&*o)));
                 }
                 let key: Arc<str> = id.into();
                 let new = put(&mut self.security_group_rules, kv, key.clone());
@@ -559,21 +600,24 @@ impl View {
                         .or_default()
                         .insert(key);
                 }
-                (new.and_then(|_| stored_json(kv)), Vec::new())
+                text(new.and_then(|_| stored_json(kv)))
             }
             "hosts" => plain!(self.hosts),
             "ports" => {
-                let mut hosts = Vec::new();
                 let old = self.ports.remove(id).map(|e| {
                     self.port_index.remove(&e.obj);
-                    hosts.push(e.obj.binding_host_id.to_string());
                     e.obj
                 });
+                let mut hosts = [old.as_ref().map(|o| o.binding_host_id.clone()), None];
                 if let (true, Some(p)) = (count, &old) {
                     self.take_port(p, false);
                 }
                 if deleted {
-                    return (old.and_then(|o| json(&*o)), hosts);
+                    let object = old.map(|o| {
+                        let text = json(&*o);
+                        FeedObject::Port(o, text)
+                    });
+                    return (object, hosts);
                 }
                 let Ok(p) = serde_json::from_slice::<Port>(&kv.value) else {
                     return (None, hosts);
@@ -584,22 +628,22 @@ impl View {
                 if count {
                     self.take_port(&p, true);
                 }
-                if !hosts.iter().any(|h| **h == *p.binding_host_id) {
-                    hosts.push(p.binding_host_id.to_string());
+                if hosts[0].as_deref() != Some(&*p.binding_host_id) {
+                    hosts[1] = Some(p.binding_host_id.clone());
                 }
                 self.ports.insert(
                     key,
                     Entry {
-                        obj: p,
+                        obj: p.clone(),
                         create_revision: kv.create_revision,
                         mod_revision: kv.mod_revision,
                     },
                 );
-                (stored_json(kv), hosts)
+                (Some(FeedObject::Port(p, stored_json(kv))), hosts)
             }
             other => match LBAAS.iter().find(|c| **c == other) {
                 Some(c) => plain!(self.lbaas.entry(c).or_default()),
-                None => (None, Vec::new()),
+                None => (None, [None, None]),
             },
         }
     }
@@ -763,5 +807,43 @@ mod tests {
         assert!(v.ips.is_empty());
         v.apply(&[Event::Put(put(keys::resource("floatingips", "f1"), fip))]);
         assert!(taken(&v, "s4", "203.0.113.7"));
+    }
+
+    /// The feed entry's object as a client reads it.
+    fn written(e: &FeedEntry) -> Value {
+        serde_json::from_str(&serde_json::to_string(&e.object).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn old_feed_entries_write_the_port_as_it_was() {
+        let mut v = View::load(Vec::new(), 1);
+        v.apply(&[port("p0", "first")]);
+        let as_stored: Port = match &v.feed[0].object {
+            FeedObject::Port(_, Some(text)) => serde_json::from_str(text.get()).unwrap(),
+            other => panic!("a new port entry without its text: {other:?}"),
+        };
+        // p0 renamed, then enough other changes to push its first entry past the text.
+        v.apply(&[port("p0", "second")]);
+        for i in 1..FEED_TEXT_LEN {
+            v.apply(&[port(&format!("p{i}"), "web")]);
+        }
+        let first = &v.feed[0];
+        assert!(matches!(first.object, FeedObject::Port(_, None)));
+        assert_eq!(written(first), serde_json::to_value(&as_stored).unwrap());
+        assert_eq!(written(first)["name"], "first");
+        assert!(matches!(v.feed[1].object, FeedObject::Port(_, Some(_))));
+        assert_eq!(written(&v.feed[1])["name"], "second");
+        // The current port and its newest entry are one copy.
+        match &v.feed[1].object {
+            FeedObject::Port(p, _) => assert!(Arc::ptr_eq(p, &v.ports["p0"].obj)),
+            other => panic!("not a port: {other:?}"),
+        }
+        v.apply(&[delete("ports", "p0")]);
+        let gone = v.feed.back().unwrap();
+        assert_eq!(
+            (gone.kind, written(gone)["name"].clone()),
+            (EventKind::Delete, "second".into())
+        );
+        assert_eq!(gone.hosts, [Some("h1".into()), None]);
     }
 }

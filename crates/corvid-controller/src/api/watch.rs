@@ -12,13 +12,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use corvid_api::EventKind;
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use super::Ctl;
 use super::Query;
 use crate::error::NeutronError;
 use crate::query::pairs;
-use crate::view::{FeedEntry, View};
+use crate::view::{FeedEntry, FeedObject, View};
 
 /// Longest wait a client may ask for.
 const MAX_WAIT: u64 = 300;
@@ -31,9 +30,10 @@ struct Filter {
     resources: Vec<String>,
 }
 
-/// One event as it is answered. The object is the feed's JSON text, written out as it
-/// is: building a `Value` tree of it for each subscriber cost a parse and an allocation
-/// per node, under the view's lock, for every host a change goes to.
+/// One event as it is answered. The object is written from what the feed keeps (its
+/// text, or a port's compact form): building a `Value` tree of it for each subscriber
+/// cost a parse and an allocation per node, under the view's lock, for every host a
+/// change goes to.
 #[derive(Serialize)]
 struct Event<'a> {
     revision: i64,
@@ -41,7 +41,7 @@ struct Event<'a> {
     kind: EventKind,
     resource: &'a str,
     id: &'a str,
-    object: &'a RawValue,
+    object: &'a FeedObject,
 }
 
 impl<'a> From<&'a FeedEntry> for Event<'a> {
@@ -86,7 +86,7 @@ fn collect<'v>(v: &'v View, f: &Filter) -> Result<(Vec<Event<'v>>, i64), Neutron
         }
         let wanted = (f.resources.is_empty() || f.resources.iter().any(|r| **r == *e.resource))
             && match &f.host {
-                Some(h) if &*e.resource == "ports" => e.hosts.iter().any(|x| x == h),
+                Some(h) if &*e.resource == "ports" => e.hosts.iter().flatten().any(|x| **x == **h),
                 _ => true,
             };
         if wanted {
