@@ -1608,3 +1608,50 @@ fn a_networks_subnets_share_a_pool_per_ip_version() {
     // A second IPv4 pool on the same network is refused, as Neutron refuses it.
     assert_eq!(kind(from(&v4b, 4)), (400, "HTTPBadRequest".into()));
 }
+
+/// The controller's threads, from `/proc`.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// Writes waiting on etcd wait for a place, not for a thread each: 200 hosts registering
+/// while etcd is stopped leave the controller with a bounded set of threads, and every
+/// one of them is registered once etcd goes on.
+#[test]
+fn writes_waiting_on_etcd_do_not_take_a_thread_each() {
+    let etcd = support::EtcdCluster::start(1);
+    let ctl = ControllerProcess::start(&etcd.store(), None);
+    let before = threads(ctl.pid());
+    etcd.freeze(0, true);
+    let writers: Vec<_> = (0..200)
+        .map(|i| {
+            let c = ctl.client();
+            std::thread::spawn(move || {
+                let ip = std::net::Ipv4Addr::new(192, 0, 2, (i % 250) as u8 + 1);
+                c.register_host(&format!("cvt-burst-{i}"), ip.into())
+            })
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    let mut most = 0;
+    while t.elapsed() < Duration::from_secs(2) {
+        most = most.max(threads(ctl.pid()));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    etcd.freeze(0, false);
+    for w in writers {
+        w.join().unwrap().expect("registered once etcd went on");
+    }
+    assert!(
+        most < before + 80,
+        "{most} threads while 200 writes waited on etcd ({before} before)"
+    );
+    let (hosts, _): (Vec<corvid_api::Host>, _) = ctl.client().list(&[]).unwrap();
+    assert_eq!(
+        hosts
+            .iter()
+            .filter(|h| h.id.starts_with("cvt-burst-"))
+            .count(),
+        200
+    );
+}

@@ -26,7 +26,15 @@ pub struct EtcdStore {
     page: usize,
     agent: ureq::Agent,
     preferred: AtomicUsize,
+    /// Transactions waiting on etcd at once.
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most transactions sent to etcd at once: as many as the agent keeps connections for.
+/// Unbounded, each waiting transaction held a blocking thread of its own and opened a
+/// connection past the kept ones: 1,000 hosts reporting at once filled tokio's 512
+/// blocking threads (14 MiB of stacks), for no more than etcd commits in that time.
+const TXNS_IN_FLIGHT: usize = 64;
 
 /// How long one request may take. Longer than etcd's own request timeout (5 s plus two
 /// election timeouts, 7 s by default), after which a member without quorum answers with an
@@ -132,9 +140,10 @@ impl EtcdStore {
             page: RANGE_PAGE,
             agent: ureq::AgentBuilder::new()
                 .timeout_connect(Duration::from_secs(3))
-                .max_idle_connections_per_host(64)
+                .max_idle_connections_per_host(TXNS_IN_FLIGHT)
                 .build(),
             preferred: AtomicUsize::new(0),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(TXNS_IN_FLIGHT)),
         };
         store.post("/v3/kv/range", &json!({ "key": b64("/"), "limit": 1 }))?;
         Ok(store)
@@ -329,15 +338,22 @@ impl Store for EtcdStore {
 
     fn txn(self: Arc<Self>, txn: Txn) -> oneshot::Receiver<TxnOutcome> {
         let (tx, rx) = oneshot::channel();
-        tokio::task::spawn_blocking(move || {
-            let started = std::time::Instant::now();
-            let outcome = self.txn_blocking(&txn);
-            let metrics = &crate::metrics::METRICS;
-            metrics
-                .commit_seconds
-                .observe(started.elapsed().as_secs_f64());
-            metrics.commit_batch.observe(1.0);
-            let _ = tx.send(outcome);
+        tokio::spawn(async move {
+            // Never closed: the store holds the semaphore.
+            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                let outcome = self.txn_blocking(&txn);
+                drop(permit);
+                let metrics = &crate::metrics::METRICS;
+                metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                metrics.commit_batch.observe(1.0);
+                let _ = tx.send(outcome);
+            });
         });
         rx
     }
