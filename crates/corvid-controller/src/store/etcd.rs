@@ -30,7 +30,7 @@ pub struct EtcdStore {
     in_flight: Arc<tokio::sync::Semaphore>,
 }
 
-/// Most transactions sent to etcd at once: as many as the agent keeps connections for.
+/// Most transactions sent to etcd at once: as many connections as the HTTP client keeps.
 /// Unbounded, each waiting transaction held a blocking thread of its own and opened a
 /// connection past the kept ones: 1,000 hosts reporting at once filled tokio's 512
 /// blocking threads (14 MiB of stacks), for no more than etcd commits in that time.
