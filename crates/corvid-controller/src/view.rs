@@ -323,7 +323,7 @@ pub struct View {
 }
 
 fn put<T: DeserializeOwned>(table: &mut Table<T>, kv: &KeyValue, id: Arc<str>) -> Option<Arc<T>> {
-    let obj: T = serde_json::from_slice(&kv.value).ok()?;
+    let obj: T = parsed(kv)?;
     let obj = Arc::new(obj);
     table.insert(
         id,
@@ -334,6 +334,16 @@ fn put<T: DeserializeOwned>(table: &mut Table<T>, kv: &KeyValue, id: Arc<str>) -
         },
     );
     Some(obj)
+}
+
+/// The object a stored key holds; none, said in the log, when it does not parse (written
+/// by another version, or by hand), since the view then goes on without it.
+fn parsed<T: DeserializeOwned>(kv: &KeyValue) -> Option<T> {
+    serde_json::from_slice(&kv.value)
+        .map_err(|e| {
+            tracing::warn!(key = %kv.key, error = %e, "a stored object does not parse: left out of the view");
+        })
+        .ok()
 }
 
 fn json<T: Serialize>(obj: &T) -> Option<Box<RawValue>> {
@@ -619,7 +629,7 @@ impl View {
                     });
                     return (object, hosts);
                 }
-                let Ok(p) = serde_json::from_slice::<Port>(&kv.value) else {
+                let Some(p) = parsed::<Port>(kv) else {
                     return (None, hosts);
                 };
                 let key: Arc<str> = id.into();

@@ -227,6 +227,8 @@ pub struct ControllerProcess {
     pub url: String,
     store: String,
     token: Option<String>,
+    /// Where its log goes.
+    log: tempfile::NamedTempFile,
 }
 
 impl ControllerProcess {
@@ -255,8 +257,12 @@ impl ControllerProcess {
             "--store",
             store,
         ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stdout(Stdio::null());
+        let log = tempfile::Builder::new()
+            .prefix("cvt-controller-log")
+            .tempfile()
+            .expect("a log file");
+        cmd.stderr(log.reopen().expect("the log file"));
         if let Some(t) = token {
             cmd.args(["--token", t]);
         }
@@ -265,7 +271,13 @@ impl ControllerProcess {
             url,
             store: store.to_string(),
             token: token.map(str::to_string),
+            log,
         }
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 
     /// Whether the process has ended.
