@@ -1662,15 +1662,14 @@ fn writes_waiting_on_etcd_do_not_take_a_thread_each() {
 fn an_unreadable_stored_port_is_logged_with_its_key() {
     use base64::Engine;
     let etcd = support::EtcdCluster::start(1);
-    let store = etcd.store();
-    let url = store.trim_start_matches("etcd:").split(',').next().unwrap();
+    let url = &etcd.urls()[0];
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     ureq::post(&format!("{url}/v3/kv/put"))
         .send_json(
             json!({"key": b64("/corvid/r/ports/cvt-unreadable"), "value": b64("{\"id\": 7")}),
         )
         .unwrap();
-    let ctl = ControllerProcess::start(&store, None);
+    let ctl = ControllerProcess::start(&etcd.store(), None);
     let (ports, _): (Vec<Port>, _) = ctl.client().list(&[]).unwrap();
     assert!(ports.is_empty(), "{ports:?}");
     let log = ctl.log();
