@@ -56,7 +56,10 @@ const VIEW_WAIT: Duration = Duration::from_secs(10);
 /// starting at once on one etcd agree: only one create succeeds).
 async fn cluster_id(store: &Arc<dyn Store>) -> Result<String, StoreError> {
     loop {
-        let (kvs, _) = store.range(keys::CLUSTER_ID)?;
+        let reading = store.clone();
+        let (kvs, _) = tokio::task::spawn_blocking(move || reading.range(keys::CLUSTER_ID))
+            .await
+            .map_err(|e| StoreError::Backend(format!("reading the cluster ID: {e}")))??;
         if let Some(kv) = kvs.iter().find(|kv| kv.key == keys::CLUSTER_ID) {
             return Ok(String::from_utf8_lossy(&kv.value).into_owned());
         }
