@@ -1,6 +1,6 @@
-//! etcd's two client protocols side by side on one etcd: the JSON gateway the controller
-//! speaks (`/v3/kv/txn`, base64 keys and values, as `EtcdStore` sends them) and gRPC
-//! through the `etcd-client` crate. 16 workers send transactions shaped like a port
+//! etcd's two client protocols side by side on one etcd: the JSON gateway (`/v3/kv/txn`,
+//! base64 keys and values, as `EtcdStore` sent them before it moved to gRPC) and gRPC
+//! through the `etcd-client` crate, as `EtcdStore` sends them now. 16 workers send transactions shaped like a port
 //! create (three "does not exist" compares, four puts: the port, its address, MAC and
 //! device entries) for `CORVID_BENCH_SECS` (5) per round, the protocols taking turns for
 //! three rounds each; printed are transactions per second and etcd's CPU time per
@@ -43,7 +43,7 @@ fn port_writes(w: usize, n: u64) -> Vec<(String, String)> {
     ]
 }
 
-/// One transaction through the JSON gateway, as the controller sends it.
+/// One transaction through the JSON gateway, as the controller sent it.
 fn gateway_txn(agent: &ureq::Agent, url: &str, writes: &[(String, String)]) -> Result<(), String> {
     let b64 = |s: &str| B64.encode(s);
     let compare: Vec<Value> = writes[..writes.len().min(3)]
