@@ -6,7 +6,8 @@
 //! at a steady rate (each create followed by the delete of the oldest port).
 //!
 //! Measured: create -> seen by the bound host (p50, p99) and create -> ACTIVE
-//! acknowledged; the watch fan-out's CPU per event, on the feed filtered by host and on
+//! acknowledged, beside the store's floor (the churn's transactions sent straight to
+//! etcd, `scale/floor.rs`); the watch fan-out's CPU per event, on the feed filtered by host and on
 //! the agent's unfiltered feed, at every host subscribed; the controller's RSS per
 //! 10,000 ports; a controller restart until its hosts follow it again; etcd's space,
 //! compacted and defragmented. Checked, and asserted: no host saw a store revision go
@@ -26,6 +27,8 @@ mod support;
 
 #[path = "scale/churn.rs"]
 mod churn;
+#[path = "scale/floor.rs"]
+mod floor;
 #[path = "scale/host.rs"]
 mod host;
 #[path = "scale/procs.rs"]
@@ -425,6 +428,16 @@ fn main() {
         }
     );
 
+    // The store's floor at this size: the churn's writes sent straight to etcd, the
+    // controllers and hosts idle meanwhile.
+    let cpu0 = Cpu::now(&ctls);
+    let floor = floor::cycles(&etcd.urls(), cfg.writers, 5.0);
+    let (_, f_etcd, _, f_all, _) = Cpu::now(&ctls).since(&cpu0);
+    println!(
+        "store floor: etcd alone committed {floor:.0} ports/s (create, ACTIVE, delete: 3 transactions each) from {} writers over gRPC; cores: etcd {f_etcd:.2}, machine {f_all:.2} of {ncores}",
+        cfg.writers
+    );
+
     // The churn on the bound feed.
     let stop = Arc::new(AtomicBool::new(false));
     let mut next = cfg.ports;
@@ -472,7 +485,7 @@ fn main() {
     );
     rows.push(Row {
         metric: format!(
-            "create -> seen by its host, p99 ({} feed, {} hosts, {achieved:.0} creates/s of {} asked)",
+            "create -> seen by its host, p99 ({} feed, {} hosts, {achieved:.0} creates/s of {} asked; etcd alone: {floor:.0}/s)",
             Feed::Bound.name(),
             cfg.hosts,
             cfg.rate

@@ -1,0 +1,113 @@
+//! The store's floor: what the etcd cluster commits of the churn's writes with no
+//! controller in front of it. Each cycle is one port's three transactions as the
+//! controller sends them over gRPC: its create (three "does not exist" compares, four
+//! puts: the port, its address, MAC and device entries), its ACTIVE report (a compare of
+//! the port's revision, a put) and its delete (a compare, four deletes). `writers`
+//! workers send cycles back to back for `secs`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+/// A port-sized value (the controller's ports are about a kilobyte of JSON).
+fn port_value(id: &str, status: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","status":"{status}","description":"{}"}}"#,
+        "x".repeat(900)
+    )
+}
+
+/// One cycle of worker `w`, port `n`; Err when a transaction was refused.
+async fn cycle(kv: &mut etcd_client::KvClient, w: usize, n: u64) -> Result<(), String> {
+    let id = format!("{w:04x}{n:012x}-0000-4000-8000-000000000000");
+    let port = format!("/cvt-floor/ports/{id}");
+    let others = [
+        format!("/cvt-floor/ip/{w}/{n}"),
+        format!("/cvt-floor/mac/{w}/{n}"),
+        format!("/cvt-floor/device/{w}/{n}"),
+    ];
+    let run = |txn: Txn| {
+        let mut kv = kv.clone();
+        async move {
+            let answer = kv.txn(txn).await.map_err(|e| e.to_string())?;
+            match answer.succeeded() {
+                true => Ok(answer.header().map_or(0, |h| h.revision())),
+                false => Err("a compare failed".to_string()),
+            }
+        }
+    };
+    let created = run(Txn::new()
+        .when(
+            others
+                .iter()
+                .map(|k| Compare::create_revision(k.as_str(), CompareOp::Equal, 0))
+                .collect::<Vec<_>>(),
+        )
+        .and_then(
+            std::iter::once(TxnOp::put(port.as_str(), port_value(&id, "DOWN"), None))
+                .chain(
+                    others
+                        .iter()
+                        .map(|k| TxnOp::put(k.as_str(), id.as_str(), None)),
+                )
+                .collect::<Vec<_>>(),
+        ))
+    .await?;
+    let active = run(Txn::new()
+        .when([Compare::mod_revision(
+            port.as_str(),
+            CompareOp::Equal,
+            created,
+        )])
+        .and_then([TxnOp::put(port.as_str(), port_value(&id, "ACTIVE"), None)]))
+    .await?;
+    run(Txn::new()
+        .when([Compare::mod_revision(
+            port.as_str(),
+            CompareOp::Equal,
+            active,
+        )])
+        .and_then(
+            std::iter::once(TxnOp::delete(port.as_str(), None))
+                .chain(others.iter().map(|k| TxnOp::delete(k.as_str(), None)))
+                .collect::<Vec<_>>(),
+        ))
+    .await?;
+    Ok(())
+}
+
+/// Cycles per second that `writers` workers got through on the cluster at `urls` in
+/// `secs`, each worker on its own connection to a member in turn.
+pub fn cycles(urls: &[String], writers: usize, secs: f64) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let started = Instant::now();
+    let workers: Vec<_> = (0..writers)
+        .map(|w| {
+            let (stop, done, url) = (stop.clone(), done.clone(), urls[w % urls.len()].clone());
+            runtime.spawn(async move {
+                let mut kv = etcd_client::Client::connect([url.as_str()], None)
+                    .await
+                    .expect("etcd over gRPC")
+                    .kv_client();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    cycle(&mut kv, w, n).await.expect("a floor cycle");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    runtime.block_on(async {
+        for w in workers {
+            w.await.expect("a floor worker");
+        }
+    });
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
