@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
-use corvid_api::{ApiError, Client, Status, WatchFilter};
+use corvid_api::{ApiError, Client, Status, WatchFilter, Watcher};
 
 use crate::cache::{Cache, Changed, Dirty};
 use crate::datapath::{Datapath, Held};
@@ -240,9 +240,10 @@ impl Agent {
         let mut moved = false;
         let mut last_full = Instant::now();
         let mut failures = 0u32;
+        let mut watcher = Watcher::new(self.client.clone());
         loop {
             let wait = WATCH_WAIT.min(self.cfg.resync.saturating_sub(last_full.elapsed()));
-            match self.client.watch(
+            match watcher.next(
                 self.cache.revision,
                 &WatchFilter::default(),
                 wait.max(Duration::from_secs(1)),

@@ -49,10 +49,12 @@ impl ApiError {
 #[derive(Clone)]
 pub struct Client {
     base: String,
-    token: Option<String>,
+    pub(crate) token: Option<String>,
     /// `/project/<name>` when the client speaks the Mizar-MP routes of one project.
     scope: Option<String>,
     agent: ureq::Agent,
+    /// The TLS configuration the agent was built with, for agents of other timeouts.
+    pub(crate) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 /// A pooling agent: connections are reused across requests, a connect waits 5 s at most.
@@ -61,6 +63,17 @@ fn agent(builder: ureq::AgentBuilder) -> ureq::Agent {
         .timeout_connect(Duration::from_secs(5))
         .max_idle_connections_per_host(64)
         .build()
+}
+
+/// An agent like `agent`, with `tls` when given.
+pub(crate) fn agent_with(
+    builder: ureq::AgentBuilder,
+    tls: &Option<std::sync::Arc<rustls::ClientConfig>>,
+) -> ureq::Agent {
+    match tls {
+        Some(config) => agent(builder.tls_config(config.clone())),
+        None => agent(builder),
+    }
 }
 
 /// Which changes a watch asks for; the default is all of them.
@@ -80,14 +93,15 @@ impl Client {
             token: None,
             scope: None,
             agent: agent(ureq::AgentBuilder::new()),
+            tls: None,
         }
     }
 
     /// Checks the controller's certificate against `tls.ca` and presents `tls.cert`.
     pub fn with_tls(mut self, tls: &crate::Tls) -> Result<Client, crate::tls::TlsError> {
         if tls.is_set() {
-            let config = tls.client_config()?;
-            self.agent = agent(ureq::AgentBuilder::new().tls_config(std::sync::Arc::new(config)));
+            self.tls = Some(std::sync::Arc::new(tls.client_config()?));
+            self.agent = agent_with(ureq::AgentBuilder::new(), &self.tls);
         }
         Ok(self)
     }
@@ -369,19 +383,25 @@ impl Client {
         filter: &WatchFilter,
         timeout: Duration,
     ) -> Result<WatchPage, ApiError> {
-        let mut path = format!("/v2.0/watch?since={since}&timeout={}", timeout.as_secs());
-        if let Some(r) = filter.resource {
-            path.push_str(&format!("&resource={}", percent_encode(r)));
-        }
-        if let Some(h) = filter.host_id {
-            path.push_str(&format!("&binding:host_id={}", percent_encode(h)));
-        }
+        let path = format!("/v2.0/watch?since={since}{}", watch_query(filter, timeout));
         Self::decode(self.call("GET", &path, None)?)
     }
 }
 
+/// The watch feed's query after `since`: the wait and the filter.
+pub(crate) fn watch_query(filter: &WatchFilter, timeout: Duration) -> String {
+    let mut query = format!("&timeout={}", timeout.as_secs());
+    if let Some(r) = filter.resource {
+        query.push_str(&format!("&resource={}", percent_encode(r)));
+    }
+    if let Some(h) = filter.host_id {
+        query.push_str(&format!("&binding:host_id={}", percent_encode(h)));
+    }
+    query
+}
+
 /// Turns an error status into `ApiError::Neutron`.
-fn check(status: u16, value: Value) -> Result<Value, ApiError> {
+pub(crate) fn check(status: u16, value: Value) -> Result<Value, ApiError> {
     if status < 400 {
         return Ok(value);
     }

@@ -9,6 +9,7 @@ pub mod model;
 pub mod protocols;
 pub mod requests;
 pub mod tls;
+pub mod watcher;
 
 pub use client::{ApiError, Client, WatchFilter};
 pub use model::{
@@ -26,3 +27,4 @@ pub use requests::{
     SecurityGroupUpdate, SubnetCreate, SubnetPoolCreate, SubnetPoolUpdate, SubnetUpdate,
 };
 pub use tls::{Credentials, Tls, TlsError};
+pub use watcher::Watcher;

@@ -20,6 +20,11 @@ pub struct NeutronError {
 }
 
 impl NeutronError {
+    /// The error's body, in Neutron's shape.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"NeutronError": {"type": self.kind, "message": self.message, "detail": ""}})
+    }
+
     /// Any error.
     pub fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> NeutronError {
         NeutronError {
@@ -89,9 +94,7 @@ impl IntoResponse for NeutronError {
         if self.status.is_server_error() {
             tracing::error!(status = self.status.as_u16(), kind = %self.kind, "{}", self.message);
         }
-        let body =
-            json!({"NeutronError": {"type": self.kind, "message": self.message, "detail": ""}});
-        (self.status, Json(body)).into_response()
+        (self.status, Json(self.body())).into_response()
     }
 }
 

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corvid_api::{
-    Client, EventKind, FloatingIp, Network, Port, Status, Subnet, SubnetPool, WatchFilter,
+    Client, EventKind, FloatingIp, Network, Port, Status, Subnet, SubnetPool, WatchFilter, Watcher,
 };
 use serde_json::{json, Value};
-use support::{redb_store, ControllerProcess, Etcd};
+use support::{redb_store, sample, ControllerProcess, Etcd};
 
 /// Runs `f` against a controller on each backend.
 fn on_both(f: impl Fn(&ControllerProcess)) {
@@ -571,14 +571,17 @@ fn port_ids(page: &corvid_api::WatchPage) -> Vec<&str> {
         .collect()
 }
 
+/// The feed of the ports bound to host `node-1`.
+const NODE1: WatchFilter<'static> = WatchFilter {
+    host_id: Some("node-1"),
+    resource: None,
+};
+
 #[test]
 fn watch_feed_resumes_without_gaps_and_filters_by_host() {
     on_both(|ctl| {
         let c = ctl.client();
-        let node1 = WatchFilter {
-            host_id: Some("node-1"),
-            ..WatchFilter::default()
-        };
+        let node1 = NODE1;
         let (net, _) = network_with_subnet(&c, "10.1.0.0/24", json!(null));
         let (_, start) = c.list::<Port>(&[]).unwrap();
         let mine: Port = c
@@ -614,15 +617,108 @@ fn watch_feed_resumes_without_gaps_and_filters_by_host() {
     });
 }
 
+/// The streamed feed: one request carries a host's port changes, each once and in order, with
+/// an empty page while nothing comes; a place the feed no longer holds is refused with
+/// 410 before the stream starts, and a bad `stream` with 400.
+#[test]
+fn the_streamed_feed_carries_each_change_once_on_one_request() {
+    on_both(|ctl| {
+        let c = ctl.client();
+        let node1 = NODE1;
+        let watches = || {
+            let text = ureq::get(&format!("{}/metrics", c.base()))
+                .call()
+                .unwrap()
+                .into_string()
+                .unwrap();
+            let labels = [("route", "/v2.0/watch"), ("code", "200")];
+            sample(&text, "corvid_controller_requests_total", &labels)
+        };
+        let (net, _) = network_with_subnet(&c, "10.1.0.0/24", json!(null));
+        let (_, start) = c.list::<Port>(&[]).unwrap();
+        let before = watches();
+        let mut watcher = Watcher::new(c.clone());
+        let quiet_since = std::time::Instant::now();
+        let quiet = watcher.next(start, &node1, Duration::from_secs(1)).unwrap();
+        assert!(quiet.events.is_empty(), "{quiet:?}");
+        assert!(quiet_since.elapsed() >= Duration::from_millis(900));
+        assert!(quiet.revision >= start);
+        let writer = {
+            let (c, net) = (c.clone(), net.id.clone());
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                for _ in 0..5 {
+                    let p: Port = c
+                        .create(json!({"network_id": net, "binding:host_id": "node-1"}))
+                        .unwrap();
+                    let _: Port = c
+                        .create(json!({"network_id": net, "binding:host_id": "node-2"}))
+                        .unwrap();
+                    mine.push(p.id);
+                }
+                c.delete::<Port>(&mine[0]).unwrap();
+                mine
+            })
+        };
+        let mut seen = Vec::new();
+        let mut since = quiet.revision;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while seen.len() < 6 {
+            assert!(std::time::Instant::now() < deadline, "saw only {seen:?}");
+            let page = watcher.next(since, &node1, Duration::from_secs(1)).unwrap();
+            assert!(page.revision >= since);
+            for e in &page.events {
+                assert!(
+                    e.revision > since && e.revision <= page.revision,
+                    "{page:?}"
+                );
+                // The project's default security group comes with its first port: other
+                // collections pass a host's filter whole.
+                if e.resource == "ports" {
+                    seen.push((e.kind, e.id.clone(), e.revision));
+                }
+            }
+            since = page.revision;
+        }
+        let mine = writer.join().unwrap();
+        let mut want: Vec<(EventKind, String)> =
+            mine.iter().map(|id| (EventKind::Put, id.clone())).collect();
+        want.push((EventKind::Delete, mine[0].clone()));
+        let got: Vec<(EventKind, String)> =
+            seen.iter().map(|(k, id, _)| (*k, id.clone())).collect();
+        assert_eq!(got, want);
+        assert!(seen.windows(2).all(|w| w[0].2 < w[1].2), "{seen:?}");
+        // Another quiet page, still on the same request.
+        let quiet = watcher.next(since, &node1, Duration::from_secs(1)).unwrap();
+        assert!(quiet.events.is_empty(), "{quiet:?}");
+        assert_eq!(
+            watches() - before,
+            1.0,
+            "one watch request carried every page"
+        );
+        let refused = Watcher::new(c.clone())
+            .next(-5, &WatchFilter::default(), Duration::from_secs(1))
+            .unwrap_err();
+        assert_eq!(refused.status(), Some(410), "{refused}");
+        let (status, body, _) = c
+            .request("GET", "/v2.0/watch?since=0&stream=maybe", None)
+            .unwrap();
+        assert_eq!(status, 400);
+        assert!(
+            body["NeutronError"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("stream must be true or false")),
+            "{body}"
+        );
+    });
+}
+
 #[test]
 fn a_host_resumes_the_watch_across_a_restart_on_etcd() {
     let etcd = Etcd::start();
     let mut ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
     let c = ctl.client();
-    let node1 = WatchFilter {
-        host_id: Some("node-1"),
-        ..WatchFilter::default()
-    };
+    let node1 = NODE1;
     let (net, _) = network_with_subnet(&c, "10.1.0.0/24", json!(null));
     let (_, seen) = c.list::<Port>(&[]).unwrap();
     // Changes the host has not seen when the controller dies, and one made while it is

@@ -20,24 +20,9 @@ use cluster::ns::{wait_until, Proc};
 use cluster::Cluster;
 use corvid_api::{Client, Credentials, Network, Port, Subnet, Tls};
 use serde_json::json;
-use support::{free_port, redb_store, ControllerProcess, Etcd};
+use support::{free_port, redb_store, sample, ControllerProcess, Etcd};
 
 /// The sum of every series of metric `name` whose labels include `labels` (0 when none).
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            let wanted = n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-            wanted.then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .sum()
-}
-
 /// GET `url`: the status and the body, whatever the status.
 fn get(url: &str) -> (u16, String) {
     match ureq::get(url).timeout(Duration::from_secs(10)).call() {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use corvid_api::{
     ApiError, Client, EventKind, FloatingIp, Host, Listener, LoadBalancer, Member, Network, Pool,
     Port, Resource, Router, SecurityGroup, SecurityGroupRule, Status, Subnet, WatchEvent,
-    WatchFilter,
+    WatchFilter, Watcher,
 };
 
 /// How long one watch request waits, as the agent's `WATCH_WAIT`.
@@ -365,6 +365,7 @@ impl Runner {
     /// caught up.
     fn follow(&mut self) -> bool {
         let mut failures = 0u32;
+        let mut watcher = Watcher::new(self.client.clone());
         loop {
             let feed = self.feed();
             let since = self.state.lock().unwrap().since;
@@ -378,7 +379,7 @@ impl Runner {
                 host_id: (feed == Feed::Bound).then_some(self.id.as_str()),
                 resource: None,
             };
-            match self.client.watch(since, &filter, wait) {
+            match watcher.next(since, &filter, wait) {
                 Ok(page) => {
                     failures = 0;
                     let empty = page.events.is_empty();

@@ -19,6 +19,23 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// The sum of the series of metric `name` in a Prometheus scrape whose labels include
+/// `labels`.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            let wanted = n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            wanted.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
 fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !ready() {
