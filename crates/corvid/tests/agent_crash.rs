@@ -445,7 +445,7 @@ fn an_agent_killed_while_plugging_and_unplugging_ends_equal_to_the_plan() {
 }
 
 /// The `corvid` plugin's ADD and DEL killed at 33 points each, spread over the
-/// operation's median time, then DEL as a runtime sends it: the controller holds only
+/// operation's fastest time, then DEL as a runtime sends it: the controller holds only
 /// the live pod's port, the host only its veth, the pod no eth0; the live pod answers.
 #[test]
 fn corvid_plugin_calls_killed_at_any_point_are_recovered_by_del() {
@@ -496,7 +496,10 @@ fn corvid_plugin_calls_killed_at_any_point_are_recovered_by_del() {
     const POINTS: u32 = 33;
     let mut interrupted = [0u32; 2];
     for (k, op) in ["ADD", "DEL"].into_iter().enumerate() {
-        let op_time = [adds[2], dels[2]][k];
+        // The fastest of the probes: spread over the median, the kill points of a call
+        // that ran faster than that landed after it (14 of 33 DELs mid-call in one CI
+        // run beside a release build).
+        let op_time = [adds[0], dels[0]][k];
         for point in 0..POINTS {
             let pod = cluster.pod(&format!("{op}{point}"));
             let id = format!("{op}-{point}");
