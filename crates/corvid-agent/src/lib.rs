@@ -241,13 +241,14 @@ impl Agent {
         let mut last_full = Instant::now();
         let mut failures = 0u32;
         let mut watcher = Watcher::new(self.client.clone());
+        // One wait for the whole stream (another one opens a new stream): a quiet feed
+        // still brings a page, and with it the full pass's turn, within a third of the
+        // resync period.
+        let wait = WATCH_WAIT
+            .min(self.cfg.resync / 3)
+            .max(Duration::from_secs(1));
         loop {
-            let wait = WATCH_WAIT.min(self.cfg.resync.saturating_sub(last_full.elapsed()));
-            match watcher.next(
-                self.cache.revision,
-                &WatchFilter::default(),
-                wait.max(Duration::from_secs(1)),
-            ) {
+            match watcher.next(self.cache.revision, &WatchFilter::default(), wait) {
                 Ok(page) => {
                     failures = 0;
                     moved = true;

@@ -36,9 +36,9 @@ impl Watcher {
         Watcher { client, open: None }
     }
 
-    /// The next page after `since` that `filter` lets through: within `wait` if any
-    /// change comes, else an empty page then. A 410 means `since` is older than the feed
-    /// keeps: list again.
+    /// The next page after `since` that `filter` lets through: as soon as a change
+    /// comes, else an empty page about `wait` after the stream's last line. A 410 means
+    /// `since` is older than the feed keeps: list again.
     pub fn next(
         &mut self,
         since: i64,

@@ -53,7 +53,7 @@ pub struct Metrics {
     pub commit_batch: Histogram,
     /// Objects in the view by kind, set at each scrape.
     pub objects: Family<KindLabels, Gauge>,
-    /// Watch requests waiting for changes now.
+    /// Watch requests waiting for changes now, and open watch streams.
     pub watchers: Gauge,
     /// The store revision the view has applied.
     pub view_revision: Gauge,

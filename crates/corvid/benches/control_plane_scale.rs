@@ -8,8 +8,8 @@
 //! Measured: create -> seen by the bound host (p50, p99) and create -> ACTIVE
 //! acknowledged, beside the store's floor (the churn's transactions sent straight to
 //! etcd, `scale/floor.rs`), and again at 0.8 of that floor; the watch fan-out's CPU per
-//! event, on the feed filtered by host and on
-//! the agent's unfiltered feed, at every host subscribed; the controller's RSS per
+//! event, on the feed filtered by host and on the agent's unfiltered feed, at every host
+//! subscribed; the controller's RSS per
 //! 10,000 ports; a controller restart until its hosts follow it again; etcd's space,
 //! compacted and defragmented. Checked, and asserted: no host saw a store revision go
 //! back or a port's revision skip, and each host's ports equal the store's ports bound to

@@ -1,7 +1,7 @@
 //! etcd's two client protocols side by side on one etcd: the JSON gateway (`/v3/kv/txn`,
 //! base64 keys and values, as `EtcdStore` sent them before it moved to gRPC) and gRPC
-//! through the `etcd-client` crate, as `EtcdStore` sends them now. 16 workers send transactions shaped like a port
-//! create (three "does not exist" compares, four puts: the port, its address, MAC and
+//! through the `etcd-client` crate, as `EtcdStore` sends them now. 16 workers send
+//! transactions shaped like a port create (three "does not exist" compares, four puts: the port, its address, MAC and
 //! device entries) for `CORVID_BENCH_SECS` (5) per round, the protocols taking turns for
 //! three rounds each; printed are transactions per second and etcd's CPU time per
 //! transaction, with their ratios. Then one transaction of 40 port creates (160 puts)

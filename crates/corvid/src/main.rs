@@ -193,7 +193,8 @@ struct AgentArgs {
     /// when not given).
     #[arg(long, env = "CORVID_UNDERLAY_IP")]
     underlay_ip: Option<std::net::IpAddr>,
-    /// Seconds between full comparisons of the host with the controller.
+    /// Seconds between full comparisons of the host with the controller (up to a third
+    /// more while the feed is quiet).
     #[arg(long, default_value_t = 60)]
     resync: u64,
     /// The interface on the public network: this host answers for floating IPs there.

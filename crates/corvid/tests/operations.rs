@@ -22,7 +22,6 @@ use corvid_api::{Client, Credentials, Network, Port, Subnet, Tls};
 use serde_json::json;
 use support::{free_port, redb_store, sample, ControllerProcess, Etcd};
 
-/// The sum of every series of metric `name` whose labels include `labels` (0 when none).
 /// GET `url`: the status and the body, whatever the status.
 fn get(url: &str) -> (u16, String) {
     match ureq::get(url).timeout(Duration::from_secs(10)).call() {

@@ -26,7 +26,7 @@ pub struct EtcdStore {
     page: usize,
     preferred: AtomicUsize,
     /// Transactions waiting on etcd at once.
-    in_flight: Arc<tokio::sync::Semaphore>,
+    in_flight: tokio::sync::Semaphore,
     /// Where the clients' connections run. The store is called from plain threads (the
     /// view's reader, the watch's follower, tests) as well as from the controller's
     /// runtime, so it brings its own; `None` once dropped.
@@ -52,8 +52,8 @@ const RANGE_TIMEOUT: Duration = Duration::from_secs(120);
 /// was hundreds of megabytes at 100,000 ports, held at once with its parsed form.
 const RANGE_PAGE: usize = 20_000;
 
-/// The largest answer read: a page of `RANGE_PAGE` ports is about 20 MB, past gRPC's
-/// default of 4 MB.
+/// The largest answer read: a page of `RANGE_PAGE` ports is about 20 MB, and one watch
+/// message up to 1,000 revisions, past gRPC's default of 4 MB.
 const MAX_ANSWER: usize = 256 << 20;
 
 /// How long a new watch may wait for a member to accept it.
@@ -62,26 +62,52 @@ const WATCH_CONNECT: Duration = Duration::from_secs(3);
 /// How long a new connection to a member may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How often an idle connection to a member is pinged, and how long the ping's answer
+/// may take.
+const KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// How a call to one member failed: whether the next member may answer instead.
 enum Failure {
     /// The member did not answer, or cannot serve (no leader, connection refused).
     Member(String),
-    /// etcd answered with an error that another member would give too.
+    /// etcd answered with an error that another member would give too, or a write that
+    /// may have been taken fails without being sent again.
     Store(StoreError),
 }
 
+/// Whether a call is sent again to the next member after any failure of the member's
+/// (a read), or only after one that shows the member never took it (a write: sending
+/// one again that was taken would apply it twice, and its compares, failing then, would
+/// have the controller make the object again under new IDs).
+#[derive(Clone, Copy, PartialEq)]
+enum Retry {
+    Read,
+    Write,
+}
+
+/// The errors of a member that did not take a request: it could not be reached, or has
+/// no leader to propose it to (those Kubernetes' etcd client retries writes on).
+fn never_taken(message: &str) -> bool {
+    ["connect", "no leader", "leader changed", "not capable"]
+        .iter()
+        .any(|m| message.contains(m))
+}
+
 /// etcd's error, and whether it is the member's rather than the request's.
-fn failure(e: etcd_client::Error) -> Failure {
+fn failure(e: etcd_client::Error, retry: Retry) -> Failure {
     match e {
         etcd_client::Error::GRpcStatus(status) => {
             let message = status.message().to_string();
+            let member = match retry {
+                Retry::Read => matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+                ),
+                Retry::Write => status.code() == tonic::Code::Unavailable && never_taken(&message),
+            };
             if message.contains("too many operations in txn request") {
                 Failure::Store(StoreError::TooLarge(message))
-            } else if status.code() == tonic::Code::Unavailable
-                // A transaction that timed out inside etcd may still commit: sending it
-                // again elsewhere could apply it twice.
-                && !message.contains("request timed out")
-            {
+            } else if member {
                 Failure::Member(message)
             } else {
                 Failure::Store(StoreError::Backend(format!("etcd: {message}")))
@@ -114,6 +140,15 @@ fn key_value(kv: etcd_client::KeyValue) -> KeyValue {
     }
 }
 
+/// One page of a range.
+struct RangePage {
+    kvs: Vec<KeyValue>,
+    /// The last key's own bytes, which the next page starts after whatever its text.
+    last: Option<Vec<u8>>,
+    /// Whether more keys follow.
+    more: bool,
+}
+
 impl EtcdStore {
     /// Connects to etcd at the comma-separated client URLs and checks it answers.
     pub fn connect(urls: &str) -> Result<EtcdStore, StoreError> {
@@ -143,7 +178,7 @@ impl EtcdStore {
             members,
             page: RANGE_PAGE,
             preferred: AtomicUsize::new(0),
-            in_flight: Arc::new(tokio::sync::Semaphore::new(TXNS_IN_FLIGHT)),
+            in_flight: tokio::sync::Semaphore::new(TXNS_IN_FLIGHT),
             runtime: Some(runtime),
             handle,
         };
@@ -165,8 +200,9 @@ impl EtcdStore {
         (0..n).map(move |k| (first + k) % n)
     }
 
-    /// `call`'s answer from the first member that gives one within `limit`.
-    async fn each<T, F, Fut>(&self, limit: Duration, call: F) -> Result<T, StoreError>
+    /// `call`'s answer from the first member that gives one within `limit`; a write
+    /// goes on to the next member only when the last one surely did not take it.
+    async fn each<T, F, Fut>(&self, retry: Retry, limit: Duration, call: F) -> Result<T, StoreError>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -179,11 +215,19 @@ impl EtcdStore {
                     self.preferred.store(i, Ordering::Relaxed);
                     return Ok(answer);
                 }
-                Ok(Err(e)) => match failure(e) {
+                Ok(Err(e)) => match failure(e, retry) {
                     Failure::Store(e) => return Err(e),
                     Failure::Member(m) => last = format!("etcd {url}: {m}"),
                 },
-                Err(_) => last = format!("etcd {url}: no answer within {limit:?}"),
+                Err(_) => {
+                    last = format!("etcd {url}: no answer within {limit:?}");
+                    if retry == Retry::Write {
+                        // It may commit yet: the next request starts past this member.
+                        self.preferred
+                            .store((i + 1) % self.members.len(), Ordering::Relaxed);
+                        return Err(StoreError::Backend(last));
+                    }
+                }
             }
             // The next request starts past this member.
             self.preferred
@@ -192,20 +236,15 @@ impl EtcdStore {
         Err(StoreError::Backend(last))
     }
 
-    /// One page of keys from `from` to `end` at `revision`, and whether more follow.
-    fn page(
-        &self,
-        from: &[u8],
-        end: &[u8],
-        revision: i64,
-    ) -> Result<(Vec<KeyValue>, bool), StoreError> {
+    /// One page of keys from `from` to `end` at `revision`.
+    fn range_page(&self, from: &[u8], end: &[u8], revision: i64) -> Result<RangePage, StoreError> {
         let options = GetOptions::new()
             .with_range(end)
             .with_limit(self.page as i64)
             .with_revision(revision);
         let mut answer = self
             .handle
-            .block_on(self.each(RANGE_TIMEOUT, |c| {
+            .block_on(self.each(Retry::Read, RANGE_TIMEOUT, |c| {
                 let options = options.clone();
                 async move {
                     c.kv_client()
@@ -216,7 +255,12 @@ impl EtcdStore {
             }))
             .map_err(|e| compacted_at(e, revision))?;
         let more = answer.more();
-        Ok((answer.take_kvs().into_iter().map(key_value).collect(), more))
+        let last = answer.kvs().last().map(|kv| kv.key().to_vec());
+        Ok(RangePage {
+            kvs: answer.take_kvs().into_iter().map(key_value).collect(),
+            last,
+            more,
+        })
     }
 
     /// Every key under `prefix` at `revision`, in pages all read at that one revision,
@@ -230,10 +274,9 @@ impl EtcdStore {
         let end = prefix_end(prefix);
         let mut from = prefix.as_bytes().to_vec();
         loop {
-            let (kvs, more) = self.page(&from, &end, revision)?;
-            let next = kvs.last().map(|kv| kv.key.as_bytes().to_vec());
+            let RangePage { kvs, last, more } = self.range_page(&from, &end, revision)?;
             each(kvs);
-            match next {
+            match last {
                 // The smallest key after the last one read: nothing skipped or read twice.
                 Some(mut key) if more => {
                     key.push(0);
@@ -248,7 +291,8 @@ impl EtcdStore {
     fn put_progress(&self) -> Result<i64, StoreError> {
         let answer = self
             .handle
-            .block_on(self.each(REQUEST_TIMEOUT, |mut c| async move {
+            // Made again on another member, a mark is only a later revision.
+            .block_on(self.each(Retry::Read, REQUEST_TIMEOUT, |mut c| async move {
                 c.put(crate::keys::PROGRESS, "", None).await
             }))?;
         Ok(answer.header().map_or(0, |h| h.revision()))
@@ -268,6 +312,12 @@ async fn member(url: &str) -> Result<Client, StoreError> {
         .map_err(|e| bad(&e))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
+        // A member gone silent (cut off, or its host gone) is noticed on an idle
+        // connection too: a watch waiting on it would otherwise wait forever. 10 s is
+        // past etcd's least allowed interval (5 s).
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true)
         .connect_lazy();
     // A member cut off from its cluster's leader answers "no leader" at once, and ends
     // its watches, rather than serving what it last knew.
@@ -314,10 +364,12 @@ impl Drop for EtcdStore {
 impl Store for EtcdStore {
     fn revision(&self) -> Result<i64, StoreError> {
         let options = GetOptions::new().with_limit(1).with_count_only();
-        let answer = self.handle.block_on(self.each(REQUEST_TIMEOUT, |mut c| {
-            let options = options.clone();
-            async move { c.get("/", Some(options)).await }
-        }))?;
+        let answer = self
+            .handle
+            .block_on(self.each(Retry::Read, REQUEST_TIMEOUT, |mut c| {
+                let options = options.clone();
+                async move { c.get("/", Some(options)).await }
+            }))?;
         Ok(answer.header().map_or(0, |h| h.revision()))
     }
 
@@ -364,7 +416,7 @@ impl Store for EtcdStore {
                 .when(txn.compares.iter().map(compare).collect::<Vec<_>>())
                 .and_then(txn.ops.iter().map(op).collect::<Vec<_>>());
             let outcome = self
-                .each(REQUEST_TIMEOUT, |mut c| {
+                .each(Retry::Write, REQUEST_TIMEOUT, |mut c| {
                     let request = request.clone();
                     async move { c.txn(request).await }
                 })
@@ -391,10 +443,19 @@ impl Store for EtcdStore {
         let options = WatchOptions::new()
             .with_range(prefix_end(prefix))
             .with_start_revision(from);
-        let mut stream = self.handle.block_on(self.each(WATCH_CONNECT, |mut c| {
-            let options = options.clone();
-            async move { c.watch(prefix, Some(options)).await }
-        }))?;
+        let mut stream = self
+            .handle
+            .block_on(self.each(Retry::Read, WATCH_CONNECT, |c| {
+                let options = options.clone();
+                async move {
+                    // One message of history can hold 1,000 revisions of bulk creates: past
+                    // gRPC's default 4 MB, and refused again at every reopen.
+                    c.watch_client()
+                        .max_decoding_message_size(MAX_ANSWER)
+                        .watch(prefix, Some(options))
+                        .await
+                }
+            }))?;
         let (tx, rx) = mpsc::channel();
         self.handle.spawn(async move {
             loop {

@@ -88,7 +88,9 @@ pub enum StoreError {
 pub type TxnOutcome = Result<(bool, i64), StoreError>;
 
 /// A revisioned key-value store. `range` and `watch` block; `txn` answers on a channel, so
-/// a request waiting for its commit holds no thread.
+/// a request waiting for its commit holds no thread. The blocking methods must not be
+/// called on an async task (the etcd store drives its own runtime from them, which panics
+/// there): use `spawn_blocking`.
 pub trait Store: Send + Sync {
     /// Every key under `prefix`, and the revision they were read at.
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64), StoreError> {
