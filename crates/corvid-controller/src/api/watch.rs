@@ -20,7 +20,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use corvid_api::EventKind;
 use serde::Serialize;
 
@@ -159,26 +158,40 @@ pub async fn watch(State(c): Ctl, Query(q): Query) -> Result<Response, NeutronEr
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
     let _watching = crate::metrics::Watching::start();
+    let page = next_page(&c, &mut f, deadline).await?;
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        page,
+    )
+        .into_response())
+}
+
+/// The next page for `f`, written out: as soon as the filter lets a change through, else
+/// an empty one at `deadline` or when the controller stops. `f` moves on past it.
+async fn next_page(
+    c: &Controller,
+    f: &mut Filter,
+    deadline: tokio::time::Instant,
+) -> Result<Vec<u8>, NeutronError> {
     let waker = c.join_watch(f.host.as_deref());
     loop {
         // Listening before looking: a change applied in between still wakes the poll.
         let mut woken = std::pin::pin!(waker.notify().notified());
         woken.as_mut().enable();
-        let resume = {
-            // The answer is written while the view is held: the events borrow from it.
+        {
+            // The page is written while the view is held: the events borrow from it.
             let view = c.view();
-            let (events, resume) = collect(&view, &f)?;
+            let (events, resume) = collect(&view, f)?;
+            f.since = resume;
             if !events.is_empty() || tokio::time::Instant::now() >= deadline || c.stopping() {
                 let page = Page {
                     revision: resume,
                     events,
                 };
-                return Ok((StatusCode::OK, Json(page)).into_response());
+                return Ok(serde_json::to_vec(&page).unwrap_or_default());
             }
-            resume
-        };
-        // Nothing for this client up to `resume`: skip ahead and wait for more.
-        f.since = resume;
+        }
         c.wait_change(woken, deadline).await;
     }
 }
@@ -191,50 +204,17 @@ fn streamed(c: Arc<Controller>, f: Filter, quiet: Duration) -> Response {
     let lines = futures_util::stream::unfold(Some((c, f, watching)), move |state| async move {
         let (c, mut f, watching) = state?;
         let deadline = tokio::time::Instant::now() + quiet;
-        let waker = c.join_watch(f.host.as_deref());
-        let (line, last) = loop {
-            // Listening before looking, as the long poll does.
-            let mut woken = std::pin::pin!(waker.notify().notified());
-            woken.as_mut().enable();
-            let line = {
-                let view = c.view();
-                match collect(&view, &f) {
-                    Err(e) => Some((line_of(&e.body()), true)),
-                    Ok((events, resume)) => {
-                        let due = !events.is_empty()
-                            || tokio::time::Instant::now() >= deadline
-                            || c.stopping();
-                        let line = due.then(|| {
-                            let page = Page {
-                                revision: resume,
-                                events,
-                            };
-                            (line_of(&page), false)
-                        });
-                        f.since = resume;
-                        line
-                    }
-                }
-            };
-            if let Some(line) = line {
-                break line;
-            }
-            c.wait_change(woken, deadline).await;
+        let (mut line, last) = match next_page(&c, &mut f, deadline).await {
+            Ok(page) => (page, false),
+            Err(e) => (serde_json::to_vec(&e.body()).unwrap_or_default(), true),
         };
-        drop(waker);
+        line.push(b'\n');
         let next = (!last && !c.stopping()).then_some((c, f, watching));
-        Some((Ok::<_, Infallible>(line), next))
+        Some((Ok::<_, Infallible>(Bytes::from(line)), next))
     });
     (
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
     )
         .into_response()
-}
-
-/// One line of the stream: `value` as JSON, and a newline.
-fn line_of(value: &impl Serialize) -> Bytes {
-    let mut out = serde_json::to_vec(value).unwrap_or_default();
-    out.push(b'\n');
-    Bytes::from(out)
 }

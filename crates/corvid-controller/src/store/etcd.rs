@@ -286,17 +286,6 @@ impl EtcdStore {
             }
         }
     }
-
-    /// The revision a put of the progress key was made at.
-    fn put_progress(&self) -> Result<i64, StoreError> {
-        let answer = self
-            .handle
-            // Made again on another member, a mark is only a later revision.
-            .block_on(self.each(Retry::Read, REQUEST_TIMEOUT, |mut c| async move {
-                c.put(crate::keys::PROGRESS, "", None).await
-            }))?;
-        Ok(answer.header().map_or(0, |h| h.revision()))
-    }
 }
 
 /// A client of one member. The connection is made at the first request and made again
@@ -374,7 +363,13 @@ impl Store for EtcdStore {
     }
 
     fn mark_progress(&self) -> Result<i64, StoreError> {
-        self.put_progress()
+        let answer = self
+            .handle
+            // Made again on another member, a mark is only a later revision.
+            .block_on(self.each(Retry::Read, REQUEST_TIMEOUT, |mut c| async move {
+                c.put(crate::keys::PROGRESS, "", None).await
+            }))?;
+        Ok(answer.header().map_or(0, |h| h.revision()))
     }
 
     fn snapshot(
