@@ -57,6 +57,25 @@ pub struct Client {
     pub(crate) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
+/// Tries of an idempotent request whose pooled connections were dropped: a few, as each
+/// failure takes its connection out of the pool.
+const ATTEMPTS: usize = 3;
+
+/// Whether a request failed because the server had dropped its connection.
+fn dropped(t: &ureq::Transport) -> bool {
+    use std::io::ErrorKind;
+    let io = std::error::Error::source(t).and_then(|e| e.downcast_ref::<std::io::Error>());
+    io.is_some_and(|e| {
+        matches!(
+            e.kind(),
+            ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::BrokenPipe
+                | ErrorKind::UnexpectedEof
+        )
+    })
+}
+
 /// A pooling agent: connections are reused across requests, a connect waits 5 s at most.
 fn agent(builder: ureq::AgentBuilder) -> ureq::Agent {
     builder
@@ -157,15 +176,28 @@ impl Client {
         path_and_query: &str,
         body: Option<&Value>,
     ) -> Result<(u16, Value, Option<i64>), ApiError> {
-        let mut req = self
-            .agent
-            .request(method, &format!("{}{}", self.base, path_and_query));
-        if let Some(t) = &self.token {
-            req = req.set(TOKEN_HEADER, t);
-        }
-        let res = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
+        // A pooled connection the controller dropped without a word (a client it took
+        // for dead, see its --client-timeout) fails at its first use with a reset. ureq
+        // retries that only for requests without a body; an idempotent method is retried
+        // here too, as urllib3 does, on the next pooled connection or a new one.
+        let idempotent = matches!(method, "GET" | "HEAD" | "PUT" | "DELETE");
+        let mut tries = 0;
+        let res = loop {
+            tries += 1;
+            let mut req = self
+                .agent
+                .request(method, &format!("{}{}", self.base, path_and_query));
+            if let Some(t) = &self.token {
+                req = req.set(TOKEN_HEADER, t);
+            }
+            let res = match body {
+                Some(b) => req.send_json(b),
+                None => req.call(),
+            };
+            match &res {
+                Err(ureq::Error::Transport(t)) if idempotent && tries < ATTEMPTS && dropped(t) => {}
+                _ => break res,
+            }
         };
         let resp = match res {
             Ok(r) => r,

@@ -5,6 +5,7 @@
 
 mod api;
 pub mod compact_port;
+mod connection;
 pub mod controller;
 pub mod error;
 pub mod ipam;
@@ -20,9 +21,12 @@ pub mod wakers;
 
 use std::future::Future;
 
+use axum::serve::ListenerExt;
+
 pub use error::ServeError;
 use std::net::SocketAddr;
 
+pub use connection::DEFAULT_CLIENT_TIMEOUT;
 pub use controller::Controller;
 
 /// The default of `--max-body`: 1 MiB, room for a bulk create of hundreds of ports.
@@ -40,6 +44,9 @@ pub struct Config {
     pub tls: Option<tls::TlsFiles>,
     /// The largest request body taken; a larger one is answered 413.
     pub max_body: usize,
+    /// How long a client may leave the controller's packets unanswered before its
+    /// connection is dropped.
+    pub client_timeout: std::time::Duration,
 }
 
 /// Runs the controller until `shutdown` resolves, then finishes the requests in flight.
@@ -79,13 +86,15 @@ pub fn run(
         let serving = async move {
             match tls {
                 Some(tls) => {
-                    let listener =
-                        tls::TlsListener::new(listener, tls).map_err(ServeError::Serve)?;
+                    let listener = tls::TlsListener::new(listener, tls, config.client_timeout)
+                        .map_err(ServeError::Serve)?;
                     axum::serve(listener, app)
                         .with_graceful_shutdown(shutdown)
                         .await
                 }
                 None => {
+                    let timeout = config.client_timeout;
+                    let listener = listener.tap_io(move |tcp| connection::tune(tcp, timeout));
                     axum::serve(listener, app)
                         .with_graceful_shutdown(shutdown)
                         .await

@@ -70,8 +70,13 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    /// Accepts on `tcp` and shakes hands with `config`.
-    pub fn new(tcp: TcpListener, config: rustls::ServerConfig) -> std::io::Result<TlsListener> {
+    /// Accepts on `tcp`, drops a client silent for `client_timeout`, and shakes hands
+    /// with `config`.
+    pub fn new(
+        tcp: TcpListener,
+        config: rustls::ServerConfig,
+        client_timeout: Duration,
+    ) -> std::io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let (tx, ready) = mpsc::channel(64);
@@ -86,7 +91,7 @@ impl TlsListener {
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
+                crate::connection::tune(&stream, client_timeout);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {

@@ -274,6 +274,16 @@ struct ControllerArgs {
     /// The largest request body taken, in bytes; larger ones are answered 413.
     #[arg(long, env = "CORVID_MAX_BODY", default_value_t = corvid_controller::DEFAULT_MAX_BODY)]
     max_body: usize,
+    /// Seconds a client may leave the controller's packets unanswered (keepalive probes
+    /// from half of it) before its connection is dropped: a host gone without closing
+    /// frees its watch then.
+    #[arg(
+        long,
+        env = "CORVID_CLIENT_TIMEOUT",
+        default_value_t = corvid_controller::DEFAULT_CLIENT_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(3..)
+    )]
+    client_timeout: u64,
 }
 
 fn main() -> ExitCode {
@@ -306,6 +316,7 @@ fn main() -> ExitCode {
                 token,
                 tls,
                 max_body: a.max_body,
+                client_timeout: std::time::Duration::from_secs(a.client_timeout),
             };
             match corvid_controller::run(config, signal::stop_requested()) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -112,6 +112,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         token: None,
         tls: None,
         max_body: corvid_controller::DEFAULT_MAX_BODY,
+        client_timeout: corvid_controller::DEFAULT_CLIENT_TIMEOUT,
     };
     let controller =
         std::thread::spawn(move || corvid_controller::run(config, crate::signal::stop_requested()));

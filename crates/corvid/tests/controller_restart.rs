@@ -4,7 +4,9 @@
 //! counted in the controller's metrics), a DEL after the restart removes the devices,
 //! and a new attach works. And an agent facing a feed that refuses the revision its lists
 //! were read at (a controller bug) backs off and says it is not ready, at its readiness
-//! endpoint and at kube-proxy's health port. Runs as root, in `cvt*` namespaces only.
+//! endpoint and at kube-proxy's health port. And a host that goes silent without closing
+//! has its watch stream dropped within `--client-timeout`, then follows again once back.
+//! Runs as root, in `cvt*` namespaces only.
 
 #[path = "support/cluster.rs"]
 mod cluster;
@@ -269,4 +271,44 @@ fn an_agent_whose_feed_refuses_its_lists_backs_off_and_is_not_ready() {
         sample(&metrics, "corvid_agent_errors_total", "kind=\"feed_start\"") >= 1.0,
         "{metrics}"
     );
+}
+
+/// Watch requests the controller holds open, one stream per agent.
+fn controller_watchers(cluster: &Cluster) -> f64 {
+    let url = format!("{}/metrics", cluster::url());
+    let (_, text) = cluster.lan.open().run(|| get(&url)).unwrap().unwrap();
+    sample(&text, "corvid_controller_watch_subscribers", "")
+}
+
+#[test]
+fn a_host_gone_silent_has_its_watch_stream_dropped() {
+    let mut cluster = Cluster::new("gs");
+    cluster.controller.take();
+    cluster.start_controller_with(&["--client-timeout", "4"]);
+    wait_until("both agents' streams", Duration::from_secs(30), || {
+        controller_watchers(&cluster) == 2.0
+    });
+    // Host 2 vanishes without closing anything: its underlay port goes down, so the
+    // controller's packets to it are dropped unanswered, as when a host loses power.
+    cluster.lan.ip("link set cvtu1 down");
+    // The next quiet page (the agent waits 20 s a page) meets the dead peer at the
+    // latest; the kernel alone would retransmit it for about 15 minutes.
+    wait_until(
+        "the silent host's stream to be dropped",
+        Duration::from_secs(40),
+        || controller_watchers(&cluster) == 1.0,
+    );
+    // Host 1's stream, quiet as long, is live and kept.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(controller_watchers(&cluster), 1.0);
+    cluster.lan.ip("link set cvtu1 up");
+    wait_until(
+        "host 2's agent to follow the feed again",
+        Duration::from_secs(60),
+        || controller_watchers(&cluster) == 2.0,
+    );
+    // And it applies changes: a port bound to it goes ACTIVE through its agent.
+    cluster.network("green", "10.62.0.0/24", false);
+    let pod = cluster.pod("back");
+    cni_result(&cluster.add(1, "green", &pod));
 }

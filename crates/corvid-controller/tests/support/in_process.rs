@@ -28,6 +28,7 @@ impl InProcess {
                     token: None,
                     tls: None,
                     max_body: corvid_controller::DEFAULT_MAX_BODY,
+                    client_timeout: corvid_controller::DEFAULT_CLIENT_TIMEOUT,
                 },
                 async move {
                     let _ = stopped.await;

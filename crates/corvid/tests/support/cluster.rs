@@ -164,12 +164,18 @@ impl Cluster {
     }
 
     pub fn start_controller(&mut self) {
+        self.start_controller_with(&[]);
+    }
+
+    /// Starts the controller with extra arguments (e.g. `--client-timeout 4`).
+    pub fn start_controller_with(&mut self, extra: &[&str]) {
         let child = self
             .lan
             .command(env!("CARGO_BIN_EXE_corvid"))
             .args(["controller", "--listen"])
             .arg(format!("10.99.0.254:{CONTROLLER_PORT}"))
             .args(["--store", &self.store])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
