@@ -1788,6 +1788,94 @@ fn writes_waiting_on_etcd_do_not_take_a_thread_each() {
     );
 }
 
+/// Writes that queue while etcd is slow go out together, several to one commit, and each
+/// still gets its own outcome: two controllers race for the same ten addresses while etcd
+/// is stopped, amid other creates; each address goes to one port, the other create is
+/// refused, and no create gets an address another port holds.
+#[test]
+fn queued_etcd_writes_share_commits_and_keep_their_own_outcomes() {
+    let etcd = support::EtcdCluster::start(1);
+    let ctls = [
+        ControllerProcess::start(&etcd.store(), None),
+        ControllerProcess::start(&etcd.store(), None),
+    ];
+    let c = ctls[0].client();
+    let (shared, _) = network_with_subnet(&c, "10.9.0.0/24", json!(null));
+    let own = [
+        network_with_subnet(&c, "10.10.0.0/24", json!(null)).0,
+        network_with_subnet(&c, "10.11.0.0/24", json!(null)).0,
+    ];
+    // The project's default security group, made by its first port: every create until
+    // it exists writes it, and the creates could not share a commit.
+    let first: Port = c.create(json!({"network_id": shared.id})).unwrap();
+    c.delete::<Port>(&first.id).unwrap();
+    // Writes and commits each controller has made so far.
+    let commits = |ctl: &ControllerProcess| {
+        let text = ureq::get(&format!("{}/metrics", ctl.url))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        let metric = "corvid_controller_store_commit_batch_size";
+        (
+            sample(&text, &format!("{metric}_sum"), &[]),
+            sample(&text, &format!("{metric}_count"), &[]),
+        )
+    };
+    let before: Vec<_> = ctls.iter().map(commits).collect();
+    etcd.freeze(0, true);
+    let creates: Vec<_> = ctls
+        .iter()
+        .zip(&own)
+        .flat_map(|(ctl, own)| (0..40).map(move |i| (ctl.client(), own.id.clone(), i)))
+        .map(|(c, own, i)| {
+            let shared = shared.id.clone();
+            std::thread::spawn(move || {
+                let body = match i {
+                    0..10 => json!({"network_id": shared,
+                        "fixed_ips": [{"ip_address": format!("10.9.0.{}", 200 + i)}]}),
+                    _ => json!({"network_id": own}),
+                };
+                (i < 10, c.create::<Port>(body))
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    etcd.freeze(0, false);
+    let (mut fixed, mut other, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    for t in creates {
+        match t.join().unwrap() {
+            (true, Ok(p)) => fixed.push(p.fixed_ips[0].ip_address),
+            (false, Ok(p)) => other.push((p.network_id, p.fixed_ips[0].ip_address)),
+            (_, Err(e)) => refused.push(e),
+        }
+    }
+    assert_eq!(fixed.len(), 10, "{fixed:?}, refused {refused:?}");
+    assert_eq!(fixed.iter().collect::<HashSet<_>>().len(), 10);
+    assert_eq!(other.len(), 60, "refused {refused:?}");
+    assert_eq!(other.iter().collect::<HashSet<_>>().len(), 60);
+    assert_eq!(refused.len(), 10, "{refused:?}");
+    for e in &refused {
+        assert!(
+            e.status() == Some(409) && e.to_string().contains("IpAddressAlreadyAllocated"),
+            "{e}"
+        );
+    }
+    for (net, n) in [(&shared, 10), (&own[0], 30), (&own[1], 30)] {
+        let (ports, _) = c.list::<Port>(&[("network_id", &net.id)]).unwrap();
+        assert_eq!(ports.len(), n);
+    }
+    // What queued behind the commits waiting on etcd went out a few to a commit.
+    for (ctl, (writes0, commits0)) in ctls.iter().zip(before) {
+        let (writes, commits) = commits(ctl);
+        let (writes, commits) = (writes - writes0, commits - commits0);
+        assert!(
+            writes >= 2.0 * commits,
+            "{writes} writes in {commits} commits"
+        );
+    }
+}
+
 /// A stored object the controller cannot read (written by hand, or by another version) is
 /// left out of the view and said in the log with its key, instead of vanishing silently.
 #[test]

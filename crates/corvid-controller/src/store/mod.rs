@@ -71,7 +71,7 @@ impl Event {
 }
 
 /// What a store operation can fail with.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The backend could not do the operation.
     #[error("store: {0}")]
