@@ -32,6 +32,9 @@ pub struct EtcdStore {
     waiting: Mutex<VecDeque<Waiting>>,
     /// Commits waiting on etcd at once.
     in_flight: tokio::sync::Semaphore,
+    /// The transactions of one commit plus the widest one's operations: etcd's default
+    /// `--max-txn-ops` until a commit was refused as too large.
+    max_ops: AtomicUsize,
     /// Where the clients' connections run. The store is called from plain threads (the
     /// view's reader, the watch's follower, tests) as well as from the controller's
     /// runtime, so it brings its own; `None` once dropped.
@@ -49,7 +52,8 @@ const COMMITS_IN_FLIGHT: usize = 8;
 /// etcd's default `--max-txn-ops`: it bounds the transactions of one commit plus the
 /// widest one's compares or writes (etcd counts a nested transaction's within what its
 /// parent leaves). A commit etcd refuses as too large is sent again one transaction a
-/// request, so an etcd run with a smaller limit still takes every transaction.
+/// request, and the bound is halved, so an etcd run with a smaller limit still takes
+/// every transaction, and soon in commits that fit.
 const MAX_TXN_OPS: usize = 128;
 
 /// The most bytes of keys and values one commit carries: below etcd's default
@@ -202,6 +206,7 @@ impl EtcdStore {
             preferred: AtomicUsize::new(0),
             waiting: Mutex::new(VecDeque::new()),
             in_flight: tokio::sync::Semaphore::new(COMMITS_IN_FLIGHT),
+            max_ops: AtomicUsize::new(MAX_TXN_OPS),
             runtime: Some(runtime),
             handle,
         };
@@ -272,7 +277,20 @@ impl EtcdStore {
                     let _ = reply.send(outcome);
                 }
             }
-            Err(StoreError::TooLarge(_)) => {
+            Err(StoreError::TooLarge(why)) => {
+                let widest = batch
+                    .iter()
+                    .map(|(t, _)| t.compares.len().max(t.ops.len()))
+                    .max()
+                    .unwrap_or(0);
+                // Halved, so that an etcd with a much smaller limit is found in a few.
+                let fits = (batch.len() + widest) / 2;
+                if self.max_ops.fetch_min(fits, Ordering::Relaxed) > fits {
+                    tracing::info!(
+                        "etcd refused a commit of {} transactions ({why}): commits now carry at most {fits} transactions and operations",
+                        batch.len()
+                    );
+                }
                 for one in batch {
                     Box::pin(self.commit(vec![one])).await;
                 }
@@ -428,7 +446,7 @@ fn request(txn: &Txn) -> etcd_client::Txn {
 struct Batch;
 
 impl Batch {
-    fn take(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
+    fn take(waiting: &mut VecDeque<Waiting>, max_ops: usize) -> Vec<Waiting> {
         let n = {
             let (mut read, mut written) = (HashSet::<&str>::new(), HashSet::<&str>::new());
             let (mut n, mut widest, mut bytes) = (0, 0, 0);
@@ -442,14 +460,14 @@ impl Batch {
                         Op::Delete(k) => k.len(),
                     })
                     .sum();
-                let alone = 1 + width > MAX_TXN_OPS
+                let alone = 1 + width > max_ops
                     || txn
                         .compares
                         .iter()
                         .any(|c| matches!(c, Compare::PrefixEmpty(_)));
                 if n > 0
                     && (alone
-                        || n + 1 + widest.max(width) > MAX_TXN_OPS
+                        || n + 1 + widest.max(width) > max_ops
                         || bytes + size > MAX_COMMIT_BYTES)
                 {
                     break;
@@ -578,7 +596,8 @@ impl Store for EtcdStore {
             let Ok(_permit) = self.in_flight.acquire().await else {
                 return;
             };
-            let batch = Batch::take(&mut lock(&self.waiting));
+            let max_ops = self.max_ops.load(Ordering::Relaxed);
+            let batch = Batch::take(&mut lock(&self.waiting), max_ops);
             if !batch.is_empty() {
                 self.commit(batch).await;
             }
@@ -688,7 +707,7 @@ mod tests {
     fn sizes(mut waiting: VecDeque<Waiting>) -> Vec<usize> {
         let mut taken = Vec::new();
         while !waiting.is_empty() {
-            taken.push(Batch::take(&mut waiting).len());
+            taken.push(Batch::take(&mut waiting, MAX_TXN_OPS).len());
         }
         taken
     }
@@ -718,7 +737,7 @@ mod tests {
             .push(Compare::ModRevision("/t/b/0".into(), 7));
         let txns = vec![create("a", 1, 1), create("b", 1, 1), update, reads];
         let mut waiting = queue(txns);
-        let first = Batch::take(&mut waiting);
+        let first = Batch::take(&mut waiting, MAX_TXN_OPS);
         assert_eq!(first.len(), 2);
         // The update of a's key goes next, with what follows it.
         assert_eq!(

@@ -60,6 +60,12 @@ impl Etcd {
 
     /// Starts etcd and waits until it answers.
     pub fn start() -> Etcd {
+        Etcd::start_with(&[])
+    }
+
+    /// Starts etcd with extra arguments (e.g. `--max-txn-ops 24`) and waits until it
+    /// answers.
+    pub fn start_with(extra: &[&str]) -> Etcd {
         let dir = tempfile::Builder::new()
             .prefix("cvt-etcd")
             .tempdir()
@@ -83,6 +89,7 @@ impl Etcd {
                 &format!("http://127.0.0.1:{peer}"),
             ])
             .args(["--initial-cluster", &format!("cvt=http://127.0.0.1:{peer}")])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
