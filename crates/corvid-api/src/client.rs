@@ -61,6 +61,22 @@ pub struct Client {
 /// failure takes its connection out of the pool.
 const ATTEMPTS: usize = 3;
 
+/// Whether sending a request twice does what sending it once does. Neutron's member
+/// actions are PUTs that are not: adding a router interface twice is refused.
+fn idempotent(method: &str, path_and_query: &str) -> bool {
+    let last = path_and_query
+        .split('?')
+        .next()
+        .and_then(|p| p.rsplit('/').next())
+        .unwrap_or("");
+    let action = last.ends_with("_router_interface") || last.ends_with("_extraroutes");
+    match method {
+        "GET" | "HEAD" | "DELETE" => true,
+        "PUT" => !action,
+        _ => false,
+    }
+}
+
 /// Whether a request failed because the server had dropped its connection.
 fn dropped(t: &ureq::Transport) -> bool {
     use std::io::ErrorKind;
@@ -178,9 +194,9 @@ impl Client {
     ) -> Result<(u16, Value, Option<i64>), ApiError> {
         // A pooled connection the controller dropped without a word (a client it took
         // for dead, see its --client-timeout) fails at its first use with a reset. ureq
-        // retries that only for requests without a body; an idempotent method is retried
+        // retries that only for requests without a body; an idempotent one is retried
         // here too, as urllib3 does, on the next pooled connection or a new one.
-        let idempotent = matches!(method, "GET" | "HEAD" | "PUT" | "DELETE");
+        let idempotent = idempotent(method, path_and_query);
         let mut tries = 0;
         let res = loop {
             tries += 1;
@@ -465,6 +481,16 @@ const QUERY_COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPH
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_requests_that_may_go_twice_are_retried() {
+        assert!(idempotent("GET", "/v2.0/ports?device_id=x"));
+        assert!(idempotent("PUT", "/v2.0/ports/1"));
+        assert!(idempotent("DELETE", "/v2.0/ports/1"));
+        assert!(!idempotent("POST", "/v2.0/ports"));
+        assert!(!idempotent("PUT", "/v2.0/routers/1/add_router_interface"));
+        assert!(!idempotent("PUT", "/v2.0/routers/1/remove_extraroutes?x=1"));
+    }
     use std::io::{Read, Write};
 
     #[test]

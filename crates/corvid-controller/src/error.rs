@@ -74,11 +74,18 @@ impl NeutronError {
 impl From<StoreError> for NeutronError {
     fn from(e: StoreError) -> NeutronError {
         match e {
+            StoreError::TooLarge(why) if why.contains("too many operations") => {
+                NeutronError::invalid_input(format!(
+                    "the request is too large for one store transaction ({why}); etcd takes at \
+                     most --max-txn-ops compares and writes (128 unless raised), about 24 new \
+                     ports with security groups, 32 without: \
+                     send smaller bulk requests or raise etcd's --max-txn-ops"
+                ))
+            }
             StoreError::TooLarge(why) => NeutronError::invalid_input(format!(
                 "the request is too large for one store transaction ({why}); etcd takes at most \
-                 --max-txn-ops compares and writes (128 unless raised), about 24 new ports with \
-                 security groups, 32 without: \
-                 send smaller bulk requests or raise etcd's --max-txn-ops"
+                 --max-request-bytes in one request (1.5 MiB unless raised): \
+                 send smaller bulk requests or raise etcd's --max-request-bytes"
             )),
             e => NeutronError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

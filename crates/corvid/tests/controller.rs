@@ -1876,38 +1876,43 @@ fn queued_etcd_writes_share_commits_and_keep_their_own_outcomes() {
     }
 }
 
-/// On an etcd whose `--max-txn-ops` is below its default, the queued writes that do not
-/// fit one commit there still all commit (sent again one a request), and the controller
-/// says it now sends smaller commits.
+/// On an etcd whose `--max-txn-ops` or `--max-request-bytes` is below its default, the
+/// queued writes that do not fit one commit there still all commit (sent again one a
+/// request), and the controller says it now sends smaller commits.
 #[test]
-fn queued_writes_fit_an_etcd_with_a_smaller_operation_limit() {
-    let etcd = Etcd::start_with(&["--max-txn-ops", "12"]);
-    let ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
-    let c = ctl.client();
-    let (net, _) = network_with_subnet(&c, "10.12.0.0/24", json!(null));
-    // The default security group, which a project's first port makes.
-    c.create::<Port>(json!({"network_id": net.id})).unwrap();
-    // SAFETY: signals to a child this process started and still holds.
-    unsafe { libc::kill(etcd.pid() as i32, libc::SIGSTOP) };
-    let creates: Vec<_> = (0..40)
-        .map(|_| {
-            let (c, net) = (c.clone(), net.id.clone());
-            std::thread::spawn(move || c.create::<Port>(json!({"network_id": net})))
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs(1));
-    // SAFETY: as above.
-    unsafe { libc::kill(etcd.pid() as i32, libc::SIGCONT) };
-    for t in creates {
-        t.join().unwrap().expect("a create on the smaller etcd");
+fn queued_writes_fit_an_etcd_with_smaller_limits() {
+    for (limit, smaller) in [
+        (["--max-txn-ops", "12"], "transactions and operations"),
+        (["--max-request-bytes", "16384"], "bytes"),
+    ] {
+        let etcd = Etcd::start_with(&limit);
+        let ctl = ControllerProcess::start(&format!("etcd:{}", etcd.url), None);
+        let c = ctl.client();
+        let (net, _) = network_with_subnet(&c, "10.12.0.0/24", json!(null));
+        // The default security group, which a project's first port makes.
+        c.create::<Port>(json!({"network_id": net.id})).unwrap();
+        // SAFETY: signals to a child this process started and still holds.
+        unsafe { libc::kill(etcd.pid() as i32, libc::SIGSTOP) };
+        let creates: Vec<_> = (0..40)
+            .map(|_| {
+                let (c, net) = (c.clone(), net.id.clone());
+                std::thread::spawn(move || c.create::<Port>(json!({"network_id": net})))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(1));
+        // SAFETY: as above.
+        unsafe { libc::kill(etcd.pid() as i32, libc::SIGCONT) };
+        for t in creates {
+            t.join().unwrap().expect("a create on the smaller etcd");
+        }
+        let (ports, _) = c.list::<Port>(&[("network_id", &net.id)]).unwrap();
+        assert_eq!(ports.len(), 41, "{limit:?}");
+        let log = ctl.log();
+        assert!(
+            log.contains("commits now carry at most") && log.contains(smaller),
+            "{limit:?}: {log}"
+        );
     }
-    let (ports, _) = c.list::<Port>(&[("network_id", &net.id)]).unwrap();
-    assert_eq!(ports.len(), 41);
-    assert!(
-        ctl.log().contains("commits now carry at most"),
-        "{}",
-        ctl.log()
-    );
 }
 
 /// A stored object the controller cannot read (written by hand, or by another version) is

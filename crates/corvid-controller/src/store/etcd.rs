@@ -33,8 +33,10 @@ pub struct EtcdStore {
     /// Commits waiting on etcd at once.
     in_flight: tokio::sync::Semaphore,
     /// The transactions of one commit plus the widest one's operations: etcd's default
-    /// `--max-txn-ops` until a commit was refused as too large.
+    /// `--max-txn-ops` until a commit was refused for it.
     max_ops: AtomicUsize,
+    /// The bytes one commit carries, until a commit was refused for its size.
+    max_bytes: AtomicUsize,
     /// Where the clients' connections run. The store is called from plain threads (the
     /// view's reader, the watch's follower, tests) as well as from the controller's
     /// runtime, so it brings its own; `None` once dropped.
@@ -45,8 +47,8 @@ pub struct EtcdStore {
 /// Most commits sent to etcd at once. While they wait on etcd, the transactions that
 /// come meanwhile queue, and the next commit carries all of them that fit (`Batch`):
 /// etcd's cost is mostly per request (gRPC, a raft entry, its apply and a revision to
-/// every watcher), so at 32 writers eight ports a request commit 3.3 times as many ports
-/// a second as one a request (docs/scale.md). A lone transaction still goes at once.
+/// every watcher), so at 32 writers eight ports a request commit 3.2 to 4.0 times as many
+/// ports a second as one a request (docs/scale.md). A lone transaction still goes at once.
 const COMMITS_IN_FLIGHT: usize = 8;
 
 /// etcd's default `--max-txn-ops`: it bounds the transactions of one commit plus the
@@ -56,9 +58,11 @@ const COMMITS_IN_FLIGHT: usize = 8;
 /// every transaction, and soon in commits that fit.
 const MAX_TXN_OPS: usize = 128;
 
-/// The most bytes of keys and values one commit carries: below etcd's default
-/// `--max-request-bytes` (1.5 MiB), with room for the request's framing.
-const MAX_COMMIT_BYTES: usize = 1 << 20;
+/// The most bytes of keys and values one commit carries at first: well below etcd's
+/// default `--max-request-bytes` (1.5 MiB), and small enough that a watch message of
+/// etcd's 1,000 revisions stays within `MAX_ANSWER` (a revision is one commit). Halved
+/// when etcd refuses a commit for its size.
+const MAX_COMMIT_BYTES: usize = 256 << 10;
 
 /// A transaction waiting to be sent, and where its outcome goes.
 type Waiting = (Txn, oneshot::Sender<TxnOutcome>);
@@ -117,6 +121,12 @@ fn never_taken(message: &str) -> bool {
         .any(|m| message.contains(m))
 }
 
+/// Whether etcd refused a request for its size in bytes: its own check of
+/// `--max-request-bytes`, or gRPC's of the message, which etcd sets a little above it.
+fn too_many_bytes(message: &str) -> bool {
+    message.contains("request is too large") || message.contains("larger than max")
+}
+
 /// etcd's error, and whether it is the member's rather than the request's.
 fn failure(e: etcd_client::Error, retry: Retry) -> Failure {
     match e {
@@ -129,9 +139,7 @@ fn failure(e: etcd_client::Error, retry: Retry) -> Failure {
                 ),
                 Retry::Write => status.code() == tonic::Code::Unavailable && never_taken(&message),
             };
-            if message.contains("too many operations in txn request")
-                || message.contains("request is too large")
-            {
+            if message.contains("too many operations in txn request") || too_many_bytes(&message) {
                 Failure::Store(StoreError::TooLarge(message))
             } else if member {
                 Failure::Member(message)
@@ -207,6 +215,7 @@ impl EtcdStore {
             waiting: Mutex::new(VecDeque::new()),
             in_flight: tokio::sync::Semaphore::new(COMMITS_IN_FLIGHT),
             max_ops: AtomicUsize::new(MAX_TXN_OPS),
+            max_bytes: AtomicUsize::new(MAX_COMMIT_BYTES),
             runtime: Some(runtime),
             handle,
         };
@@ -227,7 +236,12 @@ impl EtcdStore {
     async fn commit(&self, batch: Vec<Waiting>) {
         let started = std::time::Instant::now();
         let metrics = &crate::metrics::METRICS;
-        metrics.commit_batch.observe(batch.len() as f64);
+        let answered = |n: usize| {
+            metrics.commit_batch.observe(n as f64);
+            metrics
+                .commit_seconds
+                .observe(started.elapsed().as_secs_f64());
+        };
         if let [(txn, _)] = batch.as_slice() {
             let request = request(txn);
             let outcome = self
@@ -240,9 +254,7 @@ impl EtcdStore {
                     let revision = answer.header().map_or(0, |h| h.revision());
                     (answer.succeeded(), revision)
                 });
-            metrics
-                .commit_seconds
-                .observe(started.elapsed().as_secs_f64());
+            answered(1);
             let (_, reply) = batch.into_iter().next().expect("one transaction");
             let _ = reply.send(outcome);
             return;
@@ -259,11 +271,9 @@ impl EtcdStore {
                 async move { c.txn(request).await }
             })
             .await;
-        metrics
-            .commit_seconds
-            .observe(started.elapsed().as_secs_f64());
         match answer {
             Ok(answer) => {
+                answered(batch.len());
                 let revision = answer.header().map_or(0, |h| h.revision());
                 let nested = answer.op_responses();
                 for (i, (_, reply)) in batch.into_iter().enumerate() {
@@ -278,16 +288,19 @@ impl EtcdStore {
                 }
             }
             Err(StoreError::TooLarge(why)) => {
-                let widest = batch
-                    .iter()
-                    .map(|(t, _)| t.compares.len().max(t.ops.len()))
-                    .max()
-                    .unwrap_or(0);
-                // Halved, so that an etcd with a much smaller limit is found in a few.
-                let fits = (batch.len() + widest) / 2;
-                if self.max_ops.fetch_min(fits, Ordering::Relaxed) > fits {
+                // The bound etcd refused is halved, so that an etcd with a much smaller
+                // limit is found in a few commits.
+                let (bound, fits, what) = if too_many_bytes(&why) {
+                    let bytes: usize = batch.iter().map(|(t, _)| size(t)).sum();
+                    (&self.max_bytes, bytes / 2, "bytes")
+                } else {
+                    let widest = batch.iter().map(|(t, _)| width(t)).max().unwrap_or(0);
+                    let ops = (batch.len() + widest) / 2;
+                    (&self.max_ops, ops, "transactions and operations")
+                };
+                if bound.fetch_min(fits, Ordering::Relaxed) > fits {
                     tracing::info!(
-                        "etcd refused a commit of {} transactions ({why}): commits now carry at most {fits} transactions and operations",
+                        "etcd refused a commit of {} transactions ({why}): commits now carry at most {fits} {what}",
                         batch.len()
                     );
                 }
@@ -296,6 +309,7 @@ impl EtcdStore {
                 }
             }
             Err(e) => {
+                answered(batch.len());
                 for (_, reply) in batch {
                     let _ = reply.send(Err(e.clone()));
                 }
@@ -431,6 +445,22 @@ fn lock(waiting: &Mutex<VecDeque<Waiting>>) -> MutexGuard<'_, VecDeque<Waiting>>
     waiting.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A transaction's compares or writes, whichever are more: what etcd counts of it.
+fn width(txn: &Txn) -> usize {
+    txn.compares.len().max(txn.ops.len())
+}
+
+/// The bytes of a transaction's keys and values written.
+fn size(txn: &Txn) -> usize {
+    txn.ops
+        .iter()
+        .map(|o| match o {
+            Op::Put(k, v) => k.len() + v.len(),
+            Op::Delete(k) => k.len(),
+        })
+        .sum()
+}
+
 /// `txn` as etcd's request.
 fn request(txn: &Txn) -> etcd_client::Txn {
     etcd_client::Txn::new()
@@ -446,29 +476,19 @@ fn request(txn: &Txn) -> etcd_client::Txn {
 struct Batch;
 
 impl Batch {
-    fn take(waiting: &mut VecDeque<Waiting>, max_ops: usize) -> Vec<Waiting> {
+    fn take(waiting: &mut VecDeque<Waiting>, max_ops: usize, max_bytes: usize) -> Vec<Waiting> {
         let n = {
             let (mut read, mut written) = (HashSet::<&str>::new(), HashSet::<&str>::new());
             let (mut n, mut widest, mut bytes) = (0, 0, 0);
             for (txn, _) in waiting.iter() {
-                let width = txn.compares.len().max(txn.ops.len());
-                let size: usize = txn
-                    .ops
-                    .iter()
-                    .map(|o| match o {
-                        Op::Put(k, v) => k.len() + v.len(),
-                        Op::Delete(k) => k.len(),
-                    })
-                    .sum();
+                let (width, size) = (width(txn), size(txn));
                 let alone = 1 + width > max_ops
                     || txn
                         .compares
                         .iter()
                         .any(|c| matches!(c, Compare::PrefixEmpty(_)));
                 if n > 0
-                    && (alone
-                        || n + 1 + widest.max(width) > max_ops
-                        || bytes + size > MAX_COMMIT_BYTES)
+                    && (alone || n + 1 + widest.max(width) > max_ops || bytes + size > max_bytes)
                 {
                     break;
                 }
@@ -597,7 +617,8 @@ impl Store for EtcdStore {
                 return;
             };
             let max_ops = self.max_ops.load(Ordering::Relaxed);
-            let batch = Batch::take(&mut lock(&self.waiting), max_ops);
+            let max_bytes = self.max_bytes.load(Ordering::Relaxed);
+            let batch = Batch::take(&mut lock(&self.waiting), max_ops, max_bytes);
             if !batch.is_empty() {
                 self.commit(batch).await;
             }
@@ -707,7 +728,7 @@ mod tests {
     fn sizes(mut waiting: VecDeque<Waiting>) -> Vec<usize> {
         let mut taken = Vec::new();
         while !waiting.is_empty() {
-            taken.push(Batch::take(&mut waiting, MAX_TXN_OPS).len());
+            taken.push(Batch::take(&mut waiting, MAX_TXN_OPS, MAX_COMMIT_BYTES).len());
         }
         taken
     }
@@ -719,9 +740,9 @@ mod tests {
         // Each 30 wide: 98 of them and the widest make 128.
         let wide = (0..120).map(|i| create(&i.to_string(), 30, 1)).collect();
         assert_eq!(sizes(queue(wide)), [98, 22]);
-        // 300 KB each: three fit in a megabyte.
-        let big = (0..5).map(|i| create(&i.to_string(), 1, 300_000)).collect();
-        assert_eq!(sizes(queue(big)), [3, 2]);
+        // 100 KB each: two fit in 256 KiB.
+        let big = (0..5).map(|i| create(&i.to_string(), 1, 100_000)).collect();
+        assert_eq!(sizes(queue(big)), [2, 2, 1]);
         // Too wide to nest: sent alone, as it came.
         let widest = vec![create("a", 1, 1), create("b", 128, 1), create("c", 1, 1)];
         assert_eq!(sizes(queue(widest)), [1, 1, 1]);
@@ -737,7 +758,7 @@ mod tests {
             .push(Compare::ModRevision("/t/b/0".into(), 7));
         let txns = vec![create("a", 1, 1), create("b", 1, 1), update, reads];
         let mut waiting = queue(txns);
-        let first = Batch::take(&mut waiting, MAX_TXN_OPS);
+        let first = Batch::take(&mut waiting, MAX_TXN_OPS, MAX_COMMIT_BYTES);
         assert_eq!(first.len(), 2);
         // The update of a's key goes next, with what follows it.
         assert_eq!(

@@ -1,6 +1,7 @@
 //! The controller's state store, shaped like etcd: keys with create and mod revisions, one
-//! global revision bumped per transaction, compare-and-swap transactions, and a prefix
-//! watch that resumes from a revision. Two backends: `redb` (embedded, default) and `etcd`.
+//! global revision bumped per commit (one transaction, or on etcd several that queued
+//! together), compare-and-swap transactions, and a prefix watch that resumes from a
+//! revision. Two backends: `redb` (embedded, default) and `etcd`.
 
 pub mod etcd;
 pub mod redb;
@@ -43,7 +44,8 @@ pub enum Op {
     Delete(String),
 }
 
-/// All-or-nothing: every compare holds, then every op applies at one new revision.
+/// All-or-nothing: every compare holds, then every op applies at one new revision (which
+/// other transactions committed with it may share).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Txn {
     /// Conditions.
