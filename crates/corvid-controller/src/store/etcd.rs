@@ -47,7 +47,7 @@ pub struct EtcdStore {
 /// Most commits sent to etcd at once. While they wait on etcd, the transactions that
 /// come meanwhile queue, and the next commit carries all of them that fit (`Batch`):
 /// etcd's cost is mostly per request (gRPC, a raft entry, its apply and a revision to
-/// every watcher), so at 32 writers eight ports a request commit 3.2 to 4.0 times as many
+/// every watcher), so at 32 writers eight ports a request commit 2.9 to 4.0 times as many
 /// ports a second as one a request (docs/scale.md). A lone transaction still goes at once.
 const COMMITS_IN_FLIGHT: usize = 8;
 
