@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, CompareOp, ConnectOptions, EventType, GetOptions, TxnOp, TxnOpResponse, WatchOptions,
+    Client, CompareOp, ConnectOptions, EventType, GetOptions, TxnOp, TxnOpResponse, TxnResponse,
+    WatchOptions,
 };
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::oneshot;
@@ -243,17 +244,10 @@ impl EtcdStore {
                 .observe(started.elapsed().as_secs_f64());
         };
         if let [(txn, _)] = batch.as_slice() {
-            let request = request(txn);
-            let outcome = self
-                .each(Retry::Write, REQUEST_TIMEOUT, |mut c| {
-                    let request = request.clone();
-                    async move { c.txn(request).await }
-                })
-                .await
-                .map(|answer| {
-                    let revision = answer.header().map_or(0, |h| h.revision());
-                    (answer.succeeded(), revision)
-                });
+            let outcome = self.send(request(txn)).await.map(|answer| {
+                let revision = answer.header().map_or(0, |h| h.revision());
+                (answer.succeeded(), revision)
+            });
             answered(1);
             let (_, reply) = batch.into_iter().next().expect("one transaction");
             let _ = reply.send(outcome);
@@ -265,13 +259,7 @@ impl EtcdStore {
                 .map(|(txn, _)| TxnOp::txn(request(txn)))
                 .collect::<Vec<_>>(),
         );
-        let answer = self
-            .each(Retry::Write, REQUEST_TIMEOUT, |mut c| {
-                let request = request.clone();
-                async move { c.txn(request).await }
-            })
-            .await;
-        match answer {
+        match self.send(request).await {
             Ok(answer) => {
                 answered(batch.len());
                 let revision = answer.header().map_or(0, |h| h.revision());
@@ -315,6 +303,15 @@ impl EtcdStore {
                 }
             }
         }
+    }
+
+    /// One transaction request to the members in turn, as a write.
+    async fn send(&self, request: etcd_client::Txn) -> Result<TxnResponse, StoreError> {
+        self.each(Retry::Write, REQUEST_TIMEOUT, |mut c| {
+            let request = request.clone();
+            async move { c.txn(request).await }
+        })
+        .await
     }
 
     /// The members, the preferred one first.
