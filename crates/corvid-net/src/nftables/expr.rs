@@ -251,6 +251,8 @@ pub mod ct {
     pub const ESTABLISHED: u32 = 2;
     /// `related`
     pub const RELATED: u32 = 4;
+    /// `new`
+    pub const NEW: u32 = 8;
 }
 
 /// Connection tracking status bits (`ct status`).

@@ -14,11 +14,11 @@
 //!                                                     their host (and routing-direct6)
 //! set routing-direct-ok4 { type ipv4_addr . ifgroup } (port . its bridge's domain)
 //! chain routing-forward { type filter hook forward priority -5
+//!     iifgroup . oifgroup @routing-same accept       (most packets: one lookup)
 //!     ip daddr @routing-direct4 meta mark set mark | DIRECT_MARK        (and ip6)
 //!     ip saddr @routing-direct4 meta mark set mark | DIRECT_MARK        (and ip6)
 //!     ct status dnat accept                           (a service's backends may be anywhere)
-//!     iifgroup @routing-domains oifgroup @routing-domains
-//!         iifgroup . oifgroup != @routing-same drop
+//!     iifgroup @routing-domains oifgroup @routing-domains drop
 //!     meta mark & DIRECT_MARK != 0 iifgroup @routing-domains
 //!         ip daddr . iifgroup != @routing-direct-ok4 drop }               (and ip6)
 //! ```
@@ -309,6 +309,19 @@ impl Routing {
                 priority: -5,
             }),
         );
+        // Every packet forwarded, bridged ones too where br_netfilter runs, passes here:
+        // traffic within a domain leaves after one lookup, and nothing after it concerns it
+        // (direct routing's addresses are reached through the underlay device, in no domain).
+        batch.add_rule(
+            CHAIN,
+            vec![
+                expr::load_ifgroup(true, reg32(0)),
+                expr::load_ifgroup(false, reg32(1)),
+                expr::lookup(SAME, reg32(0), true),
+                expr::verdict(expr::Verdict::Accept),
+            ],
+            None,
+        );
         for (v6, field) in [false, true]
             .into_iter()
             .flat_map(|v6| [(v6, Field::DstAddr), (v6, Field::SrcAddr)])
@@ -330,9 +343,8 @@ impl Routing {
             vec![
                 expr::load_ifgroup(true, reg32(0)),
                 expr::lookup(DOMAINS, reg32(0), true),
-                expr::load_ifgroup(false, reg32(1)),
-                expr::lookup(DOMAINS, reg32(1), true),
-                expr::lookup(SAME, reg32(0), false),
+                expr::load_ifgroup(false, reg32(0)),
+                expr::lookup(DOMAINS, reg32(0), true),
                 expr::verdict(expr::Verdict::Drop),
             ],
             None,

@@ -32,6 +32,8 @@
 //!     dnat to (numgen random mod N . <number>) map @service-members4
 //!                             [update @affinity-<hash> { ip saddr . the index }] }
 //! chain services-filter-prerouting, services-filter-output { type filter priority -110
+//!     ct state new jump services-reject }      (a connection's later packets pay one test)
+//! chain services-reject {
 //!     ... @service-reject4 reject (TCP reset, else port unreachable) }
 //! chain services-postrouting { type nat hook postrouting priority srcnat
 //!     ct status dnat ip saddr . ip daddr @service-hairpin4 masquerade   (a pod to itself)
@@ -57,6 +59,7 @@ use super::{
 use crate::conntrack::Conntrack;
 use crate::Result;
 use ipnet::IpNet;
+use netlink_packet_netfilter::nftables::Expressions;
 
 /// One service port as the datapath serves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,20 +96,36 @@ const OUTPUT: &str = "services-output";
 const POSTROUTING: &str = "services-postrouting";
 const FILTER_PREROUTING: &str = "services-filter-prerouting";
 const FILTER_OUTPUT: &str = "services-filter-output";
+const REJECT: &str = "services-reject";
 const ROUTER_SNAT: &str = "router-snat";
-const BASE_CHAINS: [&str; 7] = [
+const BASE_CHAINS: [&str; 8] = [
     PREROUTING,
     OUTPUT,
     POSTROUTING,
     FILTER_PREROUTING,
     FILTER_OUTPUT,
     CHAIN,
+    REJECT,
     ROUTER_SNAT,
 ];
 const SERVICE_CHAIN_PREFIX: &str = "svc-";
 const AFFINITY_PREFIX: &str = "affinity-";
 /// The node ports' maps of an agent from before they were per family: removed at start.
 const LEGACY_NODEPORTS: [&str; 2] = ["service-nodeports", "service-nodeports-reject"];
+
+/// Refuses what `matched` loads into registers 0 on when it is in `set`: TCP with a reset,
+/// the rest with port unreachable.
+fn add_rejects(batch: &mut Batch, matched: impl Fn() -> Vec<Expressions>, set: &str) {
+    for tcp in [true, false] {
+        let mut reject = matched();
+        reject.push(expr::lookup(set, reg32(0), true));
+        if tcp {
+            reject.extend(expr::is_tcp());
+        }
+        reject.push(expr::reject(tcp));
+        batch.add_rule(REJECT, reject, None);
+    }
+}
 
 /// The per-family maps and sets.
 struct Family {
@@ -493,6 +512,7 @@ impl Services {
             })
         };
         batch.add_chain(CHAIN, None);
+        batch.add_chain(REJECT, None);
         batch.add_chain(ROUTER_SNAT, None);
         batch.add_chain(
             PREROUTING,
@@ -513,6 +533,13 @@ impl Services {
         );
         for chain in [PREROUTING, OUTPUT] {
             batch.add_rule(chain, vec![expr::verdict(expr::Verdict::Jump(CHAIN))], None);
+        }
+        // Every packet passes these hooks, bridged ones too where br_netfilter runs: only
+        // a connection's first packet can be refused, so the rest pass after one test.
+        for chain in [FILTER_PREROUTING, FILTER_OUTPUT] {
+            let mut new = expr::ct_state(expr::ct::NEW);
+            new.push(expr::verdict(expr::Verdict::Jump(REJECT)));
+            batch.add_rule(chain, new, None);
         }
         for v6 in [false, true] {
             let f = family(v6);
@@ -536,17 +563,7 @@ impl Services {
             let mut external = frontend();
             external.push(expr::vmap(f.external, reg32(0)));
             batch.add_rule(CHAIN, external, None);
-            for chain in [FILTER_PREROUTING, FILTER_OUTPUT] {
-                for tcp in [true, false] {
-                    let mut reject = frontend();
-                    reject.push(expr::lookup(f.reject, reg32(0), true));
-                    if tcp {
-                        reject.extend(expr::is_tcp());
-                    }
-                    reject.push(expr::reject(tcp));
-                    batch.add_rule(chain, reject, None);
-                }
-            }
+            add_rejects(batch, frontend, f.reject);
             let mut hairpin = expr::nfproto(v6);
             hairpin.extend(expr::ct_status(expr::ct_status::DNAT));
             hairpin.extend([
@@ -583,17 +600,7 @@ impl Services {
             let mut jump = nodeport();
             jump.push(expr::vmap(f.nodeports, reg32(0)));
             batch.add_rule(CHAIN, jump, None);
-            for chain in [FILTER_PREROUTING, FILTER_OUTPUT] {
-                for tcp in [true, false] {
-                    let mut reject = nodeport();
-                    reject.push(expr::lookup(f.nodeports_reject, reg32(0), true));
-                    if tcp {
-                        reject.extend(expr::is_tcp());
-                    }
-                    reject.push(expr::reject(tcp));
-                    batch.add_rule(chain, reject, None);
-                }
-            }
+            add_rejects(batch, nodeport, f.nodeports_reject);
         }
         for v6 in [false, true] {
             let f = family(v6);
