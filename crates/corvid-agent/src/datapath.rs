@@ -61,6 +61,26 @@ pub struct Datapath {
     advertiser: Option<Advertiser>,
     /// The bridge (by index) of each network that advertises.
     advertised: HashMap<String, u32>,
+    /// Whether corvid's bridges hand their frames to netfilter's IP hooks.
+    hooks: BridgeHooks,
+}
+
+/// Bridged frames pass the IP layer's netfilter hooks (br_netfilter) only on bridges
+/// that need them: where a reply translated by a service or floating IP, or a port's
+/// security groups, must be seen by connection tracking. The agent sets it per bridge
+/// and leaves the namespace's `bridge-nf-call-iptables` to the host: other bridges are
+/// not its to hook, and every hooked frame pays for conntrack and corvid's chains.
+#[derive(Default)]
+struct BridgeHooks {
+    /// What the bridges were last set to; none before the first sync.
+    on: Option<bool>,
+    /// Services or floating IPs are served here.
+    services: bool,
+    /// Security groups are filtered here; none until the agent has said (its first
+    /// pass), so that what an earlier agent set is not undone and done again.
+    security: Option<bool>,
+    /// The bridges set on since the last full pass.
+    set: BTreeSet<String>,
 }
 
 /// Direct routing's state: remote ports on hosts of this host's underlay subnet are
@@ -211,6 +231,7 @@ impl Datapath {
                 .inspect_err(|e| tracing::warn!("no router advertisements will be sent: {e}"))
                 .ok(),
             advertised: HashMap::new(),
+            hooks: BridgeHooks::default(),
         })
     }
 
@@ -223,6 +244,8 @@ impl Datapath {
     /// Reads the kernel's direct routes once for the full pass about to sync every
     /// network.
     pub fn begin_full_pass(&mut self) -> Result<()> {
+        // A bridge made again by hand or by a pass is hooked again.
+        self.hooks.set.clear();
         let d = &mut self.direct;
         if d.segment.is_none() && d.swept {
             return Ok(());
@@ -379,17 +402,12 @@ impl Datapath {
         plan: &ServicePlan,
         changed: Option<&BTreeSet<String>>,
     ) -> Result<SyncReport> {
+        // A pod reaching a VIP or a floating IP through its host may get the answer over
+        // its bridge (the member on its network): only with bridged traffic in conntrack
+        // is it translated back.
+        self.hooks.services = !plan.services.is_empty() || !plan.floating.is_empty();
+        self.sync_bridge_hooks()?;
         if self.services.is_none() {
-            // Pods on one bridge reach a VIP through the host and get the answer over
-            // the bridge: only with bridged traffic in conntrack is it translated back.
-            for key in [
-                "net/bridge/bridge-nf-call-iptables",
-                "net/bridge/bridge-nf-call-ip6tables",
-            ] {
-                if let Err(e) = sysctl::set(key, "1") {
-                    tracing::warn!("{key}: {e}: load br_netfilter, or pods cannot reach services on their own bridge");
-                }
-            }
             let public = self.public.as_ref().map(|(i, _)| i.clone());
             self.services = Some(Services::open(public, self.host_addresses.clone())?);
             if let Err(e) = self.conntrack.apply() {
@@ -447,6 +465,8 @@ impl Datapath {
         enabled: bool,
         full: bool,
     ) -> Result<Option<Report>> {
+        self.hooks.security = Some(enabled);
+        self.sync_bridge_hooks()?;
         if !enabled {
             if matches!(self.security, SecurityState::Removed) {
                 return Ok(None);
@@ -465,6 +485,35 @@ impl Datapath {
             sg.check()?;
         }
         sg.sync_touched(want, touched).map(Some)
+    }
+
+    /// Sets every bridge of the agent's as [`BridgeHooks`] now asks, when that changed
+    /// (or at the first call, for what an earlier agent left).
+    fn sync_bridge_hooks(&mut self) -> Result<()> {
+        let Some(security) = self.hooks.security else {
+            return Ok(());
+        };
+        let on = self.hooks.services || security;
+        if self.hooks.on == Some(on) {
+            return Ok(());
+        }
+        if on && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
+            tracing::warn!("br_netfilter is not loaded: pods cannot reach services on their own bridge, and security groups do not hold between ports of one bridge");
+        }
+        self.hooks.set.clear();
+        let bridges: Vec<Link> = self
+            .owned_links()?
+            .into_values()
+            .filter(|l| l.kind == LinkKind::Bridge)
+            .collect();
+        for bridge in bridges {
+            self.nl.set_bridge_hooks(&bridge, on)?;
+            if on {
+                self.hooks.set.insert(bridge.name);
+            }
+        }
+        self.hooks.on = Some(on);
+        Ok(())
     }
 
     /// Sets the cluster whose devices this datapath makes and owns.
@@ -527,6 +576,10 @@ impl Datapath {
                 ipv6: Some(n.gateways.iter().any(|g| g.addr().is_ipv6())),
             },
         )?;
+        if self.hooks.on == Some(true) && !self.hooks.set.contains(&bridge.name) {
+            self.nl.set_bridge_hooks(&bridge, true)?;
+            self.hooks.set.insert(bridge.name.clone());
+        }
         let mut fresh = false;
         let vxlan = match self.nl.link_by_name(&n.vxlan)? {
             Some(l) if l.kind == LinkKind::Vxlan => l,

@@ -418,6 +418,22 @@ impl Netlink {
         self.create_link(m, ipv6, &format!("create bridge {name}"))
     }
 
+    /// Makes the bridge hand (`on`) or not hand its IPv4 and IPv6 frames to the IP
+    /// layer's netfilter hooks, whatever the namespace's `bridge-nf-call-iptables` says
+    /// (which, when on, the bridge cannot turn off: the kernel takes either). Without
+    /// br_netfilter loaded the setting is kept but nothing calls the hooks.
+    pub fn set_bridge_hooks(&mut self, bridge: &Link, on: bool) -> Result<()> {
+        let mut m = change(bridge.index);
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Bridge),
+            LinkInfo::Data(InfoData::Bridge(vec![
+                InfoBridge::NfCallIpTables(on),
+                InfoBridge::NfCallIp6Tables(on),
+            ])),
+        ]));
+        self.change_link(m, format!("set netfilter hooks on bridge {}", bridge.name))
+    }
+
     /// Turns VLAN filtering on for an existing bridge.
     pub fn set_vlan_filtering(&mut self, bridge: &Link) -> Result<()> {
         let mut m = change(bridge.index);

@@ -18,9 +18,16 @@ use serde_json::{json, Value};
 
 const FLAG: &str = "--security-groups";
 
-/// The cluster with both agents filtering.
+/// The cluster with both agents filtering, on hosts that leave bridged frames out of
+/// iptables (no dockerd, no kube-proxy): the agents must hook their own bridges.
 fn filtering(tag: &str) -> Cluster {
     let mut cluster = Cluster::new(tag);
+    for host in &cluster.hosts {
+        host.open()
+            .run(|| corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", "0"))
+            .unwrap()
+            .unwrap();
+    }
     cluster.filtering_agents(None);
     cluster
 }

@@ -9,7 +9,7 @@ mod cluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use cluster::ns::wait_until;
+use cluster::ns::{wait_until, Ns};
 use cluster::{cni_result, result_ip, Cluster};
 use corvid_api::{FloatingIp, Network, RouterInterface, Subnet};
 use serde_json::{json, Value};
@@ -47,12 +47,53 @@ fn add_member(cluster: &Cluster, pool: &str, ip: &str) -> String {
     m["member"]["id"].as_str().unwrap().to_string()
 }
 
+/// Whether each of corvid's bridges on `host` hands its frames to netfilter's IP hooks.
+fn bridge_hooks(host: &Ns) -> BTreeMap<String, bool> {
+    let out = host
+        .command("ip")
+        .args(["-d", "link", "show", "type", "bridge"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut hooks = BTreeMap::new();
+    let mut name = None;
+    for line in text.lines() {
+        if let Some(n) = line.split(": ").nth(1).filter(|_| !line.starts_with(' ')) {
+            name = Some(n.to_string());
+        }
+        if let (Some(n), Some(at)) = (&name, line.find("nf_call_iptables ")) {
+            if n.starts_with("cvb") {
+                hooks.insert(n.clone(), line[at..].starts_with("nf_call_iptables 1"));
+            }
+        }
+    }
+    hooks
+}
+
+/// The namespace's own `bridge-nf-call-iptables`.
+fn namespace_hooks(host: &Ns) -> String {
+    host.open()
+        .run(|| corvid_net::sysctl::get("net/bridge/bridge-nf-call-iptables"))
+        .unwrap()
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 #[test]
 fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     let mut cluster = Cluster::new("sv");
     // Host 1 answers for floating IPs on its underlay interface, the public side here.
     cluster.agents[0].take();
     cluster.start_agent_with(0, &["--public-interface", "eth0"]);
+    // Hosts that leave bridged frames out of iptables (no dockerd, no kube-proxy): the
+    // agents hook their own bridges where services need it and leave this alone.
+    for host in &cluster.hosts {
+        host.open()
+            .run(|| corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", "0"))
+            .unwrap()
+            .unwrap();
+    }
     let (_, blue) = cluster.network("blue", "10.51.0.0/24", false);
     let pods: Vec<_> = ["a1", "a2", "b1", "client"]
         .iter()
@@ -69,6 +110,12 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
         .zip(["a1", "a2", "b1"])
         .map(|(p, n)| p.serve_name(n, 8080))
         .collect();
+
+    let hooks = bridge_hooks(&cluster.hosts[0]);
+    assert!(
+        !hooks.is_empty() && hooks.values().all(|on| !on),
+        "no service yet, no bridge hooked: {hooks:?}"
+    );
 
     let (svc_net, svc_subnet) = services_network(&cluster, "10.97.0.0/24");
     let lb = post(
@@ -105,6 +152,15 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
         let answers = client.connect("10.97.0.10", 80, 40, false);
         assert_eq!(answered(&answers), all, "{answers:?}");
     }
+    // A network made once services exist has its bridge hooked as it comes.
+    cluster.network("green", "10.52.0.0/24", false);
+    let green = cluster.pod("g1");
+    cni_result(&cluster.add(0, "green", &green));
+    for host in &cluster.hosts {
+        let hooks = bridge_hooks(host);
+        assert!(hooks.values().all(|on| *on), "{hooks:?}");
+    }
+    assert_eq!(bridge_hooks(&cluster.hosts[0]).len(), 2, "blue and green");
 
     // A floating IP on the VIP: from the public side, outside the overlay, through a
     // router with its gateway there and an interface on each network (the services'
@@ -202,6 +258,11 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
         !addrs.iter().any(|(_, a)| a.addr().to_string() == fip_addr),
         "{addrs:?}"
     );
+    for host in &cluster.hosts {
+        let hooks = bridge_hooks(host);
+        assert!(hooks.values().all(|on| !on), "no service left: {hooks:?}");
+        assert_eq!(namespace_hooks(host), "0");
+    }
 }
 
 /// A pool's members changed through the controller while a client keeps connecting: a
