@@ -79,8 +79,8 @@ struct BridgeHooks {
     /// Security groups are filtered here; none until the agent has said (its first
     /// pass), so that what an earlier agent set is not undone and done again.
     security: Option<bool>,
-    /// The bridges set on since the last full pass.
-    set: BTreeSet<String>,
+    /// The bridges (by index: one made again is another) set on.
+    set: BTreeSet<u32>,
 }
 
 /// Direct routing's state: remote ports on hosts of this host's underlay subnet are
@@ -244,8 +244,6 @@ impl Datapath {
     /// Reads the kernel's direct routes once for the full pass about to sync every
     /// network.
     pub fn begin_full_pass(&mut self) -> Result<()> {
-        // A bridge made again by hand or by a pass is hooked again.
-        self.hooks.set.clear();
         let d = &mut self.direct;
         if d.segment.is_none() && d.swept {
             return Ok(());
@@ -509,7 +507,7 @@ impl Datapath {
         for bridge in bridges {
             self.nl.set_bridge_hooks(&bridge, on)?;
             if on {
-                self.hooks.set.insert(bridge.name);
+                self.hooks.set.insert(bridge.index);
             }
         }
         self.hooks.on = Some(on);
@@ -550,6 +548,7 @@ impl Datapath {
 
     /// Deletes a link the agent owns (a veth's peer in its namespace goes with it).
     pub fn remove(&mut self, link: &Link) -> Result<()> {
+        self.hooks.set.remove(&link.index);
         self.nl.delete_link(link)
     }
 
@@ -576,9 +575,11 @@ impl Datapath {
                 ipv6: Some(n.gateways.iter().any(|g| g.addr().is_ipv6())),
             },
         )?;
-        if self.hooks.on == Some(true) && !self.hooks.set.contains(&bridge.name) {
-            self.nl.set_bridge_hooks(&bridge, true)?;
-            self.hooks.set.insert(bridge.name.clone());
+        if self.hooks.on == Some(true) && self.hooks.set.insert(bridge.index) {
+            if let Err(e) = self.nl.set_bridge_hooks(&bridge, true) {
+                self.hooks.set.remove(&bridge.index);
+                return Err(e);
+            }
         }
         let mut fresh = false;
         let vxlan = match self.nl.link_by_name(&n.vxlan)? {

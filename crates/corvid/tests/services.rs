@@ -161,6 +161,17 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
         assert!(hooks.values().all(|on| *on), "{hooks:?}");
     }
     assert_eq!(bridge_hooks(&cluster.hosts[0]).len(), 2, "blue and green");
+    // Green leaves host 1 with its last pod and comes back: its new bridge is hooked too.
+    assert!(cluster.del(0, "green", &green).status.success());
+    wait_until("green's bridge to go", Duration::from_secs(10), || {
+        bridge_hooks(&cluster.hosts[0]).len() == 1
+    });
+    cni_result(&cluster.add(0, "green", &green));
+    let hooks = bridge_hooks(&cluster.hosts[0]);
+    assert!(
+        hooks.len() == 2 && hooks.values().all(|on| *on),
+        "{hooks:?}"
+    );
 
     // A floating IP on the VIP: from the public side, outside the overlay, through a
     // router with its gateway there and an interface on each network (the services'
