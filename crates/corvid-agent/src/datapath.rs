@@ -404,7 +404,7 @@ impl Datapath {
         // its bridge (the member on its network): only with bridged traffic in conntrack
         // is it translated back.
         self.hooks.services = !plan.services.is_empty() || !plan.floating.is_empty();
-        self.sync_bridge_hooks()?;
+        self.sync_bridge_hooks();
         if self.services.is_none() {
             let public = self.public.as_ref().map(|(i, _)| i.clone());
             self.services = Some(Services::open(public, self.host_addresses.clone())?);
@@ -464,7 +464,7 @@ impl Datapath {
         full: bool,
     ) -> Result<Option<Report>> {
         self.hooks.security = Some(enabled);
-        self.sync_bridge_hooks()?;
+        self.sync_bridge_hooks();
         if !enabled {
             if matches!(self.security, SecurityState::Removed) {
                 return Ok(None);
@@ -486,15 +486,22 @@ impl Datapath {
     }
 
     /// Sets every bridge of the agent's as [`BridgeHooks`] now asks, when that changed
-    /// (or at the first call, for what an earlier agent left).
-    fn sync_bridge_hooks(&mut self) -> Result<()> {
+    /// (or at the first call, for what an earlier agent left). A failure is logged and
+    /// the next call tries again: the services and filters themselves go on.
+    fn sync_bridge_hooks(&mut self) {
         let Some(security) = self.hooks.security else {
-            return Ok(());
+            return;
         };
         let on = self.hooks.services || security;
         if self.hooks.on == Some(on) {
-            return Ok(());
+            return;
         }
+        if let Err(e) = self.set_bridge_hooks(on) {
+            tracing::error!("bridges' netfilter hooks: {e}");
+        }
+    }
+
+    fn set_bridge_hooks(&mut self, on: bool) -> Result<()> {
         if on && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
             tracing::warn!("br_netfilter is not loaded: pods cannot reach services on their own bridge, and security groups do not hold between ports of one bridge");
         }
@@ -505,7 +512,11 @@ impl Datapath {
             .filter(|l| l.kind == LinkKind::Bridge)
             .collect();
         for bridge in bridges {
-            self.nl.set_bridge_hooks(&bridge, on)?;
+            match self.nl.set_bridge_hooks(&bridge, on) {
+                // Removed since it was listed.
+                Err(e) if e.errno() == Some(libc::ENODEV) => continue,
+                r => r?,
+            }
             if on {
                 self.hooks.set.insert(bridge.index);
             }
