@@ -66,15 +66,16 @@ pub struct Datapath {
 }
 
 /// Bridged frames pass the IP layer's netfilter hooks (br_netfilter) only on bridges
-/// that need them: where a reply translated by a service or floating IP, or a port's
-/// security groups, must be seen by connection tracking. The agent sets it per bridge
-/// and leaves the namespace's `bridge-nf-call-iptables` to the host: other bridges are
-/// not its to hook, and every hooked frame pays for conntrack and corvid's chains.
+/// that need them: where a reply translated by a service, or a port's security groups,
+/// must be seen by connection tracking. The agent sets it per bridge and leaves the
+/// namespace's `bridge-nf-call-iptables` to the host (1 wherever br_netfilter is loaded,
+/// unless set to 0): other bridges are not its to hook, and every hooked frame pays for
+/// conntrack and corvid's chains.
 #[derive(Default)]
 struct BridgeHooks {
     /// What the bridges were last set to; none before the first sync.
     on: Option<bool>,
-    /// Services or floating IPs are served here.
+    /// Services are served here.
     services: bool,
     /// Security groups are filtered here; none until the agent has said (its first
     /// pass), so that what an earlier agent set is not undone and done again.
@@ -400,11 +401,13 @@ impl Datapath {
         plan: &ServicePlan,
         changed: Option<&BTreeSet<String>>,
     ) -> Result<SyncReport> {
-        // A pod reaching a VIP or a floating IP through its host may get the answer over
-        // its bridge (the member on its network): only with bridged traffic in conntrack
-        // is it translated back.
-        self.hooks.services = !plan.services.is_empty() || !plan.floating.is_empty();
-        self.sync_bridge_hooks();
+        // A pod reaching a VIP through its host may get the answer over its bridge (the
+        // member on its network): only with bridged traffic in conntrack is it translated
+        // back. Floating IPs and node ports are masqueraded, so their answers are routed.
+        self.hooks.services = !plan.services.is_empty();
+        if let Err(e) = self.sync_bridge_hooks() {
+            tracing::error!("bridges' netfilter hooks: {e}");
+        }
         if self.services.is_none() {
             let public = self.public.as_ref().map(|(i, _)| i.clone());
             self.services = Some(Services::open(public, self.host_addresses.clone())?);
@@ -464,7 +467,8 @@ impl Datapath {
         full: bool,
     ) -> Result<Option<Report>> {
         self.hooks.security = Some(enabled);
-        self.sync_bridge_hooks();
+        // A port is reported filtered only once its bridge's frames reach the filter.
+        self.sync_bridge_hooks()?;
         if !enabled {
             if matches!(self.security, SecurityState::Removed) {
                 return Ok(None);
@@ -486,24 +490,23 @@ impl Datapath {
     }
 
     /// Sets every bridge of the agent's as [`BridgeHooks`] now asks, when that changed
-    /// (or at the first call, for what an earlier agent left). A failure is logged and
-    /// the next call tries again: the services and filters themselves go on.
-    fn sync_bridge_hooks(&mut self) {
+    /// (or at the first call, for what an earlier agent left); after a failure the next
+    /// call tries again.
+    fn sync_bridge_hooks(&mut self) -> Result<()> {
         let Some(security) = self.hooks.security else {
-            return;
+            return Ok(());
         };
         let on = self.hooks.services || security;
         if self.hooks.on == Some(on) {
-            return;
+            return Ok(());
         }
-        if let Err(e) = self.set_bridge_hooks(on) {
-            tracing::error!("bridges' netfilter hooks: {e}");
-        }
+        self.set_bridge_hooks(on)
+            .inspect_err(|_| self.hooks.on = None)
     }
 
     fn set_bridge_hooks(&mut self, on: bool) -> Result<()> {
         if on && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
-            tracing::warn!("br_netfilter is not loaded: pods cannot reach services on their own bridge, and security groups do not hold between ports of one bridge");
+            tracing::warn!("br_netfilter is not loaded: pods cannot reach services on their own bridge, and security groups do not hold on bridged traffic (IPv4 or IPv6)");
         }
         self.hooks.set.clear();
         let bridges: Vec<Link> = self
@@ -587,9 +590,10 @@ impl Datapath {
             },
         )?;
         if self.hooks.on == Some(true) && self.hooks.set.insert(bridge.index) {
+            // The network's ports are still plugged; the next sync tries again.
             if let Err(e) = self.nl.set_bridge_hooks(&bridge, true) {
+                tracing::error!("bridge's netfilter hooks: {e}");
                 self.hooks.set.remove(&bridge.index);
-                return Err(e);
             }
         }
         let mut fresh = false;

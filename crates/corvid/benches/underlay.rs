@@ -7,10 +7,10 @@
 //! to each other without encapsulation (each pod a /32 behind its host's veth, the
 //! remote one via the other host's underlay address); and corvid's direct routing (a
 //! second cluster whose agents run `--direct-routing`) against its own hosts' underlay,
-//! then both clusters' pods again on hosts whose namespace leaves bridged frames out of
-//! iptables (`bridge-nf-call-iptables` 0: no dockerd, no kube-proxy), where the agents,
-//! serving no service or filter, hook none of their bridges. Prints the medians and
-//! ratios.
+//! then both clusters' pods again on hosts whose administrator keeps bridged frames out
+//! of iptables (`bridge-nf-call-iptables` 0; br_netfilter's default is 1), where the
+//! agents, serving no service or filter, hook none of their bridges. Prints the medians
+//! and ratios.
 //!
 //! Needs root and iperf3. `cargo bench -p corvid --bench underlay`
 //! (`CORVID_BENCH_ROUNDS`, default 7).
@@ -57,8 +57,8 @@ fn main() {
     let (overlay, floor) = (median(overlay), median(floor));
     let (routed, underlay) = (median(routed), median(underlay));
     let (direct_pods, direct_underlay) = (median(direct_pods), median(direct_underlay));
-    // Hosts where no dockerd or kube-proxy turned the namespace's hooks on: the agents,
-    // serving no service or filter here, leave their bridges unhooked.
+    // Hosts whose administrator turned the namespace's hooks off: the agents, serving no
+    // service or filter here, leave their bridges unhooked.
     let hooks = |on: &str| {
         for h in cluster.hosts.iter().chain(&direct.hosts) {
             h.open()

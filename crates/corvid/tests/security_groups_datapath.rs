@@ -18,18 +18,34 @@ use serde_json::{json, Value};
 
 const FLAG: &str = "--security-groups";
 
-/// The cluster with both agents filtering, on hosts that leave bridged frames out of
-/// iptables (no dockerd, no kube-proxy): the agents must hook their own bridges.
+const NAMESPACE_HOOKS: [&str; 2] = [
+    "net/bridge/bridge-nf-call-iptables",
+    "net/bridge/bridge-nf-call-ip6tables",
+];
+
+/// The cluster with both agents filtering, started afresh on hosts whose administrator
+/// keeps bridged frames out of iptables (both settings 0; br_netfilter's default is 1):
+/// the agents must hook their own bridges, and leave the settings alone.
 fn filtering(tag: &str) -> Cluster {
     let mut cluster = Cluster::new(tag);
     for host in &cluster.hosts {
         host.open()
-            .run(|| corvid_net::sysctl::set("net/bridge/bridge-nf-call-iptables", "0"))
-            .unwrap()
+            .run(|| NAMESPACE_HOOKS.map(|k| corvid_net::sysctl::set(k, "0").unwrap()))
             .unwrap();
     }
     cluster.filtering_agents(None);
     cluster
+}
+
+/// The namespace's own settings, as `filtering` left them.
+fn assert_namespace_hooks_off(cluster: &Cluster) {
+    for host in &cluster.hosts {
+        let values = host
+            .open()
+            .run(|| NAMESPACE_HOOKS.map(|k| corvid_net::sysctl::get(k).unwrap().trim().to_string()))
+            .unwrap();
+        assert_eq!(values, ["0", "0"]);
+    }
 }
 
 fn address(p: &Port) -> String {
@@ -171,6 +187,7 @@ fn the_default_group_and_rules_decide_who_reaches_a_port_across_hosts() {
         json!({"security_groups": [], "port_security_enabled": false}),
     );
     wait_until("c to reach b", Duration::from_secs(5), || p.c.ping(&ip_b));
+    assert_namespace_hooks_off(&cluster);
 }
 
 #[test]

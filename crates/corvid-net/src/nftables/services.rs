@@ -32,8 +32,8 @@
 //!     dnat to (numgen random mod N . <number>) map @service-members4
 //!                             [update @affinity-<hash> { ip saddr . the index }] }
 //! chain services-filter-prerouting, services-filter-output { type filter priority -110
-//!     ct state new jump services-reject }      (a connection's later packets pay one test)
-//! chain services-reject {
+//!     ct state new jump svc-reject }           (a connection's later packets pay one test)
+//! chain svc-reject {
 //!     ... @service-reject4 reject (TCP reset, else port unreachable) }
 //! chain services-postrouting { type nat hook postrouting priority srcnat
 //!     ct status dnat ip saddr . ip daddr @service-hairpin4 masquerade   (a pod to itself)
@@ -96,7 +96,9 @@ const OUTPUT: &str = "services-output";
 const POSTROUTING: &str = "services-postrouting";
 const FILTER_PREROUTING: &str = "services-filter-prerouting";
 const FILTER_OUTPUT: &str = "services-filter-output";
-const REJECT: &str = "services-reject";
+/// Named as a service's chain so that an older agent, which flushes and deletes those
+/// at start, also takes this one before the sets its rules use.
+const REJECT: &str = "svc-reject";
 const ROUTER_SNAT: &str = "router-snat";
 const BASE_CHAINS: [&str; 8] = [
     PREROUTING,
