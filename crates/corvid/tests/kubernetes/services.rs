@@ -570,7 +570,11 @@ fn load_balancer_services_get_floating_ips_node_ports_and_leave_nothing() {
                     .run(|| corvid_net::nftables::Nftables::open()?.chains())
                     .unwrap()
                     .unwrap();
-                chains.iter().filter(|c| c.starts_with("svc-")).count() == 1
+                chains
+                    .iter()
+                    .filter(|c| c.starts_with("svc-") && *c != "svc-reject")
+                    .count()
+                    == 1
             },
         );
         let addrs: Vec<String> = host
