@@ -18,20 +18,13 @@ use serde_json::{json, Value};
 
 const FLAG: &str = "--security-groups";
 
-const NAMESPACE_HOOKS: [&str; 2] = [
-    "net/bridge/bridge-nf-call-iptables",
-    "net/bridge/bridge-nf-call-ip6tables",
-];
-
 /// The cluster with both agents filtering, started afresh on hosts whose administrator
 /// keeps bridged frames out of iptables (both settings 0; br_netfilter's default is 1):
 /// the agents must hook their own bridges, and leave the settings alone.
 fn filtering(tag: &str) -> Cluster {
     let mut cluster = Cluster::new(tag);
     for host in &cluster.hosts {
-        host.open()
-            .run(|| NAMESPACE_HOOKS.map(|k| corvid_net::sysctl::set(k, "0").unwrap()))
-            .unwrap();
+        host.set_bridge_nf_call("0");
     }
     cluster.filtering_agents(None);
     cluster
@@ -40,11 +33,7 @@ fn filtering(tag: &str) -> Cluster {
 /// The namespace's own settings, as `filtering` left them.
 fn assert_namespace_hooks_off(cluster: &Cluster) {
     for host in &cluster.hosts {
-        let values = host
-            .open()
-            .run(|| NAMESPACE_HOOKS.map(|k| corvid_net::sysctl::get(k).unwrap().trim().to_string()))
-            .unwrap();
-        assert_eq!(values, ["0", "0"]);
+        assert_eq!(host.bridge_nf_call(), ["0", "0"]);
     }
 }
 

@@ -80,25 +80,6 @@ fn bridge_hooks(host: &Ns) -> BTreeMap<String, bool> {
     hooks
 }
 
-const NAMESPACE_HOOKS: [&str; 2] = [
-    "net/bridge/bridge-nf-call-iptables",
-    "net/bridge/bridge-nf-call-ip6tables",
-];
-
-/// The namespace's own `bridge-nf-call-iptables` and `-ip6tables`.
-fn namespace_hooks(host: &Ns) -> Vec<String> {
-    host.open()
-        .run(|| NAMESPACE_HOOKS.map(|k| corvid_net::sysctl::get(k).unwrap().trim().to_string()))
-        .unwrap()
-        .to_vec()
-}
-
-fn set_namespace_hooks(host: &Ns, value: &str) {
-    host.open()
-        .run(|| NAMESPACE_HOOKS.map(|k| corvid_net::sysctl::set(k, value).unwrap()))
-        .unwrap();
-}
-
 #[test]
 fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     let mut cluster = Cluster::new("sv");
@@ -108,7 +89,7 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
     cluster.agents[0].take();
     cluster.agents[1].take();
     for host in &cluster.hosts {
-        set_namespace_hooks(host, "0");
+        host.set_bridge_nf_call("0");
     }
     // Host 1 answers for floating IPs on its underlay interface, the public side here.
     cluster.start_agent_with(0, &["--public-interface", "eth0"]);
@@ -299,7 +280,7 @@ fn load_balancers_are_served_on_every_host_and_through_floating_ips() {
             Duration::from_secs(10),
             || bridge_hooks(host).values().all(|on| !on),
         );
-        assert_eq!(namespace_hooks(host), ["0", "0"]);
+        assert_eq!(host.bridge_nf_call(), ["0", "0"]);
     }
 }
 

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 use corvid_net::{Netlink, Netns};
 
 /// A namespace `cvt<pid>-<name>`, deleted on drop.
+const BRIDGE_NF_CALL: [&str; 2] = [
+    "net/bridge/bridge-nf-call-iptables",
+    "net/bridge/bridge-nf-call-ip6tables",
+];
+
 pub struct Ns {
     pub path: PathBuf,
 }
@@ -33,6 +38,20 @@ impl Ns {
 
     pub fn open(&self) -> Netns {
         Netns::open(&self.path).unwrap()
+    }
+
+    /// The namespace's `bridge-nf-call-iptables` and `-ip6tables`.
+    pub fn bridge_nf_call(&self) -> [String; 2] {
+        self.open()
+            .run(|| BRIDGE_NF_CALL.map(|k| corvid_net::sysctl::get(k).unwrap().trim().to_string()))
+            .unwrap()
+    }
+
+    /// Sets both of the namespace's `bridge-nf-call-*` settings to `value`.
+    pub fn set_bridge_nf_call(&self, value: &str) {
+        self.open()
+            .run(|| BRIDGE_NF_CALL.map(|k| corvid_net::sysctl::set(k, value).unwrap()))
+            .unwrap();
     }
 
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
